@@ -1,0 +1,37 @@
+"""Block gather/scatter between a paged KV cache and a packed buffer (KV transfer, cache tiers).
+
+gather_blocks(kv_cache, block_ids) -> blocks
+scatter_blocks(kv_cache, block_ids, blocks) -> None
+# kv_cache: [2, num_blocks, block_size, Hkv, D]; block_ids: [n] int64; blocks: [2, n, block_size, Hkv, D]
+"""
+
+from __future__ import annotations
+
+import torch
+
+from pdserve.kernels.dispatch import use_triton
+
+
+def gather_blocks_ref(kv_cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
+    return kv_cache[:, block_ids.long()].contiguous()
+
+
+def scatter_blocks_ref(kv_cache: torch.Tensor, block_ids: torch.Tensor, blocks: torch.Tensor) -> None:
+    kv_cache[:, block_ids.long()] = blocks.to(kv_cache.dtype)
+
+
+def gather_blocks(kv_cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
+    if use_triton(kv_cache):
+        from pdserve.kernels.block_copy_triton import gather_blocks_triton
+
+        return gather_blocks_triton(kv_cache, block_ids)
+    return gather_blocks_ref(kv_cache, block_ids)
+
+
+def scatter_blocks(kv_cache: torch.Tensor, block_ids: torch.Tensor, blocks: torch.Tensor) -> None:
+    if use_triton(kv_cache):
+        from pdserve.kernels.block_copy_triton import scatter_blocks_triton
+
+        scatter_blocks_triton(kv_cache, block_ids, blocks)
+        return
+    scatter_blocks_ref(kv_cache, block_ids, blocks)

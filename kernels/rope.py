@@ -1,0 +1,100 @@
+"""Rotary position embedding (neox / rotate-half layout, llama3 scaling) fused with the paged KV-cache write.
+
+rope_kv_write(q, k, v, positions, cos_sin_cache, kv_cache, slot_mapping) -> q
+# q: [T, Hq, D] rotated in place and returned; k, v: [T, Hkv, D]; positions: [T] int64
+# cos_sin_cache: [max_positions, D] fp32, cos in [:, :D/2], sin in [:, D/2:]
+# kv_cache: [2, num_blocks, block_size, Hkv, D]; slot_mapping: [T] int64, slot = block * block_size + offset;
+#   a negative slot means "do not write" (padding)
+Rotated k and raw v land in kv_cache at their slots.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from pdserve.kernels.dispatch import use_triton
+
+
+@dataclass(frozen=True)
+class Llama3RopeScaling:
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position_embeddings: int
+
+
+def rope_inv_freq(head_dim: int, theta: float, scaling: Llama3RopeScaling | None) -> torch.Tensor:
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    if scaling is None:
+        return inv.float()
+    low_wavelen = scaling.original_max_position_embeddings / scaling.low_freq_factor
+    high_wavelen = scaling.original_max_position_embeddings / scaling.high_freq_factor
+    wavelen = 2 * math.pi / inv
+    inv_low = torch.where(wavelen > low_wavelen, inv / scaling.factor, inv)
+    smooth = (scaling.original_max_position_embeddings / wavelen - scaling.low_freq_factor) / (
+        scaling.high_freq_factor - scaling.low_freq_factor
+    )
+    smoothed = (1 - smooth) * inv_low / scaling.factor + smooth * inv_low
+    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return torch.where(medium, smoothed, inv_low).float()
+
+
+def build_cos_sin_cache(
+    head_dim: int, max_positions: int, theta: float, scaling: Llama3RopeScaling | None = None
+) -> torch.Tensor:
+    inv = rope_inv_freq(head_dim, theta, scaling)
+    freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv)
+    return torch.cat([freqs.cos(), freqs.sin()], dim=-1)
+
+
+def apply_rope_ref(x: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    cs = cos_sin_cache[positions.long()]
+    cos, sin = cs[:, None, :half], cs[:, None, half:]
+    xf = x.float()
+    x1, x2 = xf[..., :half], xf[..., half:]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+
+
+def write_kv_ref(
+    k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
+    _, num_blocks, block_size, heads, dim = kv_cache.shape
+    flat = kv_cache.view(2, num_blocks * block_size, heads, dim)
+    keep = slot_mapping >= 0
+    slots = slot_mapping[keep].long()
+    flat[0, slots] = k[keep].to(kv_cache.dtype)
+    flat[1, slots] = v[keep].to(kv_cache.dtype)
+
+
+def rope_kv_write_ref(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    kv_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> torch.Tensor:
+    q.copy_(apply_rope_ref(q, positions, cos_sin_cache))
+    write_kv_ref(apply_rope_ref(k, positions, cos_sin_cache), v, kv_cache, slot_mapping)
+    return q
+
+
+def rope_kv_write(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    kv_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> torch.Tensor:
+    if use_triton(q):
+        from pdserve.kernels.rope_triton import rope_kv_write_triton
+
+        return rope_kv_write_triton(q, k, v, positions, cos_sin_cache, kv_cache, slot_mapping)
+    return rope_kv_write_ref(q, k, v, positions, cos_sin_cache, kv_cache, slot_mapping)

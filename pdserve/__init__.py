@@ -1,0 +1,1 @@
+"""pdserve: the command line, settings, worker processes and launcher."""
