@@ -1,0 +1,83 @@
+"""Triton RMSNorm and residual-add + RMSNorm: one pass over each row, fp32 statistics.
+
+The fused form reads x and residual once and writes both the normalised row and h = x + residual, so the
+decoder layer never re-reads h to normalise it (4 row transfers instead of 6).
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _rms_norm_kernel(
+    x_ptr, res_ptr, w_ptr, out_ptr, h_ptr,
+    num_rows, hidden, stride_x, stride_res, stride_out, stride_h, eps,
+    HAS_RESIDUAL: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_H: tl.constexpr,
+):
+    # x, residual, out, h: [num_rows, hidden] (unit stride along hidden); weight: [hidden]
+    rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    cols = tl.arange(0, BLOCK_H)
+    mask = (rows[:, None] < num_rows) & (cols[None, :] < hidden)
+    rows64 = rows.to(tl.int64)[:, None]
+    x = tl.load(x_ptr + rows64 * stride_x + cols[None, :], mask=mask, other=0.0)
+    if HAS_RESIDUAL:
+        res = tl.load(res_ptr + rows64 * stride_res + cols[None, :], mask=mask, other=0.0)
+        # the reference rounds h to x's dtype before normalising it; so do we, to match it bit for bit
+        x = (x.to(tl.float32) + res.to(tl.float32)).to(h_ptr.dtype.element_ty)
+        tl.store(h_ptr + rows64 * stride_h + cols[None, :], x, mask=mask)
+    xf = x.to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=1) / hidden + eps)  # [BLOCK_ROWS]
+    w = tl.load(w_ptr + cols, mask=cols < hidden, other=0.0).to(tl.float32)
+    out = xf * rstd[:, None] * w[None, :]
+    tl.store(out_ptr + rows64 * stride_out + cols[None, :], out.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def _config(hidden: int, element_size: int) -> tuple:
+    """(BLOCK_ROWS, BLOCK_H, num_warps): 16-byte accesses, ~8 KB of each input per program."""
+    block_h = triton.next_power_of_2(hidden)
+    row_bytes = block_h * element_size
+    block_rows = max(1, min(16, 8192 // row_bytes))
+    num_warps = max(1, min(16, block_rows * row_bytes // 1024))
+    return block_rows, block_h, num_warps
+
+
+def _as_rows(t: torch.Tensor, name: str, hidden: int) -> torch.Tensor:
+    if t.shape[-1] != hidden:
+        raise ValueError(f"{name} has last dim {t.shape[-1]}, expected hidden={hidden}")
+    rows = t.reshape(-1, hidden)
+    if rows.stride(-1) != 1:
+        rows = rows.contiguous()
+    return rows
+
+
+def _launch(x, residual, weight, eps, config=None):
+    hidden = x.shape[-1]
+    if weight.shape != (hidden,):
+        raise ValueError(f"weight shape {tuple(weight.shape)} != (hidden={hidden},)")
+    if residual is not None and residual.shape != x.shape:
+        raise ValueError(f"residual shape {tuple(residual.shape)} != x shape {tuple(x.shape)}")
+    x2 = _as_rows(x, "x", hidden)
+    res2 = _as_rows(residual, "residual", hidden) if residual is not None else x2
+    out = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
+    h = torch.empty_like(out) if residual is not None else out
+    num_rows = x2.shape[0]
+    block_rows, block_h, num_warps = config or _config(hidden, x.element_size())
+    grid = (triton.cdiv(num_rows, block_rows),)
+    if num_rows:
+        _rms_norm_kernel[grid](
+            x2, res2, weight.contiguous(), out, h,
+            num_rows, hidden, x2.stride(0), res2.stride(0), out.stride(0), h.stride(0), eps,
+            HAS_RESIDUAL=residual is not None, BLOCK_ROWS=block_rows, BLOCK_H=block_h, num_warps=num_warps,
+        )
+    return out.view(x.shape), h.view(x.shape)
+
+
+def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return _launch(x, None, weight, eps)[0]
+
+
+def fused_add_rms_norm_triton(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return _launch(x, residual, weight, eps)

@@ -1,0 +1,96 @@
+"""Triton RoPE (neox rotate-half) fused with the paged KV-cache write.
+
+One program per token: it rotates the token's query heads in place, rotates its key heads and writes them,
+with the raw value heads, straight into the token's cache slot; the rotated keys never make a round trip
+through memory. Any even head_dim works (the half is padded to a power of two and masked).
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _rope_kv_write_kernel(
+    q_ptr, k_ptr, v_ptr, pos_ptr, cos_sin_ptr, cache_ptr, slot_ptr,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_cs,
+    stride_ckv, stride_cblk, stride_ctok, stride_ch,
+    NUM_Q_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HALF: tl.constexpr, PAGE: tl.constexpr,
+    BLOCK_HQ: tl.constexpr, BLOCK_HKV: tl.constexpr, BLOCK_HALF: tl.constexpr,
+):
+    # q: [T, Hq, D]; k, v: [T, Hkv, D]; positions, slot_mapping: [T]; cos_sin: [max_pos, D] (cos | sin)
+    # cache: [2, num_blocks, PAGE, Hkv, D]; grid: (T,)
+    t = tl.program_id(0).to(tl.int64)
+    d = tl.arange(0, BLOCK_HALF)
+    d_mask = d < HALF
+    pos = tl.load(pos_ptr + t).to(tl.int64)
+    cos = tl.load(cos_sin_ptr + pos * stride_cs + d, mask=d_mask, other=0.0).to(tl.float32)[None, :]
+    sin = tl.load(cos_sin_ptr + pos * stride_cs + HALF + d, mask=d_mask, other=0.0).to(tl.float32)[None, :]
+
+    hq = tl.arange(0, BLOCK_HQ)
+    q_mask = (hq < NUM_Q_HEADS)[:, None] & d_mask[None, :]
+    q_ptrs = q_ptr + t * stride_qt + hq[:, None] * stride_qh + d[None, :]  # [BLOCK_HQ, BLOCK_HALF]
+    q1 = tl.load(q_ptrs, mask=q_mask, other=0.0).to(tl.float32)
+    q2 = tl.load(q_ptrs + HALF, mask=q_mask, other=0.0).to(tl.float32)
+    tl.store(q_ptrs, (q1 * cos - q2 * sin).to(q_ptr.dtype.element_ty), mask=q_mask)
+    tl.store(q_ptrs + HALF, (q2 * cos + q1 * sin).to(q_ptr.dtype.element_ty), mask=q_mask)
+
+    slot = tl.load(slot_ptr + t).to(tl.int64)
+    if slot >= 0:
+        hk = tl.arange(0, BLOCK_HKV)
+        kv_mask = (hk < NUM_KV_HEADS)[:, None] & d_mask[None, :]
+        k_ptrs = k_ptr + t * stride_kt + hk[:, None] * stride_kh + d[None, :]  # [BLOCK_HKV, BLOCK_HALF]
+        v_ptrs = v_ptr + t * stride_vt + hk[:, None] * stride_vh + d[None, :]
+        k1 = tl.load(k_ptrs, mask=kv_mask, other=0.0).to(tl.float32)
+        k2 = tl.load(k_ptrs + HALF, mask=kv_mask, other=0.0).to(tl.float32)
+        v1 = tl.load(v_ptrs, mask=kv_mask, other=0.0)
+        v2 = tl.load(v_ptrs + HALF, mask=kv_mask, other=0.0)
+        dst = cache_ptr + (slot // PAGE) * stride_cblk + (slot % PAGE) * stride_ctok
+        dst = dst + hk[:, None] * stride_ch + d[None, :]
+        out_ty = cache_ptr.dtype.element_ty
+        tl.store(dst, (k1 * cos - k2 * sin).to(out_ty), mask=kv_mask)
+        tl.store(dst + HALF, (k2 * cos + k1 * sin).to(out_ty), mask=kv_mask)
+        tl.store(dst + stride_ckv, v1.to(out_ty), mask=kv_mask)
+        tl.store(dst + stride_ckv + HALF, v2.to(out_ty), mask=kv_mask)
+
+
+def _check(q, k, v, positions, cos_sin_cache, kv_cache, slot_mapping):
+    tokens, _, dim = q.shape
+    if dim % 2:
+        raise ValueError(f"rotate-half RoPE needs an even head_dim, got {dim}")
+    if k.shape != v.shape or k.shape[0] != tokens or k.shape[2] != dim:
+        raise ValueError(f"k {tuple(k.shape)} / v {tuple(v.shape)} must be [T={tokens}, Hkv, D={dim}]")
+    if kv_cache.dim() != 5 or kv_cache.shape[0] != 2 or tuple(kv_cache.shape[3:]) != tuple(k.shape[1:]):
+        raise ValueError(f"kv_cache {tuple(kv_cache.shape)} must be [2, blocks, block_size, {k.shape[1]}, {dim}]")
+    if positions.shape != (tokens,) or slot_mapping.shape != (tokens,):
+        raise ValueError(f"positions {tuple(positions.shape)} / slot_mapping {tuple(slot_mapping.shape)} != ({tokens},)")
+    if cos_sin_cache.dim() != 2 or cos_sin_cache.shape[1] != dim or cos_sin_cache.stride(1) != 1:
+        raise ValueError(f"cos_sin_cache {tuple(cos_sin_cache.shape)} must be [max_positions, {dim}], unit stride")
+    for name, t in (("q", q), ("k", k), ("v", v), ("kv_cache", kv_cache)):
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name} needs unit stride along head_dim, got strides {t.stride()}")
+
+
+def rope_kv_write_triton(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    kv_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> torch.Tensor:
+    _check(q, k, v, positions, cos_sin_cache, kv_cache, slot_mapping)
+    tokens, num_q_heads, dim = q.shape
+    num_kv_heads = k.shape[1]
+    if tokens == 0:
+        return q
+    _rope_kv_write_kernel[(tokens,)](
+        q, k, v, positions, cos_sin_cache, kv_cache, slot_mapping,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), cos_sin_cache.stride(0),
+        kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),
+        NUM_Q_HEADS=num_q_heads, NUM_KV_HEADS=num_kv_heads, HALF=dim // 2, PAGE=kv_cache.shape[2],
+        BLOCK_HQ=triton.next_power_of_2(num_q_heads), BLOCK_HKV=triton.next_power_of_2(num_kv_heads),
+        BLOCK_HALF=triton.next_power_of_2(dim // 2), num_warps=4,
+    )
+    return q

@@ -1,0 +1,62 @@
+"""Kernel tests compare each `op_triton` with its `op_ref`.
+
+Without a GPU the Triton launchers run under the interpreter (TRITON_INTERPRET=1), which must be set before
+triton or any kernel module is imported: conftest is imported first. On CUDA they run compiled, and bf16 is
+added (the interpreter's bf16 arithmetic is wrong, so CPU runs skip it).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import pytest  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if DEVICE == "cuda" else [])
+
+# max |out - ref| / max(|ref|, 1) allowed: fp32 on CUDA goes through tf32 tensor-core dots (~1e-3);
+# fp16/bf16 outputs are rounded once more than the reference's
+TOLERANCE = {torch.float32: 2e-3 if DEVICE == "cuda" else 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+
+
+@pytest.fixture(params=DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+def dtype(request: pytest.FixtureRequest) -> torch.dtype:
+    return request.param
+
+
+@pytest.fixture
+def device() -> str:
+    return DEVICE
+
+
+@pytest.fixture
+def randn() -> Callable[..., torch.Tensor]:
+    """randn(*shape, dtype=...) on the test device, seeded per test (fresh draws within a test)."""
+    gen = torch.Generator(device=DEVICE).manual_seed(0)
+
+    def draw(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen, device=DEVICE, dtype=torch.float32).to(dtype)
+
+    return draw
+
+
+@pytest.fixture
+def check() -> Callable[..., None]:
+    """check(out, ref, dtype, scale=1.0): shapes, dtypes, no NaN, |out - ref| within the dtype's tolerance."""
+    return _assert_close
+
+
+def _assert_close(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, scale: float = 1.0) -> None:
+    assert out.shape == ref.shape, (tuple(out.shape), tuple(ref.shape))
+    assert out.dtype == ref.dtype, (out.dtype, ref.dtype)
+    diff = (out.float() - ref.float()).abs()
+    assert not torch.isnan(out.float()).any(), "NaN in output"
+    bound = TOLERANCE[dtype] * scale * ref.float().abs().clamp_min(1.0)
+    worst = (diff - bound).max().item() if diff.numel() else 0.0
+    assert worst <= 0, f"max |diff| {diff.max().item():.3g} exceeds tolerance ({dtype}, scale {scale})"
