@@ -1,0 +1,106 @@
+"""One decode-side request: its state, its tokens, its blocks and its output stream state.
+
+`state` is written by `Scheduler._move` only (decode_node/scheduler.py); everything else reads it.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+from pdserve.engine.detokenizer import IncrementalDetokenizer, StopChecker
+from pdserve.engine.sampling import SamplingParams, SamplingRequest
+
+
+class RequestState(enum.IntEnum):
+    WAITING_FOR_KV = 0  # blocks reserved, KV on its way from P
+    WAITING = 1  # KV complete (first token known), waits for a slot in the running batch
+    RUNNING = 2  # in the decode batch
+    PREEMPTED = 3  # blocks taken back; prompt + generated tokens are recomputed on D before it runs again
+    FINISHED_STOPPED = 4  # EOS, stop token or stop string
+    FINISHED_LENGTH = 5  # max_tokens or the model's length limit
+    FINISHED_ABORTED = 6  # client gone, /internal/abort, or the KV lease ran out
+    FINISHED_ERROR = 7  # the transfer or a model step failed
+
+    @property
+    def finished(self) -> bool:
+        return self >= RequestState.FINISHED_STOPPED
+
+
+# Which moves are legal; `Scheduler._move` refuses anything else.
+TRANSITIONS: dict[RequestState, frozenset[RequestState]] = {
+    RequestState.WAITING_FOR_KV: frozenset({RequestState.WAITING, RequestState.FINISHED_STOPPED,
+                                            RequestState.FINISHED_LENGTH, RequestState.FINISHED_ABORTED,
+                                            RequestState.FINISHED_ERROR}),
+    RequestState.WAITING: frozenset({RequestState.RUNNING, RequestState.FINISHED_ABORTED,
+                                     RequestState.FINISHED_ERROR}),
+    RequestState.RUNNING: frozenset({RequestState.PREEMPTED, RequestState.FINISHED_STOPPED,
+                                     RequestState.FINISHED_LENGTH, RequestState.FINISHED_ABORTED,
+                                     RequestState.FINISHED_ERROR}),
+    RequestState.PREEMPTED: frozenset({RequestState.RUNNING, RequestState.FINISHED_ABORTED,
+                                       RequestState.FINISHED_ERROR}),
+}
+
+FINISH_REASONS: dict[RequestState, str] = {
+    RequestState.FINISHED_STOPPED: "stop",
+    RequestState.FINISHED_LENGTH: "length",
+    RequestState.FINISHED_ABORTED: "abort",
+    RequestState.FINISHED_ERROR: "error",
+}
+
+
+@dataclass
+class DecodeRequest:
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling: SamplingParams
+    detokenizer: IncrementalDetokenizer
+    stop_checker: StopChecker
+    cache_salt: str | None = None
+    arrival_time: float = field(default_factory=time.time)
+    state: RequestState = RequestState.WAITING_FOR_KV
+    block_ids: list[int] = field(default_factory=list)
+    output_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0  # tokens whose K/V sit in block_ids
+    cached_tokens: int = 0  # prompt tokens P found in its prefix cache
+    num_preemptions: int = 0
+    error: str | None = None
+    abort_requested: bool = False
+    reserved_at: float = field(default_factory=time.monotonic)
+    first_token_at: float | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def finish_reason(self) -> str | None:
+        return FINISH_REASONS.get(self.state)
+
+    def sampling_request(self) -> SamplingRequest:
+        return SamplingRequest(self.sampling, self.prompt_token_ids, self.output_token_ids)
+
+
+@dataclass(frozen=True)
+class StreamFrame:
+    """One frame of `/internal/stream/{request_id}` (docs/internal_api.md)."""
+
+    token_ids: list[int]
+    text: str
+    finish_reason: str | None
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    logprobs: list | None = None
+    error: str | None = None
+
+    def to_dict(self) -> dict:
+        return {"token_ids": self.token_ids, "text": self.text, "finish_reason": self.finish_reason,
+                "logprobs": self.logprobs, "prompt_tokens": self.prompt_tokens,
+                "completion_tokens": self.completion_tokens, "cached_tokens": self.cached_tokens,
+                "error": self.error}

@@ -1,0 +1,301 @@
+"""Decode scheduler: reservations, continuous batching, preemption by recompute, no leaked block.
+
+    reserve() ──▶ WAITING_FOR_KV ──kv_complete()──▶ WAITING ──_admit_waiting──▶ RUNNING ──update()──▶ FINISHED_*
+                      │ lease expired / abort             (first token frame sent here)   │    ▲
+                      ▼                                                           _preempt │    │ _resume_preempted
+                  FINISHED_ABORTED                                                         ▼    │ (recompute on D)
+                                                                                        PREEMPTED
+
+A step is `schedule()` (phases: `_expire_leases`, `_resume_preempted`, `_admit_waiting`, `_grow_running`)
+then, after the model ran, `update()`. The scheduler itself never runs the model and is not thread-safe: the
+decode engine calls it under one lock and runs the forward outside that lock, which is why an abort of a
+request that is inside the forward only marks it (`abort_requested`) and `update()` finishes it.
+
+Block accounting: a request holding N = prompt + generated tokens needs ceil(N / block_size) blocks before a
+step (the K/V of its last generated token is written by that step). `reserve` takes blocks for prompt + 1.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from pdserve.cache_store.block_pool import BlockPool, blocks_needed
+from pdserve.decode_node.output import OutputProcessor, logprobs_to_wire
+from pdserve.decode_node.request import TRANSITIONS, DecodeRequest, RequestState, StreamFrame
+from pdserve.engine.sampling import TokenLogprobs
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why a reservation was refused; `retry_after` seconds is a hint for the router."""
+
+    message: str
+    retry_after: float
+    status: int = 503
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    request_id: str
+    frame: StreamFrame
+
+
+@dataclass(frozen=True)
+class RecomputeItem:
+    """A preempted request's tokens (all but the last) to prefill again into fresh blocks."""
+
+    request: DecodeRequest
+    token_ids: list[int]
+    block_ids: list[int]
+
+
+@dataclass(frozen=True)
+class DecodeItem:
+    """One row of a decode step: feed `token_id` at `position`, K/V written into `block_ids`."""
+
+    request: DecodeRequest
+    token_id: int
+    position: int
+    block_ids: list[int]
+
+
+@dataclass
+class DecodeBatch:
+    recompute: list[RecomputeItem] = field(default_factory=list)
+    decode: list[DecodeItem] = field(default_factory=list)
+    outputs: list[RequestOutput] = field(default_factory=list)  # frames produced while scheduling
+
+    @property
+    def empty(self) -> bool:
+        return not self.decode
+
+
+class Scheduler:
+    def __init__(self, pool: BlockPool, block_size: int, output: OutputProcessor, max_num_seqs: int,
+                 lease_timeout_s: float = 30.0, watermark_blocks: int = 1,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.pool = pool
+        self.block_size = block_size
+        self.output = output
+        self.max_num_seqs = max_num_seqs
+        self.lease_timeout_s = lease_timeout_s
+        self.watermark_blocks = watermark_blocks
+        self.clock = clock
+        self.requests: dict[str, DecodeRequest] = {}  # every request not finished
+        self.waiting: deque[DecodeRequest] = deque()
+        self.running: list[DecodeRequest] = []
+        self.preempted: deque[DecodeRequest] = deque()
+        self.in_flight: set[str] = set()  # ids inside the forward between schedule() and update()
+        self.num_preemptions = 0
+        self.num_finished = 0
+        self.on_finish: Callable[[DecodeRequest], None] = lambda request: None
+
+    # ---- counters ---------------------------------------------------------------------------------
+
+    @property
+    def num_waiting_for_kv(self) -> int:
+        return sum(r.state == RequestState.WAITING_FOR_KV for r in self.requests.values())
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting) + len(self.preempted) + self.num_waiting_for_kv
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.running or self.waiting or self.preempted)
+
+    # ---- requests coming in -------------------------------------------------------------------------
+
+    def reserve(self, request: DecodeRequest) -> Refusal | None:
+        """Take blocks for prompt + first token; None on success (the request is WAITING_FOR_KV)."""
+        if request.request_id in self.requests:
+            return Refusal(f"request {request.request_id!r} is already reserved on this worker", 0.0, 409)
+        needed = blocks_needed(len(request.prompt_token_ids) + 1, self.block_size)
+        if needed > self.pool.num_total - self.watermark_blocks:
+            return Refusal(f"prompt of {len(request.prompt_token_ids)} tokens needs {needed} KV blocks; this "
+                           f"worker has {self.pool.num_total} in all", 0.0, 400)
+        if self.preempted or not self.pool.can_allocate(needed + self.watermark_blocks):
+            return Refusal(f"no room: {needed} KV blocks needed, {self.pool.num_free} of {self.pool.num_total} "
+                           f"free, {len(self.preempted)} preempted requests waiting", self._retry_after())
+        request.block_ids = list(self.pool.allocate(needed).block_ids)
+        request.reserved_at = self.clock()
+        self.requests[request.request_id] = request
+        return None
+
+    def kv_complete(self, request_id: str, first_token_id: int, cached_tokens: int = 0,
+                    logprobs: TokenLogprobs | None = None) -> list[RequestOutput]:
+        """P's done frame arrived: emit the first token at once, then wait for a running slot."""
+        request = self.requests.get(request_id)
+        if request is None or request.state != RequestState.WAITING_FOR_KV:
+            return []
+        request.num_computed_tokens = len(request.prompt_token_ids)
+        request.cached_tokens = cached_tokens
+        request.first_token_at = self.clock()
+        result = self.output.append_token(request, first_token_id)
+        self._move(request, result.finished or RequestState.WAITING)
+        return [self._frame(request, [first_token_id], result.text, [logprobs])]
+
+    def kv_failed(self, request_id: str, error: str) -> list[RequestOutput]:
+        request = self.requests.get(request_id)
+        if request is None or request.state != RequestState.WAITING_FOR_KV:
+            return []
+        request.error = error
+        self._move(request, RequestState.FINISHED_ERROR)
+        return [self._frame(request, [], "")]
+
+    def abort(self, request_id: str, error: str | None = None) -> list[RequestOutput]:
+        """Free everything the request holds; inside a forward it is finished by `update()`."""
+        request = self.requests.get(request_id)
+        if request is None:
+            return []
+        request.error = error
+        if request_id in self.in_flight:
+            request.abort_requested = True
+            return []
+        self._move(request, RequestState.FINISHED_ABORTED)
+        return [self._frame(request, [], "")]
+
+    # ---- one step ---------------------------------------------------------------------------------
+
+    def schedule(self) -> DecodeBatch:
+        batch = DecodeBatch()
+        batch.outputs.extend(self._expire_leases())
+        self._resume_preempted(batch)
+        self._admit_waiting()
+        self._grow_running()
+        # a request resumed above may have been preempted again by an older one growing
+        batch.recompute = [item for item in batch.recompute if item.request.state == RequestState.RUNNING]
+        for request in self.running:
+            item = DecodeItem(request, request.output_token_ids[-1], request.num_tokens - 1, request.block_ids)
+            batch.decode.append(item)
+            self.in_flight.add(request.request_id)
+        return batch
+
+    def update(self, batch: DecodeBatch, token_ids: list[int],
+               logprobs: list[TokenLogprobs | None] | None = None) -> list[RequestOutput]:
+        """The forward of `batch` sampled `token_ids` (one per decode row)."""
+        outputs: list[RequestOutput] = []
+        self.in_flight.clear()
+        for row, item in enumerate(batch.decode):
+            request = item.request
+            request.num_computed_tokens = request.num_tokens
+            if request.abort_requested:
+                self._move(request, RequestState.FINISHED_ABORTED)
+                outputs.append(self._frame(request, [], ""))
+                continue
+            result = self.output.append_token(request, token_ids[row])
+            if result.finished is not None:
+                self._move(request, result.finished)
+            entry = logprobs[row] if logprobs is not None else None
+            outputs.append(self._frame(request, [token_ids[row]], result.text, [entry]))
+        return outputs
+
+    def fail_batch(self, batch: DecodeBatch, error: str) -> list[RequestOutput]:
+        """The forward raised: every request in it ends with an error frame (its blocks are freed)."""
+        self.in_flight.clear()
+        outputs = []
+        for item in batch.decode:
+            item.request.error = error
+            self._move(item.request, RequestState.FINISHED_ERROR)
+            outputs.append(self._frame(item.request, [], ""))
+        return outputs
+
+    # ---- phases -----------------------------------------------------------------------------------
+
+    def _expire_leases(self) -> list[RequestOutput]:
+        now = self.clock()
+        expired = [r for r in self.requests.values()
+                   if r.state == RequestState.WAITING_FOR_KV and now - r.reserved_at > self.lease_timeout_s]
+        outputs = []
+        for request in expired:
+            request.error = f"KV not complete within the {self.lease_timeout_s:g} s lease"
+            self._move(request, RequestState.FINISHED_ABORTED)
+            outputs.append(self._frame(request, [], ""))
+        return outputs
+
+    def _resume_preempted(self, batch: DecodeBatch) -> None:
+        """Oldest preempted first; it needs blocks for all its tokens, plus the watermark."""
+        while self.preempted and len(self.running) < self.max_num_seqs:
+            request = self.preempted[0]
+            needed = blocks_needed(request.num_tokens, self.block_size)
+            if not self.pool.can_allocate(needed + self.watermark_blocks) and self.running:
+                return
+            if not self.pool.can_allocate(needed):
+                return
+            request.block_ids = list(self.pool.allocate(needed).block_ids)
+            request.num_computed_tokens = request.num_tokens - 1
+            self._move(request, RequestState.RUNNING)
+            batch.recompute.append(RecomputeItem(request, request.all_token_ids[:-1], request.block_ids))
+
+    def _admit_waiting(self) -> None:
+        while self.waiting and len(self.running) < self.max_num_seqs:
+            self._move(self.waiting[0], RequestState.RUNNING)
+
+    def _grow_running(self) -> None:
+        """Give each running request room for its next token, preempting the newest when blocks run out."""
+        index = 0
+        while index < len(self.running):
+            request = self.running[index]
+            missing = blocks_needed(request.num_tokens, self.block_size) - len(request.block_ids)
+            if missing <= 0:
+                index += 1
+            elif self.pool.can_allocate(missing):
+                request.block_ids.extend(self.pool.allocate(missing).block_ids)
+                index += 1
+            else:
+                victim = self.running[-1]
+                self._preempt(victim)
+                if victim is request:
+                    return
+
+    def _preempt(self, request: DecodeRequest) -> None:
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self._move(request, RequestState.PREEMPTED)
+
+    # ---- the one place a state changes ----------------------------------------------------------
+
+    def _move(self, request: DecodeRequest, state: RequestState) -> None:
+        if state not in TRANSITIONS.get(request.state, frozenset()):
+            raise RuntimeError(f"request {request.request_id}: illegal move {request.state.name} -> {state.name}")
+        self._leave_queue(request)
+        request.state = state
+        if state == RequestState.WAITING:
+            self.waiting.append(request)
+        elif state == RequestState.RUNNING:
+            self.running.append(request)
+        elif state == RequestState.PREEMPTED:
+            self._release_blocks(request)
+            self.preempted.append(request)
+        elif state.finished:
+            self._release_blocks(request)
+            del self.requests[request.request_id]
+            self.num_finished += 1
+            self.on_finish(request)
+
+    def _leave_queue(self, request: DecodeRequest) -> None:
+        queue = {RequestState.WAITING: self.waiting, RequestState.RUNNING: self.running,
+                 RequestState.PREEMPTED: self.preempted}.get(request.state)
+        if queue is not None:
+            queue.remove(request)
+
+    def _release_blocks(self, request: DecodeRequest) -> None:
+        self.pool.free(request.block_ids)
+        request.block_ids = []
+        request.num_computed_tokens = 0
+
+    def _frame(self, request: DecodeRequest, token_ids: list[int], text: str,
+               logprobs: list[TokenLogprobs | None] | None = None) -> RequestOutput:
+        wire = None
+        if request.sampling.logprobs is not None and logprobs:
+            wire = [logprobs_to_wire(entry) for entry in logprobs]
+        frame = StreamFrame(token_ids, text, request.finish_reason, len(request.prompt_token_ids),
+                            len(request.output_token_ids), request.cached_tokens, wire, request.error)
+        return RequestOutput(request.request_id, frame)
+
+    def _retry_after(self) -> float:
+        """A guess: about one running request finishes per step; 0.5 s is a few steps on CPU."""
+        return 0.5 if self.running else 0.1

@@ -1,0 +1,169 @@
+"""Decode scheduler: admission by free blocks, continuous batching, preemption by recompute, no leaked block.
+
+The model is replaced by a rule that is the scheduler's only input from it (the sampled token per row), so every
+schedule/update sequence here is exactly what the engine thread does.
+"""
+
+from __future__ import annotations
+
+from pdserve.cache_store.block_pool import BlockPool, assert_no_leak
+from pdserve.decode_node.output import OutputProcessor
+from pdserve.decode_node.request import DecodeRequest, RequestState
+from pdserve.decode_node.scheduler import DecodeBatch, Scheduler
+from pdserve.engine.detokenizer import IncrementalDetokenizer, StopChecker
+from pdserve.engine.sampling import SamplingParams
+
+BS = 4
+CHARS = "abcdefghijklmnopqrstuvwxyz .!"  # the char_tokenizer fixture's vocabulary, in id order
+EOS_ID = len(CHARS)
+
+
+def ids(text: str) -> list[int]:
+    return [CHARS.index(c) for c in text]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make(tokenizer, rid: str, prompt: str, **sampling) -> DecodeRequest:
+    params = SamplingParams(temperature=0.0, **sampling)
+    prompt_ids = ids(prompt)
+    return DecodeRequest(rid, prompt_ids, params, IncrementalDetokenizer(tokenizer, prompt_ids),
+                         StopChecker(params.stop))
+
+
+def scheduler(num_blocks: int, max_num_seqs: int = 8, clock: Clock | None = None) -> Scheduler:
+    return Scheduler(BlockPool(num_blocks), BS, OutputProcessor((EOS_ID,), 1000), max_num_seqs,
+                     lease_timeout_s=5.0, watermark_blocks=0, clock=clock or Clock())
+
+
+def run_to_end(sched: Scheduler, next_token, max_steps: int = 200) -> list:
+    """Step until idle; next_token(request) plays the model. Returns every frame produced."""
+    frames = []
+    for _ in range(max_steps):
+        if not sched.has_work:
+            return frames
+        batch: DecodeBatch = sched.schedule()
+        frames += batch.outputs
+        if batch.empty:
+            continue
+        frames += sched.update(batch, [next_token(item.request) for item in batch.decode])
+    raise AssertionError("scheduler did not finish")
+
+
+def test_reserve_admits_by_free_blocks_and_answers_503_when_full(char_tokenizer):
+    sched = scheduler(num_blocks=6)
+    assert sched.reserve(make(char_tokenizer, "a", "abcdefg")) is None  # 7 + 1 tokens -> 2 blocks
+    assert sched.reserve(make(char_tokenizer, "b", "abcdefghijk")) is None  # 12 -> 3 blocks
+    assert sched.pool.num_free == 1
+    refusal = sched.reserve(make(char_tokenizer, "c", "abcde"))  # 6 -> 2 blocks, 1 free
+    assert refusal is not None and refusal.status == 503 and refusal.retry_after > 0
+    assert "2 KV blocks needed, 1 of 6 free" in refusal.message
+    too_long = sched.reserve(make(char_tokenizer, "d", "a" * 40))
+    assert too_long is not None and too_long.status == 400
+    sched.abort("a")
+    assert sched.reserve(make(char_tokenizer, "c", "abcde")) is None
+    sched.abort("b")
+    sched.abort("c")
+    assert_no_leak(sched.pool)
+
+
+def test_first_token_frame_then_batch_limited_by_max_num_seqs(char_tokenizer):
+    sched = scheduler(num_blocks=32, max_num_seqs=2)
+    for rid in "abc":
+        assert sched.reserve(make(char_tokenizer, rid, "hi", max_tokens=3)) is None
+        [out] = sched.kv_complete(rid, ids("x")[0], cached_tokens=0)
+        assert out.frame.token_ids == ids("x") and out.frame.text == "x" and out.frame.finish_reason is None
+    batch = sched.schedule()
+    assert [item.request.request_id for item in batch.decode] == ["a", "b"]
+    assert [item.position for item in batch.decode] == [2, 2]  # prompt of 2, first token at position 2
+    assert sched.waiting[0].request_id == "c"
+    sched.update(batch, ids("yy"))
+    frames = run_to_end(sched, lambda r: ids("z")[0])
+    finals = {f.request_id: f.frame for f in frames if f.frame.finish_reason}
+    assert {rid: f.finish_reason for rid, f in finals.items()} == {"a": "length", "b": "length", "c": "length"}
+    assert all(f.completion_tokens == 3 and f.prompt_tokens == 2 for f in finals.values())
+    assert_no_leak(sched.pool)
+
+
+def test_preemption_recomputes_and_nothing_leaks(char_tokenizer):
+    # 3 requests of 3 prompt tokens (1 block each at reserve); the last step of each feeds 3 + 13 tokens
+    # = 4 blocks; 9 blocks cannot hold all three at full length, so the newest is preempted, resumed later.
+    sched = scheduler(num_blocks=9)
+    for rid in "abc":
+        assert sched.reserve(make(char_tokenizer, rid, "abc", max_tokens=14)) is None
+        sched.kv_complete(rid, ids("d")[0])
+    recomputed = []
+    text = {rid: "d" for rid in "abc"}
+    for _ in range(100):
+        if not sched.has_work:
+            break
+        batch = sched.schedule()
+        recomputed += [(item.request.request_id, len(item.token_ids)) for item in batch.recompute]
+        for item in batch.recompute:
+            assert len(item.block_ids) * BS >= len(item.token_ids) + 1
+        tokens = [ids("e")[0] for _ in batch.decode]
+        for out in sched.update(batch, tokens):
+            text[out.request_id] += out.frame.text
+    assert sched.num_preemptions >= 1 and recomputed
+    assert text == {rid: "d" + "e" * 13 for rid in "abc"}  # preemption changes no output
+    assert_no_leak(sched.pool)
+
+
+def test_abort_inside_a_step_is_finished_by_update(char_tokenizer):
+    sched = scheduler(num_blocks=8)
+    sched.reserve(make(char_tokenizer, "a", "abc", max_tokens=50))
+    sched.kv_complete("a", ids("d")[0])
+    batch = sched.schedule()
+    assert sched.abort("a") == []  # the forward is running: only marked
+    assert sched.pool.num_free < 8
+    [out] = sched.update(batch, ids("e"))
+    assert out.frame.finish_reason == "abort" and out.frame.token_ids == []
+    assert_no_leak(sched.pool)
+
+
+def test_abort_and_lease_expiry_while_waiting_for_kv(char_tokenizer):
+    clock = Clock()
+    sched = scheduler(num_blocks=8, clock=clock)
+    sched.reserve(make(char_tokenizer, "a", "abc"))
+    sched.reserve(make(char_tokenizer, "b", "abc"))
+    [out] = sched.abort("b")
+    assert out.frame.finish_reason == "abort"
+    clock.now = 6.0
+    batch = sched.schedule()
+    assert [o.request_id for o in batch.outputs] == ["a"]
+    assert "5 s lease" in batch.outputs[0].frame.error
+    assert sched.kv_complete("a", 1) == []  # KV arriving late is ignored
+    assert_no_leak(sched.pool)
+
+
+def test_stop_string_across_tokens_eos_and_stop_token_ids(char_tokenizer):
+    sched = scheduler(num_blocks=16)
+    sched.reserve(make(char_tokenizer, "s", "ab", stop=["lo w"], max_tokens=20))
+    sched.reserve(make(char_tokenizer, "e", "ab", max_tokens=20))
+    sched.reserve(make(char_tokenizer, "t", "ab", stop_token_ids=[ids("!")[0]], max_tokens=20))
+    script = {"s": iter(ids("ello world")), "e": iter(ids("ok") + [EOS_ID]), "t": iter(ids("yes!no"))}
+    frames = [o for rid in "set" for o in sched.kv_complete(rid, next(script[rid]))]
+    frames += run_to_end(sched, lambda r: next(script[r.request_id]))
+    text = {rid: "".join(o.frame.text for o in frames if o.request_id == rid) for rid in "set"}
+    assert text == {"s": "el", "e": "ok", "t": "yes"}
+    finals = {o.request_id: o.frame for o in frames if o.frame.finish_reason}
+    assert {rid: f.finish_reason for rid, f in finals.items()} == {"s": "stop", "e": "stop", "t": "stop"}
+    assert finals["s"].completion_tokens == 6  # e l l o, space, w: stopped when "lo w" completed
+    assert finals["e"].completion_tokens == 3  # the EOS token counts
+    assert_no_leak(sched.pool)
+
+
+def test_max_tokens_one_finishes_at_kv_complete(char_tokenizer):
+    sched = scheduler(num_blocks=4)
+    sched.reserve(make(char_tokenizer, "a", "abc", max_tokens=1))
+    [out] = sched.kv_complete("a", ids("z")[0])
+    assert out.frame.finish_reason == "length" and out.frame.text == "z"
+    assert not sched.has_work and sched.requests == {}
+    assert sched.requests == {} and RequestState.FINISHED_LENGTH.finished
+    assert_no_leak(sched.pool)
