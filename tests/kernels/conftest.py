@@ -60,3 +60,30 @@ def _assert_close(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, scal
     bound = TOLERANCE[dtype] * scale * ref.float().abs().clamp_min(1.0)
     worst = (diff - bound).max().item() if diff.numel() else 0.0
     assert worst <= 0, f"max |diff| {diff.max().item():.3g} exceeds tolerance ({dtype}, scale {scale})"
+
+
+@pytest.fixture
+def paged_kv(randn: Callable[..., torch.Tensor]) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+    """paged_kv(seq_lens, kv_heads, dim, block_size, dtype) -> (kv_cache, block_tables int32).
+
+    Each sequence gets distinct blocks in shuffled order; table entries past a sequence's blocks point at
+    spare blocks of random data (valid ids: the batched decode reference gathers them before masking), so a
+    kernel that attends past seq_len gets a wrong answer instead of passing.
+    """
+
+    def build(
+        seq_lens: list[int], kv_heads: int, dim: int, block_size: int, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        needed = [(n + block_size - 1) // block_size for n in seq_lens]
+        num_blocks = sum(needed) + 3
+        order = torch.randperm(num_blocks, generator=torch.Generator().manual_seed(1)).tolist()
+        spare = torch.tensor(order[sum(needed):], dtype=torch.int32)
+        width = max(needed + [0]) + 1
+        tables = spare[torch.arange(len(seq_lens) * width) % len(spare)].reshape(len(seq_lens), width)
+        for i, count in enumerate(needed):
+            tables[i, :count] = torch.tensor(order[:count], dtype=torch.int32)
+            order = order[count:]
+        cache = randn(2, num_blocks, block_size, kv_heads, dim, dtype=dtype)
+        return cache, tables.to(DEVICE)
+
+    return build

@@ -1,0 +1,178 @@
+"""Triton paged decode attention: FlashDecoding (split-KV) with the GQA group processed as one tile.
+
+    grid (B, Hkv, S) split kernel                                  grid (B, Hq) reduce kernel
+    seq b, kv head h, split s: keys [s*L, min((s+1)*L, seq_len))   out[b, q] = sum_s w_s * o_s / sum_s w_s
+      q tile [GROUP, D]  x  K tile^T [D, BLOCK_N]  (one load of K/V   w_s = 2^(lse_s - max lse)
+      per kv head, shared by the GROUP query heads)
+      -> o_s [GROUP, D] (normalised), lse_s [GROUP] (log2 domain)
+
+L = ceil(ceil(seq_len / S) / BLOCK_N) * BLOCK_N is chosen per sequence on the device, so the launch needs no
+host sync (CUDA-graph safe); S itself comes from the batch size and the block table's width. With S = 1 the
+split kernel writes the output directly and the reduce kernel is skipped. Splits past seq_len are empty
+(lse = -inf); seq_len 0 gives zeros.
+"""
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+_LOG2E = 1.4426950408889634
+_MIN_SPLIT_TOKENS = 256  # below this a split's fixed costs (q load, reduction) outweigh its parallelism
+_TARGET_WAVES = 2  # aim for >= 2 programs per SM so one program's loads overlap another's math
+
+
+@triton.jit
+def _decode_split_kernel(
+    q_ptr, cache_ptr, seq_lens_ptr, block_tables_ptr, out_ptr, part_out_ptr, part_lse_ptr,
+    qk_scale, num_splits,
+    stride_qb, stride_qh, stride_ob, stride_oh, stride_bt,
+    stride_ckv, stride_cblk, stride_ctok, stride_ch,
+    stride_pb, stride_ph, stride_ps, stride_lb, stride_lh,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, SINGLE: tl.constexpr,
+    BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    # q: [B, Hq, D]; cache: [2, num_blocks, PAGE, Hkv, D]; block_tables: [B, max_blocks]
+    # out: [B, Hq, D] (SINGLE) or part_out: [B, Hq, S, D] fp32 + part_lse: [B, Hq, S] fp32
+    b = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    seq_len = tl.load(seq_lens_ptr + b)
+    split_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
+    start = split * split_len
+    end = tl.minimum(start + split_len, seq_len)
+
+    g = tl.arange(0, BLOCK_G)
+    heads = kv_head * GROUP + g
+    d = tl.arange(0, BLOCK_D)
+    gd_mask = (g < GROUP)[:, None] & (d < HEAD_DIM)[None, :]
+    q = tl.load(q_ptr + b.to(tl.int64) * stride_qb + heads[:, None] * stride_qh + d[None, :], mask=gd_mask, other=0.0)
+    k_base = cache_ptr + kv_head * stride_ch
+    v_base = k_base + stride_ckv
+    table = block_tables_ptr + b.to(tl.int64) * stride_bt
+
+    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    for n0 in range(start, end, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        n_mask = offs_n < end
+        page = tl.load(table + offs_n // PAGE, mask=n_mask, other=0).to(tl.int64)
+        rows = page * stride_cblk + (offs_n % PAGE) * stride_ctok  # [BLOCK_N]
+        kv_mask = n_mask[:, None] & (d < HEAD_DIM)[None, :]
+        k = tl.load(k_base + rows[:, None] + d[None, :], mask=kv_mask, other=0.0)  # [BLOCK_N, BLOCK_D]
+        s = tl.dot(q, tl.trans(k)) * qk_scale  # [BLOCK_G, BLOCK_N], log2 domain
+        s = tl.where(n_mask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = tl.load(v_base + rows[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+
+    has_keys = l_i > 0
+    acc = acc / tl.where(has_keys, l_i, 1.0)[:, None]
+    if SINGLE:
+        o_ptrs = out_ptr + b.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + d[None, :]
+        tl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=gd_mask)
+    else:
+        p_ptrs = part_out_ptr + b.to(tl.int64) * stride_pb + heads[:, None] * stride_ph + split * stride_ps
+        tl.store(p_ptrs + d[None, :], acc, mask=gd_mask)
+        lse = tl.where(has_keys, m_i + tl.log2(tl.where(has_keys, l_i, 1.0)), float("-inf"))
+        tl.store(part_lse_ptr + b.to(tl.int64) * stride_lb + heads * stride_lh + split, lse, mask=g < GROUP)
+
+
+@triton.jit
+def _decode_reduce_kernel(
+    part_out_ptr, part_lse_ptr, out_ptr, num_splits,
+    stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ob, stride_oh,
+    HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    # part_out: [B, Hq, S, D], part_lse: [B, Hq, S] -> out: [B, Hq, D]; grid: (B, Hq)
+    b = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    s = tl.arange(0, BLOCK_S)
+    d = tl.arange(0, BLOCK_D)
+    s_mask = s < num_splits
+    lse = tl.load(part_lse_ptr + b * stride_lb + h * stride_lh + s, mask=s_mask, other=float("-inf"))
+    top = tl.maximum(tl.max(lse, axis=0), -1.0e30)  # finite even when every split is empty (seq_len 0)
+    w = tl.exp2(lse - top)  # [BLOCK_S]; 0 for empty splits
+    sd_mask = s_mask[:, None] & (d < HEAD_DIM)[None, :]
+    parts = tl.load(part_out_ptr + b * stride_pb + h * stride_ph + s[:, None] * stride_ps + d[None, :],
+                    mask=sd_mask, other=0.0)
+    den = tl.sum(w, axis=0)
+    out = tl.sum(parts * w[:, None], axis=0) / tl.where(den > 0, den, 1.0)
+    tl.store(out_ptr + b * stride_ob + h * stride_oh + d, out.to(out_ptr.dtype.element_ty), mask=d < HEAD_DIM)
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 132  # interpreter runs: behave as on the H200 this was tuned on
+
+
+def num_splits_for(batch: int, kv_heads: int, max_context: int, sm_count: int) -> int:
+    """Splits per (sequence, kv head) so that B * Hkv * S programs fill the SMs ~_TARGET_WAVES times."""
+    want = math.ceil(_TARGET_WAVES * sm_count / max(1, batch * kv_heads))
+    most = max(1, max_context // _MIN_SPLIT_TOKENS)
+    return max(1, min(want, most, 64))
+
+
+def _check(q, kv_cache, seq_lens, block_tables):
+    if q.dim() != 3 or kv_cache.dim() != 5 or kv_cache.shape[0] != 2:
+        raise ValueError(f"q {tuple(q.shape)} must be [B, Hq, D], kv_cache {tuple(kv_cache.shape)} [2, N, bs, Hkv, D]")
+    batch, q_heads, dim = q.shape
+    kv_heads = kv_cache.shape[3]
+    if kv_cache.shape[4] != dim or q_heads % kv_heads:
+        raise ValueError(f"q heads {q_heads} x dim {dim} do not fit kv_cache heads {kv_heads} x dim {kv_cache.shape[4]}")
+    if seq_lens.shape != (batch,) or block_tables.dim() != 2 or block_tables.shape[0] != batch:
+        raise ValueError(f"seq_lens {tuple(seq_lens.shape)} / block_tables {tuple(block_tables.shape)} need batch {batch}")
+    if q.dtype != kv_cache.dtype:
+        raise ValueError(f"q dtype {q.dtype} != kv_cache dtype {kv_cache.dtype}")
+    if q.stride(-1) != 1 or kv_cache.stride(-1) != 1 or block_tables.stride(-1) != 1:
+        raise ValueError("q, kv_cache and block_tables need unit stride in their last dim")
+
+
+def _launch(q, kv_cache, seq_lens, block_tables, scale, num_splits=None, config=None):
+    _check(q, kv_cache, seq_lens, block_tables)
+    batch, q_heads, dim = q.shape
+    kv_heads, page = kv_cache.shape[3], kv_cache.shape[2]
+    group = q_heads // kv_heads
+    out = torch.empty_like(q)
+    if batch == 0:
+        return out
+    if num_splits is None:
+        num_splits = num_splits_for(batch, kv_heads, block_tables.shape[1] * page, _sm_count(q.device))
+    block_n, num_warps, num_stages = config or (64, 4, 2)
+    block_d = triton.next_power_of_2(dim)
+    single = num_splits == 1
+    part_out = out if single else torch.empty((batch, q_heads, num_splits, dim), dtype=torch.float32, device=q.device)
+    part_lse = out if single else torch.empty((batch, q_heads, num_splits), dtype=torch.float32, device=q.device)
+    _decode_split_kernel[(batch, kv_heads, num_splits)](
+        q, kv_cache, seq_lens, block_tables, out, part_out, part_lse, scale * _LOG2E, num_splits,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
+        *kv_cache.stride()[:4], part_out.stride(0), part_out.stride(1), part_out.stride(2),
+        part_lse.stride(0), part_lse.stride(1),
+        GROUP=group, HEAD_DIM=dim, PAGE=page, SINGLE=single,
+        BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n, BLOCK_D=block_d,
+        num_warps=num_warps, num_stages=num_stages,
+    )
+    if not single:
+        _decode_reduce_kernel[(batch, q_heads)](
+            part_out, part_lse, out, num_splits, part_out.stride(0), part_out.stride(1), part_out.stride(2),
+            part_lse.stride(0), part_lse.stride(1), out.stride(0), out.stride(1),
+            HEAD_DIM=dim, BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_d, num_warps=4,
+        )
+    return out
+
+
+def decode_attention_triton(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    return _launch(q, kv_cache, seq_lens, block_tables, scale)
