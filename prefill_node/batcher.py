@@ -1,0 +1,191 @@
+"""Prefill batch formation: a FIFO queue, a token budget per forward, chunked prefill, the prefix cache.
+
+    add() ──▶ QUEUED ──_admit_queued (prefix lookup + blocks)──▶ PREFILLING ──update(): last chunk──▶ FINISHED
+                 │                                                   │   ▲ more chunks
+                 └──────── abort() / too big ───▶ ABORTED / FAILED ◀─┘   └──────────┘
+
+One `schedule()` packs at most `max_num_batched_tokens` prompt tokens:
+
+    budget 512:  [ A: tokens 512..1023 (continues) ][ B: 0..99 ][ C: 0..311 (first chunk of 2,000) ]
+
+Requests already PREFILLING go first (so a long prompt keeps moving), then queued ones in arrival order; the
+last one may get a partial chunk. A queued request whose blocks do not fit waits at the head of the queue
+(FIFO, no overtaking: a long prompt is never starved by short ones). Only the suffix after the cached prefix
+is computed; at least one token always is, since its logits give the first token.
+
+Like the decode scheduler this is not thread-safe; the engine calls it under a lock and an abort of a request
+inside a forward only marks it (`update()` finishes it).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from pdserve.cache_store.block_pool import blocks_needed
+from pdserve.cache_store.prefix_cache import PrefixCache
+from pdserve.engine.attention_metadata import PrefillChunk
+from pdserve.prefill_node.request import TRANSITIONS, PrefillRequest, PrefillState
+
+
+@dataclass(frozen=True)
+class ScheduledChunk:
+    """Tokens start..end of one request's prompt, computed in this forward."""
+
+    request: PrefillRequest
+    start: int
+    end: int
+
+    @property
+    def is_last(self) -> bool:
+        return self.end == self.request.num_prompt_tokens
+
+    @property
+    def num_tokens(self) -> int:
+        return self.end - self.start
+
+    def engine_chunk(self, block_size: int) -> PrefillChunk:
+        table = self.request.block_ids[: blocks_needed(self.end, block_size)]
+        return PrefillChunk(self.request.prompt_token_ids[self.start:self.end], self.start, table, self.is_last)
+
+
+@dataclass
+class PrefillPlan:
+    chunks: list[ScheduledChunk] = field(default_factory=list)
+    failed: list[PrefillRequest] = field(default_factory=list)  # refused while scheduling (too big)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(c.num_tokens for c in self.chunks)
+
+    @property
+    def empty(self) -> bool:
+        return not self.chunks
+
+
+class Batcher:
+    def __init__(self, prefix_cache: PrefixCache, max_num_batched_tokens: int, max_num_seqs: int = 256) -> None:
+        if max_num_batched_tokens <= 0:
+            raise ValueError(f"max_num_batched_tokens must be positive, got {max_num_batched_tokens}")
+        self.cache = prefix_cache
+        self.pool = prefix_cache.pool
+        self.block_size = prefix_cache.block_size
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_num_seqs = max_num_seqs
+        self.requests: dict[str, PrefillRequest] = {}
+        self.queue: deque[PrefillRequest] = deque()
+        self.prefilling: list[PrefillRequest] = []
+        self.in_flight: set[str] = set()
+        self.abort_requested: set[str] = set()
+        self.on_finish: Callable[[PrefillRequest], None] = lambda request: None
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.queue or self.prefilling)
+
+    def add(self, request: PrefillRequest) -> None:
+        if request.request_id in self.requests:
+            raise ValueError(f"request {request.request_id!r} is already queued on this prefill worker")
+        self.requests[request.request_id] = request
+        self.queue.append(request)
+
+    def abort(self, request_id: str, error: str | None = None) -> PrefillRequest | None:
+        """Release the request now, or after the forward it is in; returns it if it was finished now."""
+        request = self.requests.get(request_id)
+        if request is None:
+            return None
+        request.error = error
+        if request_id in self.in_flight:
+            self.abort_requested.add(request_id)
+            return None
+        self._move(request, PrefillState.ABORTED)
+        return request
+
+    def fail(self, request: PrefillRequest, error: str) -> None:
+        if request.state.finished:
+            return
+        request.error = error
+        self.in_flight.discard(request.request_id)
+        self._move(request, PrefillState.FAILED)
+
+    # ---- one forward ------------------------------------------------------------------------------
+
+    def schedule(self) -> PrefillPlan:
+        plan = PrefillPlan()
+        budget = self._continue_prefilling(plan, self.max_num_batched_tokens)
+        self._admit_queued(plan, budget)
+        self.in_flight = {c.request.request_id for c in plan.chunks}
+        return plan
+
+    def update(self, plan: PrefillPlan) -> list[PrefillRequest]:
+        """The forward of `plan` ran: advance each request; returns those whose whole prompt is computed
+        (they stay PREFILLING until `finish`, since their first token and transfer are still to do)."""
+        self.in_flight = set()
+        done = []
+        for chunk in plan.chunks:
+            request = chunk.request
+            request.num_computed_tokens = chunk.end
+            if request.request_id in self.abort_requested:
+                self._move(request, PrefillState.ABORTED)
+            elif chunk.is_last:
+                done.append(request)
+        self.abort_requested.clear()
+        return done
+
+    def finish(self, request: PrefillRequest) -> None:
+        """First token sampled and the KV handed off: commit full prompt blocks, release ours."""
+        self.cache.commit(request.block_hashes, request.block_ids)
+        self._move(request, PrefillState.FINISHED)
+
+    # ---- phases -----------------------------------------------------------------------------------
+
+    def _continue_prefilling(self, plan: PrefillPlan, budget: int) -> int:
+        for request in self.prefilling:
+            if budget <= 0:
+                break
+            if request.remaining <= 0:
+                continue  # computed; waiting for `finish`
+            take = min(request.remaining, budget)
+            plan.chunks.append(ScheduledChunk(request, request.num_computed_tokens, request.num_computed_tokens + take))
+            budget -= take
+        return budget
+
+    def _admit_queued(self, plan: PrefillPlan, budget: int) -> None:
+        while self.queue and budget > 0 and len(self.prefilling) < self.max_num_seqs:
+            request = self.queue[0]
+            needed = blocks_needed(request.num_prompt_tokens, self.block_size)
+            if needed > self.pool.num_total:
+                request.error = (f"prompt of {request.num_prompt_tokens} tokens needs {needed} KV blocks; this "
+                                 f"prefill worker has {self.pool.num_total}")
+                self._move(request, PrefillState.FAILED)
+                plan.failed.append(request)
+                continue
+            lookup = request.block_hashes[: (request.num_prompt_tokens - 1) // self.block_size]
+            if not self.cache.can_allocate(lookup, needed):
+                return
+            blocks = self.cache.allocate(lookup, needed)
+            request.block_ids = list(blocks.block_ids)
+            request.num_cached_tokens = request.num_computed_tokens = blocks.num_cached_tokens
+            self._move(request, PrefillState.PREFILLING)
+            take = min(request.remaining, budget)
+            plan.chunks.append(ScheduledChunk(request, request.num_computed_tokens, request.num_computed_tokens + take))
+            budget -= take
+
+    # ---- the one place a state changes ----------------------------------------------------------
+
+    def _move(self, request: PrefillRequest, state: PrefillState) -> None:
+        if state not in TRANSITIONS.get(request.state, frozenset()):
+            raise RuntimeError(f"request {request.request_id}: illegal move {request.state.name} -> {state.name}")
+        if request.state == PrefillState.QUEUED:
+            self.queue.remove(request)
+        elif request.state == PrefillState.PREFILLING:
+            self.prefilling.remove(request)
+        request.state = state
+        if state == PrefillState.PREFILLING:
+            self.prefilling.append(request)
+        elif state.finished:
+            self.pool.free(request.block_ids)
+            request.block_ids = []
+            del self.requests[request.request_id]
+            self.on_finish(request)

@@ -1,0 +1,58 @@
+"""One prefill-side request: its state, its prompt, its blocks and where its KV goes.
+
+`state` is written by `Batcher._move` only (prefill_node/batcher.py); everything else reads it.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+from pdserve.engine.sampling import SamplingParams
+from pdserve.kv_transfer.target import TransferTarget
+
+
+class PrefillState(enum.IntEnum):
+    QUEUED = 0  # waiting for blocks and a place in a batch
+    PREFILLING = 1  # blocks held (cached prefix + new); chunks being computed, KV pushed layer by layer
+    FINISHED = 2  # every token computed, first token sampled and sent with the "done" frame; blocks released
+    ABORTED = 3  # /internal/abort or the router went away
+    FAILED = 4  # the forward or the transfer failed
+
+    @property
+    def finished(self) -> bool:
+        return self >= PrefillState.FINISHED
+
+
+TRANSITIONS: dict[PrefillState, frozenset[PrefillState]] = {
+    PrefillState.QUEUED: frozenset({PrefillState.PREFILLING, PrefillState.ABORTED, PrefillState.FAILED}),
+    PrefillState.PREFILLING: frozenset({PrefillState.FINISHED, PrefillState.ABORTED, PrefillState.FAILED}),
+}
+
+
+@dataclass
+class PrefillRequest:
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling: SamplingParams
+    target: TransferTarget
+    block_hashes: list[bytes]  # full prompt blocks, for the prefix cache
+    cache_salt: str | None = None
+    state: PrefillState = PrefillState.QUEUED
+    block_ids: list[int] = field(default_factory=list)
+    num_cached_tokens: int = 0  # found in the prefix cache, not computed
+    num_computed_tokens: int = 0  # cached + computed so far
+    first_token_id: int | None = None
+    first_logprob: float | None = None
+    error: str | None = None
+    arrival: float = field(default_factory=time.monotonic)
+    started: float | None = None
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def remaining(self) -> int:
+        return self.num_prompt_tokens - self.num_computed_tokens

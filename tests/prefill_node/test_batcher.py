@@ -1,0 +1,103 @@
+"""Prefill batcher: token budget, chunking, prefix-cache reuse, FIFO admission by blocks, no leaked block."""
+
+from __future__ import annotations
+
+from pdserve.cache_store.block_pool import BlockPool, assert_no_leak
+from pdserve.cache_store.hashing import block_hashes
+from pdserve.cache_store.prefix_cache import PrefixCache
+from pdserve.engine.sampling import SamplingParams
+from pdserve.kv_transfer.target import TransferTarget
+from pdserve.prefill_node.batcher import Batcher
+from pdserve.prefill_node.request import PrefillRequest, PrefillState
+
+BS = 4
+
+
+def make(rid: str, prompt: list[int]) -> PrefillRequest:
+    target = TransferTarget("local", rid, (0,), num_layers=1, block_size=BS, dtype="float32")
+    return PrefillRequest(rid, prompt, SamplingParams(), target, block_hashes(prompt, BS, "test-model"))
+
+
+def batcher(num_blocks: int = 64, budget: int = 16) -> Batcher:
+    return Batcher(PrefixCache(BlockPool(num_blocks), BS), max_num_batched_tokens=budget)
+
+
+def drain(b: Batcher) -> list[list[tuple[str, int, int]]]:
+    """Run forwards until idle; each plan as (request, start, end) rows. Finished requests are finished."""
+    plans = []
+    while b.has_work:
+        plan = b.schedule()
+        assert plan.num_tokens <= b.max_num_batched_tokens
+        plans.append([(c.request.request_id, c.start, c.end) for c in plan.chunks])
+        for request in b.update(plan):
+            b.finish(request)
+    return plans
+
+
+def test_several_prompts_share_one_forward_under_the_token_budget():
+    b = batcher(budget=16)
+    for rid, n in [("a", 5), ("b", 6), ("c", 9)]:
+        b.add(make(rid, list(range(100, 100 + n))))
+    plans = drain(b)
+    assert plans == [[("a", 0, 5), ("b", 0, 6), ("c", 0, 5)], [("c", 5, 9)]]
+    assert_no_leak_but_cached(b)
+
+
+def test_long_prompt_is_chunked_and_keeps_going_first():
+    b = batcher(budget=8)
+    b.add(make("long", list(range(20))))
+    b.add(make("short", [7, 8, 9]))
+    plans = drain(b)
+    assert plans == [[("long", 0, 8)], [("long", 8, 16)], [("long", 16, 20), ("short", 0, 3)]]
+    assert_no_leak_but_cached(b)
+
+
+def test_cached_prefix_is_not_computed_again():
+    b = batcher(budget=64)
+    shared = list(range(50, 62))  # 3 full blocks
+    b.add(make("first", shared + [1, 2]))
+    assert drain(b) == [[("first", 0, 14)]]
+    b.add(make("second", shared + [3]))
+    b.add(make("exact", shared))  # fully cached: the last token is computed again for its logits
+    plans = drain(b)
+    assert plans == [[("second", 12, 13), ("exact", 8, 12)]]
+    assert b.cache.stats.num_hit_blocks == 3 + 2
+    assert_no_leak_but_cached(b)
+
+
+def test_admission_waits_for_blocks_in_order_and_refuses_what_never_fits():
+    b = batcher(num_blocks=4, budget=64)
+    b.add(make("a", list(range(12))))  # 3 blocks
+    b.add(make("b", list(range(100, 108))))  # 2 blocks: must wait for a
+    b.add(make("huge", list(range(200, 240))))  # 10 blocks > 4: refused when it reaches the head
+    first = b.schedule()
+    assert [c.request.request_id for c in first.chunks] == ["a"]
+    assert b.queue[0].request_id == "b"
+    for request in b.update(first):
+        b.finish(request)
+    second = b.schedule()
+    assert [c.request.request_id for c in second.chunks] == ["b"]
+    assert [r.request_id for r in second.failed] == ["huge"] and "needs 10 KV blocks" in second.failed[0].error
+    for request in b.update(second):
+        b.finish(request)
+    assert_no_leak_but_cached(b)
+
+
+def test_abort_inside_a_forward_and_while_queued():
+    b = batcher(budget=4)
+    b.add(make("a", list(range(10))))
+    b.add(make("q", list(range(10, 14))))
+    plan = b.schedule()
+    assert b.abort("a") is None  # inside the forward: only marked
+    assert b.abort("q").state == PrefillState.ABORTED
+    assert b.update(plan) == []
+    assert not b.has_work and b.requests == {}
+    assert_no_leak(b.pool)
+
+
+def assert_no_leak_but_cached(b: Batcher) -> None:
+    """Committed prompt blocks stay cached (evictable, counted free); nothing else is held."""
+    assert b.requests == {} and not b.has_work
+    assert b.pool.num_free == b.pool.num_total
+    b.pool.evict_all_cached()
+    assert_no_leak(b.pool)
