@@ -1,0 +1,165 @@
+"""Triton varlen causal prefill attention (FlashAttention-2 style) reading K/V from the paged cache.
+
+    grid (Hq, tiles): tiles are numbered sequence by sequence, each sequence's last (heaviest) tile first
+    sequence i, query tile t, head h: rows cu[i] + t*BLOCK_M ..., at positions prefix_i + t*BLOCK_M + r
+
+    keys  0 ............ full_end ........ last_key          full_end = (first row's position + 1) // BLOCK_N * BLOCK_N
+          |  every row sees  |  causal mask  |               loop 1 runs without masks, loop 2 masks k > pos
+          +------------------+---------------+
+
+K/V rows come from the block table (token n lives in block table[n // PAGE] at offset n % PAGE), so a cached
+prefix before the chunk needs nothing special: prefix_i = seq_len_i - q_len_i. GQA: head h reads kv head
+h // GROUP; consecutive programs are consecutive heads, so a group's K/V tile is read once from DRAM and
+then from L2. The sequence/tile lookup is done on the device from cu_seqlens (no host sync).
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+_LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _attend_block(
+    acc, l_i, m_i, q, k_base, v_base, table, n0, pos, seq_len, qk_scale, stride_cblk, stride_ctok,
+    MASKED: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    # q: [BLOCK_M, BLOCK_D]; keys n0 .. n0 + BLOCK_N; acc: [BLOCK_M, BLOCK_D]; l_i, m_i, pos: [BLOCK_M]
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    d = tl.arange(0, BLOCK_D)
+    if MASKED:
+        n_ok = offs_n < seq_len
+        page = tl.load(table + offs_n // PAGE, mask=n_ok, other=0).to(tl.int64)
+    else:
+        page = tl.load(table + offs_n // PAGE).to(tl.int64)
+    rows = (page * stride_cblk + (offs_n % PAGE) * stride_ctok)[:, None] + d[None, :]  # [BLOCK_N, BLOCK_D]
+    if MASKED:
+        kv_mask = n_ok[:, None] & (d < HEAD_DIM)[None, :]
+        k = tl.load(k_base + rows, mask=kv_mask, other=0.0)
+        v = tl.load(v_base + rows, mask=kv_mask, other=0.0)
+    elif BLOCK_D != HEAD_DIM:
+        k = tl.load(k_base + rows, mask=(d < HEAD_DIM)[None, :], other=0.0)
+        v = tl.load(v_base + rows, mask=(d < HEAD_DIM)[None, :], other=0.0)
+    else:
+        k = tl.load(k_base + rows)
+        v = tl.load(v_base + rows)
+    s = tl.dot(q, tl.trans(k)) * qk_scale  # [BLOCK_M, BLOCK_N], log2 domain
+    if MASKED:
+        s = tl.where((offs_n[None, :] <= pos[:, None]) & n_ok[None, :], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    return acc, l_i, m_new
+
+
+@triton.jit
+def _prefill_attention_kernel(
+    q_ptr, cache_ptr, cu_q_ptr, seq_lens_ptr, block_tables_ptr, out_ptr, qk_scale, num_seqs,
+    stride_qt, stride_qh, stride_ot, stride_oh, stride_bt, stride_ckv, stride_cblk, stride_ctok, stride_ch,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, BLOCK_B: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    # q, out: [T, Hq, D]; cu_q: [B + 1]; seq_lens: [B]; block_tables: [B, max_blocks]
+    # cache: [2, num_blocks, PAGE, Hkv, D]; grid: (Hq, >= total query tiles)
+    head = tl.program_id(0)
+    tile = tl.program_id(1)
+    i = tl.arange(0, BLOCK_B)
+    q_lo = tl.load(cu_q_ptr + i, mask=i < num_seqs, other=0)
+    q_hi = tl.load(cu_q_ptr + i + 1, mask=i < num_seqs, other=0)
+    tiles_end = tl.cumsum(tl.cdiv(q_hi - q_lo, BLOCK_M), axis=0)  # [BLOCK_B], inclusive
+    seq = tl.sum((tiles_end <= tile).to(tl.int32), axis=0)
+    if seq < num_seqs:
+        mine = i == seq
+        q_start = tl.sum(tl.where(mine, q_lo, 0), axis=0)
+        q_len = tl.sum(tl.where(mine, q_hi - q_lo, 0), axis=0)
+        m_tile = tl.sum(tl.where(mine, tiles_end, 0), axis=0) - 1 - tile
+        seq_len = tl.load(seq_lens_ptr + seq)
+        first_pos = seq_len - q_len + m_tile * BLOCK_M
+
+        offs_m = m_tile * BLOCK_M + tl.arange(0, BLOCK_M)
+        d = tl.arange(0, BLOCK_D)
+        md_mask = (offs_m < q_len)[:, None] & (d < HEAD_DIM)[None, :]
+        tokens = (q_start + offs_m).to(tl.int64)[:, None]
+        q = tl.load(q_ptr + tokens * stride_qt + head * stride_qh + d[None, :], mask=md_mask, other=0.0)
+        pos = first_pos + tl.arange(0, BLOCK_M)
+        k_base = cache_ptr + (head // GROUP) * stride_ch
+        v_base = k_base + stride_ckv
+        table = block_tables_ptr + seq.to(tl.int64) * stride_bt
+
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+        full_end = (first_pos + 1) // BLOCK_N * BLOCK_N
+        for n0 in range(0, full_end, BLOCK_N):
+            acc, l_i, m_i = _attend_block(
+                acc, l_i, m_i, q, k_base, v_base, table, n0, pos, seq_len, qk_scale, stride_cblk, stride_ctok,
+                False, HEAD_DIM, PAGE, BLOCK_N, BLOCK_D,
+            )
+        last_key = tl.minimum(first_pos + BLOCK_M, seq_len)
+        for n0 in range(full_end, last_key, BLOCK_N):
+            acc, l_i, m_i = _attend_block(
+                acc, l_i, m_i, q, k_base, v_base, table, n0, pos, seq_len, qk_scale, stride_cblk, stride_ctok,
+                True, HEAD_DIM, PAGE, BLOCK_N, BLOCK_D,
+            )
+        out = acc / l_i[:, None]
+        o_ptrs = out_ptr + tokens * stride_ot + head * stride_oh + d[None, :]
+        tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=md_mask)
+
+
+def _check(q, kv_cache, cu_seqlens_q, seq_lens, block_tables):
+    if q.dim() != 3 or kv_cache.dim() != 5 or kv_cache.shape[0] != 2:
+        raise ValueError(f"q {tuple(q.shape)} must be [T, Hq, D], kv_cache {tuple(kv_cache.shape)} [2, N, bs, Hkv, D]")
+    q_heads, dim = q.shape[1:]
+    kv_heads = kv_cache.shape[3]
+    if kv_cache.shape[4] != dim or q_heads % kv_heads:
+        raise ValueError(f"q heads {q_heads} x dim {dim} do not fit kv_cache heads {kv_heads} x dim {kv_cache.shape[4]}")
+    if q.dtype != kv_cache.dtype:
+        raise ValueError(f"q dtype {q.dtype} != kv_cache dtype {kv_cache.dtype}")
+    batch = seq_lens.shape[0]
+    if cu_seqlens_q.shape != (batch + 1,) or block_tables.dim() != 2 or block_tables.shape[0] != batch:
+        raise ValueError(
+            f"cu_seqlens_q {tuple(cu_seqlens_q.shape)} / block_tables {tuple(block_tables.shape)} need batch {batch}"
+        )
+    if q.stride(-1) != 1 or kv_cache.stride(-1) != 1 or block_tables.stride(-1) != 1:
+        raise ValueError("q, kv_cache and block_tables need unit stride in their last dim")
+
+
+def _default_config(dim: int, device: torch.device) -> tuple:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages)."""
+    if device.type != "cuda":
+        return 64, 32, 4, 1
+    return (128, 64, 8, 3) if dim <= 128 else (64, 32, 4, 2)
+
+
+def _launch(q, kv_cache, cu_seqlens_q, seq_lens, block_tables, scale, config=None):
+    _check(q, kv_cache, cu_seqlens_q, seq_lens, block_tables)
+    tokens, q_heads, dim = q.shape
+    batch = seq_lens.shape[0]
+    out = torch.empty_like(q)
+    if tokens == 0 or batch == 0:
+        return out
+    block_m, block_n, num_warps, num_stages = config or _default_config(dim, q.device)
+    grid = (q_heads, triton.cdiv(tokens, block_m) + batch)  # >= sum_i cdiv(q_len_i, BLOCK_M); extras exit
+    _prefill_attention_kernel[grid](
+        q, kv_cache, cu_seqlens_q, seq_lens, block_tables, out, scale * _LOG2E, batch,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0), *kv_cache.stride()[:4],
+        GROUP=q_heads // kv_cache.shape[3], HEAD_DIM=dim, PAGE=kv_cache.shape[2],
+        BLOCK_B=triton.next_power_of_2(batch), BLOCK_M=block_m, BLOCK_N=block_n,
+        BLOCK_D=triton.next_power_of_2(dim), num_warps=num_warps, num_stages=num_stages,
+    )
+    return out
+
+
+def prefill_attention_triton(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    return _launch(q, kv_cache, cu_seqlens_q, seq_lens, block_tables, scale)
