@@ -9,6 +9,7 @@ the command modules do that and pass values in.
 
 from __future__ import annotations
 
+import argparse
 import re
 from dataclasses import dataclass, field
 
@@ -196,3 +197,66 @@ class LaunchSettings:
                 f"a disaggregated launch needs >= 1 prefill and >= 1 decode worker, "
                 f"got {self.num_prefill} and {self.num_decode}"
             )
+
+
+# ---- command-line flags (shared by `pdserve prefill`, `pdserve decode` and `pdserve serve`) ----------------
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("model")
+    group.add_argument("--model", default=DEFAULT_MODEL,
+                       help=f"model name, .gguf file or Hugging Face directory (default {DEFAULT_MODEL})")
+    group.add_argument("--load-format", default="auto", choices=LOAD_FORMATS)
+    group.add_argument("--model-preset", default=None, help="shapes for --load-format dummy, e.g. llama3-8b")
+    group.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 ... (default: cuda if available)")
+    group.add_argument("--dtype", default="auto", choices=DTYPES)
+    group.add_argument("--max-model-len", type=int, default=None, help="cap on prompt + output tokens")
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("KV cache and batching")
+    size = group.add_mutually_exclusive_group()
+    size.add_argument("--num-blocks", type=int, default=None, help="KV blocks in the pool")
+    size.add_argument("--kv-cache-memory", type=parse_size, default=None, help="KV pool size, e.g. 2GiB")
+    group.add_argument("--block-size", type=int, default=16)
+    group.add_argument("--max-num-seqs", type=int, default=SchedulerSettings.max_num_seqs)
+    group.add_argument("--max-num-batched-tokens", type=int, default=SchedulerSettings.max_num_batched_tokens)
+    group.add_argument("--kv-lease-timeout", type=float, default=SchedulerSettings.kv_lease_timeout_s,
+                       help="seconds a decode reservation waits for its KV")
+
+
+def add_worker_arguments(parser: argparse.ArgumentParser, role: str) -> None:
+    parser.add_argument("--role", default=role, choices=("prefill", "decode", "both"))
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0, help="HTTP port (0: any free port)")
+    parser.add_argument("--router", default=None, help="router URL to register with, e.g. http://127.0.0.1:8000")
+    parser.add_argument("--worker-id", default=None)
+    parser.add_argument("--transfer-backend", default="auto", choices=TRANSFER_BACKENDS)
+    parser.add_argument("--transfer-host", default=None, help="address of the KV receiver (default: --host)")
+    parser.add_argument("--transfer-port", type=int, default=0, help="KV receiver port (0: any free port)")
+    add_model_arguments(parser)
+    add_engine_arguments(parser)
+
+
+def model_settings_from_args(args: argparse.Namespace, cache_dir: str | None) -> ModelSettings:
+    return ModelSettings(model=args.model, load_format=args.load_format, model_preset=args.model_preset,
+                         device=args.device, dtype=args.dtype, cache_dir=cache_dir,
+                         max_model_len=args.max_model_len)
+
+
+def worker_settings_from_args(args: argparse.Namespace, cache_dir: str | None,
+                              secret: str | None) -> WorkerSettings:
+    """`cache_dir` and `secret` come from the environment, which only the command module reads."""
+    return WorkerSettings(
+        roles=parse_roles(args.role),
+        model=model_settings_from_args(args, cache_dir),
+        cache=KVCacheSettings(num_blocks=args.num_blocks, kv_cache_memory=args.kv_cache_memory,
+                              block_size=args.block_size),
+        scheduler=SchedulerSettings(max_num_seqs=args.max_num_seqs,
+                                    max_num_batched_tokens=args.max_num_batched_tokens,
+                                    kv_lease_timeout_s=args.kv_lease_timeout),
+        transfer=TransferSettings(backend=args.transfer_backend, host=args.transfer_host or args.host,
+                                  port=args.transfer_port),
+        server=ServerSettings(host=args.host, port=args.port, router_url=args.router, secret=secret,
+                              worker_id=args.worker_id),
+    )

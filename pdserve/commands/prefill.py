@@ -1,0 +1,28 @@
+"""`pdserve prefill`: start one prefill worker (`--role both` serves prefill and decode over one block pool).
+
+Reads PDSERVE_CACHE_DIR (where models are fetched and converted) and PDSERVE_SECRET (shared secret of the
+internal API) from the environment; nothing below this module does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from pdserve.settings import add_worker_arguments, worker_settings_from_args
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("prefill", help="start a prefill worker",
+                                   description="Start a prefill worker; with --router it registers there.")
+    add_worker_arguments(parser, role="prefill")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pdserve.worker import run_worker
+
+    settings = worker_settings_from_args(
+        args, cache_dir=os.environ.get("PDSERVE_CACHE_DIR"), secret=os.environ.get("PDSERVE_SECRET") or None
+    )
+    return run_worker(settings)

@@ -1,0 +1,66 @@
+"""`pdserve serve`: router + prefill and decode workers on this machine, as separate processes.
+
+With no arguments: the router on http://127.0.0.1:8000, one prefill and one decode worker, the default model.
+`--colocated` runs one `--role both` worker instead (one block pool, `local` transfer: the baseline).
+Model, KV-cache and batching flags are passed to every worker (and the model flags to the router, which
+needs the tokenizer). Ctrl-C or SIGTERM stops every process.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from pdserve.settings import LaunchSettings, add_engine_arguments, add_model_arguments
+
+_MODEL_FLAGS = ("model", "load_format", "model_preset", "max_model_len")
+_WORKER_ONLY_FLAGS = ("device", "dtype", "num_blocks", "kv_cache_memory", "block_size", "max_num_seqs",
+                      "max_num_batched_tokens", "kv_lease_timeout")
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("serve", help="router + prefill + decode workers on this machine",
+                                   description=__doc__.split("\n\n")[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--num-prefill", type=int, default=1, help="prefill workers (default 1)")
+    parser.add_argument("--num-decode", type=int, default=1, help="decode workers (default 1)")
+    parser.add_argument("--colocated", action="store_true",
+                        help="one worker serving both roles over one block pool (the baseline)")
+    parser.add_argument("--ready-timeout", type=float, default=600.0,
+                        help="seconds to wait for every process to answer /health")
+    add_model_arguments(parser)
+    add_engine_arguments(parser)
+    parser.set_defaults(func=run)
+
+
+def forwarded_flags(args: argparse.Namespace, names: tuple[str, ...]) -> list[str]:
+    """The flags among `names` that differ from their defaults, as command-line words."""
+    out: list[str] = []
+    for name in names:
+        value = getattr(args, name)
+        if value is None or value == _DEFAULTS.get(name):
+            continue
+        out += [f"--{name.replace('_', '-')}", str(value)]
+    return out
+
+
+def _defaults() -> dict[str, object]:
+    parser = argparse.ArgumentParser()
+    add_model_arguments(parser)
+    add_engine_arguments(parser)
+    return vars(parser.parse_args([]))
+
+
+_DEFAULTS = _defaults()
+
+
+def run(args: argparse.Namespace) -> int:
+    from pdserve.launcher import run_launcher
+
+    settings = LaunchSettings(
+        host=args.host, port=args.port, num_prefill=args.num_prefill, num_decode=args.num_decode,
+        colocated=args.colocated, ready_timeout_s=args.ready_timeout,
+        worker_args=tuple(forwarded_flags(args, _MODEL_FLAGS + _WORKER_ONLY_FLAGS)),
+        router_args=tuple(forwarded_flags(args, _MODEL_FLAGS)),
+    )
+    return run_launcher(settings)

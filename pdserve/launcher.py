@@ -1,0 +1,174 @@
+"""Local launcher for `pdserve serve`: a router plus prefill and decode workers, each its own process.
+
+    pdserve serve ─┬─ pdserve router  --port 8000                       (started first)
+                   ├─ pdserve prefill --router http://127.0.0.1:8000 --port <free> --worker-id prefill-0
+                   └─ pdserve decode  --router http://127.0.0.1:8000 --port <free> --transfer-port <free> ...
+                   (--colocated: one `pdserve decode --role both` instead of the two workers)
+
+Every child is a `pdserve <role>` command line, so `ps` shows the roles. No child outlives the launcher:
+- SIGINT / SIGTERM to the launcher: SIGTERM to every child, SIGKILL to any still alive after `grace_s`;
+- a child that exits on its own takes the whole deployment down (exit status 1), rather than leaving a router
+  without workers;
+- the launcher killed outright (SIGKILL): each child was started with PR_SET_PDEATHSIG, so the kernel sends it
+  SIGTERM when the launcher dies (Linux; elsewhere the first two still hold).
+The children share the launcher's process group, so Ctrl-C in a terminal reaches all of them at once too.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+
+import httpx
+
+from pdserve.settings import LaunchSettings
+
+_PR_SET_PDEATHSIG = 1
+
+
+@dataclass(frozen=True)
+class ChildSpec:
+    name: str
+    argv: list[str]
+    health_url: str
+
+
+def free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def plan_children(settings: LaunchSettings, python: str = sys.executable) -> list[ChildSpec]:
+    """The router first, then the workers, with ports chosen now."""
+    base = [python, "-m", "pdserve.cli"]
+    router_url = f"http://{settings.host}:{settings.port}"
+    children = [ChildSpec("router", [*base, "router", "--host", settings.host, "--port", str(settings.port),
+                                     *settings.router_args], f"{router_url}/health")]
+    if settings.colocated:
+        workers = [("decode", "both", 0)]
+    else:
+        workers = [("prefill", "prefill", i) for i in range(settings.num_prefill)]
+        workers += [("decode", "decode", i) for i in range(settings.num_decode)]
+    for command, role, index in workers:
+        port = free_port(settings.host)
+        name = f"{'colocated' if role == 'both' else role}-{index}"
+        argv = [*base, command, "--role", role, "--router", router_url, "--host", settings.host,
+                "--port", str(port), "--worker-id", name]
+        if role != "prefill":
+            argv += ["--transfer-port", str(free_port(settings.host))]
+        children.append(ChildSpec(name, argv + list(settings.worker_args), f"http://{settings.host}:{port}/health"))
+    return children
+
+
+def _die_with_parent() -> None:
+    """preexec_fn: ask the kernel for SIGTERM when the launcher dies (no effect where prctl is missing)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass
+
+
+class Launcher:
+    def __init__(self, settings: LaunchSettings, grace_s: float = 10.0, log=print) -> None:
+        self.settings = settings
+        self.grace_s = grace_s
+        self.log = log
+        self.children: list[tuple[ChildSpec, subprocess.Popen]] = []
+        self._stop = threading.Event()
+
+    def start(self) -> None:
+        for spec in plan_children(self.settings):
+            if self._stop.is_set():
+                raise InterruptedError("stopping before the deployment was started")
+            # preexec_fn is safe here: the launcher runs a single thread
+            preexec = _die_with_parent if sys.platform == "linux" else None
+            process = subprocess.Popen(spec.argv, preexec_fn=preexec)  # noqa: PLW1509
+            self.children.append((spec, process))
+            self.log(f"started {spec.name} (pid {process.pid}): {' '.join(spec.argv[3:])}")
+            if spec.name == "router":
+                self._wait_healthy([spec], self.settings.ready_timeout_s)
+
+    def wait_ready(self) -> None:
+        self._wait_healthy([spec for spec, _ in self.children], self.settings.ready_timeout_s)
+        self.log(f"pdserve ready: http://{self.settings.host}:{self.settings.port}/v1 "
+                 f"({', '.join(spec.name for spec, _ in self.children)})")
+
+    def _wait_healthy(self, specs: list[ChildSpec], timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        pending = list(specs)
+        with httpx.Client(timeout=2.0) as client:
+            while pending:
+                if self._stop.is_set():
+                    raise InterruptedError("stopping before the deployment was ready")
+                self._check_alive()
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"not healthy after {timeout_s:g} s: {[s.name for s in pending]}")
+                pending = [s for s in pending if not _healthy(client, s.health_url)]
+                if pending:
+                    self._stop.wait(0.2)
+
+    def _check_alive(self) -> None:
+        for spec, process in self.children:
+            code = process.poll()
+            if code is not None:
+                raise ChildProcessError(f"{spec.name} (pid {process.pid}) exited with status {code}")
+
+    def wait(self) -> int:
+        """Block until a stop is requested (0) or a child exits on its own (1)."""
+        while not self._stop.wait(0.5):
+            try:
+                self._check_alive()
+            except ChildProcessError as exc:
+                self.log(f"{exc}; stopping everything")
+                return 1
+        return 0
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    def stop(self) -> None:
+        """SIGTERM every child (workers first, the router last), SIGKILL what outlives the grace period."""
+        for _, process in reversed(self.children):
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + self.grace_s
+        for spec, process in self.children:
+            try:
+                process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self.log(f"{spec.name} (pid {process.pid}) ignored SIGTERM for {self.grace_s:g} s: SIGKILL")
+                process.kill()
+                process.wait()
+
+
+def _healthy(client: httpx.Client, url: str) -> bool:
+    try:
+        return client.get(url).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def run_launcher(settings: LaunchSettings) -> int:
+    launcher = Launcher(settings)
+    previous = {sig: signal.signal(sig, lambda *_: launcher.request_stop()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        launcher.start()
+        launcher.wait_ready()
+        return launcher.wait()
+    except (ChildProcessError, TimeoutError) as exc:
+        print(f"pdserve serve: {exc}", file=sys.stderr)
+        return 1
+    except InterruptedError:
+        return 0
+    finally:
+        launcher.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
