@@ -1,0 +1,152 @@
+"""Per-sequence inputs (plain Python) and the packed tensors the forwards read.
+
+A prefill batch packs chunks of several sequences into one token axis; a chunk may follow tokens that are
+already in the cache (a cached prefix, earlier chunks):
+
+    sequence 0: |== cached (start_pos 32) ==|-- chunk (16) --|        seq_lens[0] = 48
+    sequence 1: |-- chunk (5) --|                                      seq_lens[1] = 5
+    packed q:   [ s0 t32 .. s0 t47 | s1 t0 .. s1 t4 ]                  cu_seqlens_q = [0, 16, 21]
+
+Position p of a sequence is written to slot block_table[p // block_size] * block_size + p % block_size.
+A decode batch has one token per sequence and is padded up to a bucket size (a CUDA graph is captured per
+bucket); padded rows have slot -1 (nothing written) and seq_len 0 (attention yields zeros).
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class PrefillChunk:
+    """token_ids: this chunk; start_pos: tokens of the sequence already in the cache; block_table covers
+    start_pos + len(token_ids) tokens; need_logits: sample after this chunk (the prompt's last chunk)."""
+
+    token_ids: list[int]
+    start_pos: int
+    block_table: list[int]
+    need_logits: bool = True
+
+
+@dataclass(frozen=True)
+class DecodeInput:
+    """One sequence's next step: token_id sits at `position` (= tokens already cached); its K/V goes there."""
+
+    token_id: int
+    position: int
+    block_table: list[int]
+
+
+@dataclass(frozen=True)
+class PrefillBatch:
+    input_ids: torch.Tensor  # [T] int64
+    positions: torch.Tensor  # [T] int64
+    slot_mapping: torch.Tensor  # [T] int64
+    cu_seqlens_q: torch.Tensor  # [B + 1] int32
+    seq_lens: torch.Tensor  # [B] int32
+    block_tables: torch.Tensor  # [B, max_blocks] int32
+    logits_indices: torch.Tensor  # [N] int64: packed rows whose logits are computed (last row of a chunk)
+
+
+@dataclass(frozen=True)
+class DecodeBatch:
+    """Views of the first `bucket` rows of DecodeBuffers; rows past num_seqs are padding."""
+
+    num_seqs: int
+    input_ids: torch.Tensor  # [bucket] int64
+    positions: torch.Tensor  # [bucket] int64
+    slot_mapping: torch.Tensor  # [bucket] int64
+    seq_lens: torch.Tensor  # [bucket] int32
+    block_tables: torch.Tensor  # [bucket, max_blocks] int32
+
+
+def _check_covers(what: str, block_table: list[int], num_tokens: int, block_size: int) -> None:
+    if len(block_table) * block_size < num_tokens:
+        raise ValueError(
+            f"{what}: block table has {len(block_table)} blocks ({len(block_table) * block_size} slots of "
+            f"{block_size}) but {num_tokens} tokens must be cached"
+        )
+
+
+def _pad_rows(rows: list[list[int]]) -> torch.Tensor:
+    width = max(1, max(len(r) for r in rows))
+    return torch.tensor([r + [0] * (width - len(r)) for r in rows], dtype=torch.int32)
+
+
+def build_prefill_batch(chunks: list[PrefillChunk], block_size: int, device: torch.device) -> PrefillBatch:
+    if not chunks:
+        raise ValueError("a prefill batch needs at least one chunk")
+    lengths = [len(c.token_ids) for c in chunks]
+    for i, c in enumerate(chunks):
+        if not c.token_ids:
+            raise ValueError(f"prefill chunk {i} has no tokens (start_pos {c.start_pos})")
+        _check_covers(f"prefill chunk {i}", c.block_table, c.start_pos + lengths[i], block_size)
+    lens = torch.tensor(lengths)
+    seq_index = torch.repeat_interleave(torch.arange(len(chunks)), lens)
+    cu = torch.zeros(len(chunks) + 1, dtype=torch.int32)
+    cu[1:] = torch.cumsum(lens, 0)
+    starts = torch.tensor([c.start_pos for c in chunks])
+    positions = starts[seq_index] + torch.arange(int(cu[-1])) - cu[:-1].long()[seq_index]
+    block_tables = _pad_rows([c.block_table for c in chunks])
+    slots = block_tables[seq_index, positions // block_size].long() * block_size + positions % block_size
+    last_rows = (cu[1:].long() - 1)[torch.tensor([c.need_logits for c in chunks])]
+    return PrefillBatch(
+        input_ids=torch.tensor([t for c in chunks for t in c.token_ids]).to(device),
+        positions=positions.to(device),
+        slot_mapping=slots.to(device),
+        cu_seqlens_q=cu.to(device),
+        seq_lens=(starts + lens).to(torch.int32).to(device),
+        block_tables=block_tables.to(device),
+        logits_indices=last_rows.to(device),
+    )
+
+
+class DecodeBuffers:
+    """Static decode inputs, allocated once: a captured CUDA graph reads exactly these tensors."""
+
+    def __init__(self, max_num_seqs: int, max_blocks_per_seq: int, block_size: int, device: torch.device,
+                 buckets: list[int]) -> None:
+        if not buckets or max(buckets) < max_num_seqs:
+            raise ValueError(f"decode buckets {buckets} must reach max_num_seqs {max_num_seqs}")
+        self.buckets = sorted(buckets)
+        self.block_size = block_size
+        size = self.buckets[-1]
+        self.input_ids = torch.zeros(size, dtype=torch.long, device=device)
+        self.positions = torch.zeros(size, dtype=torch.long, device=device)
+        self.slot_mapping = torch.full((size,), -1, dtype=torch.long, device=device)
+        self.seq_lens = torch.zeros(size, dtype=torch.int32, device=device)
+        self.block_tables = torch.zeros(size, max_blocks_per_seq, dtype=torch.int32, device=device)
+
+    def bucket_for(self, num_seqs: int) -> int:
+        i = bisect.bisect_left(self.buckets, num_seqs)
+        if i == len(self.buckets):
+            raise ValueError(f"decode batch of {num_seqs} exceeds the largest bucket {self.buckets[-1]}")
+        return self.buckets[i]
+
+    def prepare(self, items: list[DecodeInput]) -> DecodeBatch:
+        """Copy the items into the buffers' first rows and pad up to the bucket."""
+        n, bs = len(items), self.block_size
+        bucket = self.bucket_for(n)
+        for i, item in enumerate(items):
+            _check_covers(f"decode item {i}", item.block_table, item.position + 1, bs)
+        positions = [it.position for it in items] + [0] * (bucket - n)
+        slots = [it.block_table[it.position // bs] * bs + it.position % bs for it in items]
+        slots += [-1] * (bucket - n)
+        seq_lens = [it.position + 1 for it in items] + [0] * (bucket - n)
+        ids = [it.token_id for it in items] + [0] * (bucket - n)
+        tables = _pad_rows([it.block_table for it in items] + [[]] * (bucket - n))
+        if tables.shape[1] > self.block_tables.shape[1]:
+            raise ValueError(f"block table of {tables.shape[1]} blocks exceeds the limit "
+                             f"{self.block_tables.shape[1]}")
+        self.input_ids[:bucket].copy_(torch.tensor(ids))
+        self.positions[:bucket].copy_(torch.tensor(positions))
+        self.slot_mapping[:bucket].copy_(torch.tensor(slots))
+        self.seq_lens[:bucket].copy_(torch.tensor(seq_lens, dtype=torch.int32))
+        view = self.block_tables[:bucket]
+        view.zero_()
+        view[:, : tables.shape[1]].copy_(tables)
+        return DecodeBatch(n, self.input_ids[:bucket], self.positions[:bucket], self.slot_mapping[:bucket],
+                           self.seq_lens[:bucket], view)

@@ -1,0 +1,188 @@
+"""Llama-family decoder (Llama 2/3, Mistral, Qwen2, SmolLM2) over a paged KV cache, built from `kernels` ops.
+
+One decoder layer, T packed tokens, hidden H, Hq query / Hkv key-value heads of size D, MLP width I:
+
+    h ─▶ (+ residual) RMSNorm ─▶ qkv = x @ Wqkv.T (+ b)      [T, (Hq + 2 Hkv) D], q|k|v rows fused at load
+                                 rope_kv_write(q, k, v)       q rotated; rotated k and v written to slots
+                                 ──▶ layer_done(i)            the layer's KV is in the cache (prefill only)
+                                 attention over the cache     prefill: varlen chunks; decode: 1 token/row
+                                 @ Wo.T                       [T, H]
+      ─▶ (+ residual) RMSNorm ─▶ silu(x @ Wg.T) * (x @ Wu.T)  one GEMM over [gate | up] fused at load
+                                 @ Wdown.T                    [T, H]
+
+Logits are computed only for the rows that are sampled. The decode forward has no data-dependent Python
+control flow and reads only DecodeBuffers' static tensors, so a CUDA graph can capture it per batch bucket.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from pdserve.engine.attention_metadata import DecodeBatch, PrefillBatch
+from pdserve.engine.config import ModelConfig
+
+from pdserve import kernels
+
+LayerDone = Callable[[int], None]
+Attend = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (q [T, Hq, D], kv_cache) -> [T, Hq, D]
+
+
+@dataclass(frozen=True)
+class LayerWeights:
+    input_norm: torch.Tensor  # [H]
+    qkv: torch.Tensor  # [(Hq + 2 Hkv) D, H]: q rows, then k, then v
+    qkv_bias: torch.Tensor | None  # [(Hq + 2 Hkv) D] (Qwen2)
+    o_proj: torch.Tensor  # [H, Hq D]
+    post_norm: torch.Tensor  # [H]
+    gate_up: torch.Tensor  # [2 I, H]: gate rows, then up (kernels.silu_and_mul's layout)
+    down: torch.Tensor  # [H, I]
+
+
+@dataclass(frozen=True)
+class ModelWeights:
+    embed: torch.Tensor  # [V, H]
+    layers: list[LayerWeights]
+    norm: torch.Tensor  # [H]
+    lm_head: torch.Tensor  # [V, H]; the same tensor as embed when the embeddings are tied
+
+
+def _expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    c, shapes = config, {}
+    shapes["model.embed_tokens.weight"] = (c.vocab_size, c.hidden_size)
+    shapes["model.norm.weight"] = (c.hidden_size,)
+    for i in range(c.num_layers):
+        p = f"model.layers.{i}."
+        shapes[p + "input_layernorm.weight"] = (c.hidden_size,)
+        shapes[p + "post_attention_layernorm.weight"] = (c.hidden_size,)
+        for name, rows in (("q", c.q_size), ("k", c.kv_size), ("v", c.kv_size)):
+            shapes[p + f"self_attn.{name}_proj.weight"] = (rows, c.hidden_size)
+            if c.attention_bias:
+                shapes[p + f"self_attn.{name}_proj.bias"] = (rows,)
+        shapes[p + "self_attn.o_proj.weight"] = (c.hidden_size, c.q_size)
+        shapes[p + "mlp.gate_proj.weight"] = (c.intermediate_size, c.hidden_size)
+        shapes[p + "mlp.up_proj.weight"] = (c.intermediate_size, c.hidden_size)
+        shapes[p + "mlp.down_proj.weight"] = (c.hidden_size, c.intermediate_size)
+    return shapes
+
+
+def _check_weights(config: ModelConfig, weights: dict[str, torch.Tensor]) -> None:
+    shapes = _expected_shapes(config)
+    if not config.tie_word_embeddings:
+        shapes["lm_head.weight"] = (config.vocab_size, config.hidden_size)
+    missing = sorted(set(shapes) - set(weights))
+    if missing:
+        raise ValueError(f"{len(missing)} weights missing for {config.name}, e.g. {missing[:4]}")
+    wrong = [f"{k}: {tuple(weights[k].shape)} (expected {s})" for k, s in shapes.items()
+             if tuple(weights[k].shape) != s]
+    if wrong:
+        raise ValueError(f"{len(wrong)} weights of {config.name} have the wrong shape, e.g. {wrong[:4]}")
+
+
+def fuse_weights(
+    config: ModelConfig, weights: dict[str, torch.Tensor], device: torch.device | str, dtype: torch.dtype
+) -> ModelWeights:
+    """HF-named weights -> ModelWeights on `device` in `dtype`, q/k/v and gate/up concatenated."""
+    _check_weights(config, weights)
+
+    def get(name: str) -> torch.Tensor:
+        return weights[name].to(device=device, dtype=dtype)
+
+    layers = []
+    for i in range(config.num_layers):
+        p = f"model.layers.{i}."
+        attn = [get(p + f"self_attn.{n}_proj.weight") for n in "qkv"]
+        bias = None
+        if config.attention_bias:
+            bias = torch.cat([get(p + f"self_attn.{n}_proj.bias") for n in "qkv"])
+        layers.append(LayerWeights(
+            input_norm=get(p + "input_layernorm.weight"),
+            qkv=torch.cat(attn),
+            qkv_bias=bias,
+            o_proj=get(p + "self_attn.o_proj.weight"),
+            post_norm=get(p + "post_attention_layernorm.weight"),
+            gate_up=torch.cat([get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")]),
+            down=get(p + "mlp.down_proj.weight"),
+        ))
+    embed = get("model.embed_tokens.weight")
+    lm_head = embed if config.tie_word_embeddings else get("lm_head.weight")
+    return ModelWeights(embed=embed, layers=layers, norm=get("model.norm.weight"), lm_head=lm_head)
+
+
+class LlamaModel:
+    """The forward passes. Holds weights and the RoPE table; KV caches are passed in (owned by the runner)."""
+
+    def __init__(self, config: ModelConfig, weights: ModelWeights) -> None:
+        self.config = config
+        self.weights = weights
+        device = weights.embed.device
+        self.cos_sin_cache = kernels.build_cos_sin_cache(
+            config.head_dim, config.max_model_len, config.rope_theta, config.rope_scaling
+        ).to(device)
+        self.scale = config.head_dim**-0.5
+
+    def forward_prefill(
+        self, batch: PrefillBatch, kv_caches: list[torch.Tensor], layer_done: LayerDone | None = None
+    ) -> torch.Tensor:
+        """Packed chunks -> fp32 logits [len(batch.logits_indices), V]; KV of every chunk token is cached."""
+
+        def attend(q: torch.Tensor, kv_cache: torch.Tensor) -> torch.Tensor:
+            return kernels.prefill_attention(
+                q, kv_cache, batch.cu_seqlens_q, batch.seq_lens, batch.block_tables, self.scale
+            )
+
+        h, residual = self._layers(batch.input_ids, batch.positions, batch.slot_mapping, kv_caches, attend,
+                                   layer_done)
+        rows = batch.logits_indices
+        return self._logits(h[rows], residual[rows])
+
+    def forward_decode(self, batch: DecodeBatch, kv_caches: list[torch.Tensor]) -> torch.Tensor:
+        """One token per row (padding included) -> fp32 logits [bucket, V]."""
+
+        def attend(q: torch.Tensor, kv_cache: torch.Tensor) -> torch.Tensor:
+            return kernels.decode_attention(q, kv_cache, batch.seq_lens, batch.block_tables, self.scale)
+
+        h, residual = self._layers(batch.input_ids, batch.positions, batch.slot_mapping, kv_caches, attend,
+                                   None)
+        return self._logits(h, residual)
+
+    def _layers(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        slot_mapping: torch.Tensor,
+        kv_caches: list[torch.Tensor],
+        attend: Attend,
+        layer_done: LayerDone | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns the last layer's output and the residual stream (their sum is the final hidden state)."""
+        c = self.config
+        eps = c.rms_norm_eps
+        h = torch.nn.functional.embedding(input_ids, self.weights.embed)
+        residual = h
+        for i, w in enumerate(self.weights.layers):
+            if i == 0:
+                x = kernels.rms_norm(h, w.input_norm, eps)
+            else:
+                x, residual = kernels.fused_add_rms_norm(h, residual, w.input_norm, eps)
+            qkv = kernels.linear(x, w.qkv, w.qkv_bias)
+            q, k, v = qkv.split([c.q_size, c.kv_size, c.kv_size], dim=-1)
+            num_tokens = qkv.shape[0]
+            q = kernels.rope_kv_write(
+                q.view(num_tokens, c.num_heads, c.head_dim),
+                k.view(num_tokens, c.num_kv_heads, c.head_dim),
+                v.view(num_tokens, c.num_kv_heads, c.head_dim),
+                positions, self.cos_sin_cache, kv_caches[i], slot_mapping,
+            )
+            if layer_done is not None:
+                layer_done(i)
+            attn = attend(q, kv_caches[i])
+            h = kernels.linear(attn.reshape(num_tokens, c.q_size), w.o_proj)
+            x, residual = kernels.fused_add_rms_norm(h, residual, w.post_norm, eps)
+            h = kernels.linear(kernels.silu_and_mul(kernels.linear(x, w.gate_up)), w.down)
+        return h, residual
+
+    def _logits(self, h: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        x, _ = kernels.fused_add_rms_norm(h, residual, self.weights.norm, self.config.rms_norm_eps)
+        return kernels.linear(x, self.weights.lm_head).float()

@@ -1,0 +1,94 @@
+"""ModelRunner: the model, its KV caches and the static decode buffers of one worker.
+
+Callers speak plain Python per sequence (token ids, positions, block tables from cache_store) and get logits
+back; the runner packs them into tensors and runs one forward. Not thread-safe: a node calls it from its one
+engine worker thread.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from pdserve.engine.attention_metadata import (
+    DecodeBuffers,
+    DecodeInput,
+    PrefillChunk,
+    build_prefill_batch,
+)
+from pdserve.engine.config import CacheConfig, ModelConfig
+from pdserve.engine.kv_cache import allocate_kv_caches
+from pdserve.engine.model import LayerDone, LlamaModel, fuse_weights
+
+
+@dataclass(frozen=True)
+class PrefillOutput:
+    """logits[j] belongs to chunks[chunk_indices[j]] (the chunks that asked for logits, in order)."""
+
+    logits: torch.Tensor  # [len(chunk_indices), V] fp32
+    chunk_indices: list[int]
+    num_tokens: int
+
+
+def default_decode_buckets(max_num_seqs: int, device: torch.device) -> list[int]:
+    """CUDA: powers of two (one graph each; padding costs little when decode is memory-bound).
+    CPU: every size, since a padded row costs its full share of compute there."""
+    if device.type != "cuda":
+        return list(range(1, max_num_seqs + 1))
+    buckets = [1]
+    while buckets[-1] < max_num_seqs:
+        buckets.append(min(buckets[-1] * 2, max_num_seqs))
+    return buckets
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        config: ModelConfig,
+        cache_config: CacheConfig,
+        weights: dict[str, torch.Tensor],
+        device: torch.device | str,
+        dtype: torch.dtype,
+        max_num_seqs: int = 256,
+        decode_buckets: list[int] | None = None,
+    ) -> None:
+        self.config = config
+        self.cache_config = cache_config
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.model = LlamaModel(config, fuse_weights(config, weights, self.device, dtype))
+        self.kv_caches: list[torch.Tensor] = allocate_kv_caches(config, cache_config, self.device, dtype)
+        self.max_blocks_per_seq = -(-config.max_model_len // cache_config.block_size)
+        self.decode_buffers = DecodeBuffers(
+            max_num_seqs,
+            self.max_blocks_per_seq,
+            cache_config.block_size,
+            self.device,
+            decode_buckets or default_decode_buckets(max_num_seqs, self.device),
+        )
+
+    @torch.inference_mode()
+    def prefill(self, chunks: list[PrefillChunk], layer_done: LayerDone | None = None) -> PrefillOutput:
+        """Run the chunks as one packed batch. layer_done(i) is called once layer i's K/V writes are issued
+        (on CUDA: enqueued on the current stream, so a sender records an event there before copying)."""
+        for i, c in enumerate(chunks):
+            end = c.start_pos + len(c.token_ids)
+            if end > self.config.max_model_len:
+                raise ValueError(f"prefill chunk {i} reaches position {end}, beyond max_model_len "
+                                 f"{self.config.max_model_len}")
+        batch = build_prefill_batch(chunks, self.cache_config.block_size, self.device)
+        logits = self.model.forward_prefill(batch, self.kv_caches, layer_done)
+        indices = [i for i, c in enumerate(chunks) if c.need_logits]
+        return PrefillOutput(logits=logits, chunk_indices=indices, num_tokens=int(batch.input_ids.shape[0]))
+
+    @torch.inference_mode()
+    def decode(self, items: list[DecodeInput]) -> torch.Tensor:
+        """One step for each item -> fp32 logits [len(items), V]."""
+        if not items:
+            raise ValueError("a decode batch needs at least one item")
+        for i, it in enumerate(items):
+            if it.position >= self.config.max_model_len:
+                raise ValueError(f"decode item {i} is at position {it.position}, beyond max_model_len "
+                                 f"{self.config.max_model_len}")
+        batch = self.decode_buffers.prepare(items)
+        return self.model.forward_decode(batch, self.kv_caches)[: batch.num_seqs]

@@ -1,0 +1,282 @@
+"""Sampling: per-request parameters, validated on construction, and a batched sampler.
+
+One sampler pass over a batch of logits rows, in vLLM's order:
+
+    raw logits ─▶ repetition, frequency, presence penalties ─▶ greedy rows: argmax
+                                                          └─▶ / temperature ─▶ min-p ─▶ top-k ─▶ top-p ─▶ draw
+
+Every stage is one vectorised op over the whole batch (a row whose parameter is neutral is left unchanged),
+and a stage runs only when some row needs it. The draw is the exponential race `argmax(p / E)`, E ~ Exp(1):
+for a seeded request E comes from a generator seeded with hash(seed, number of tokens already generated), so
+a seeded request draws the same token whether it runs alone, batched, or with its first token sampled on a
+prefill worker and the rest on a decode worker.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+MAX_STOP_STRINGS = 4
+MAX_LOGPROBS = 20
+_GREEDY_EPS = 1e-5  # temperatures below this are greedy (as in vLLM): dividing by them overflows
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How one request samples and when it stops. JSON-able through to_dict/from_dict.
+
+    logprobs: None for none; k >= 0 for the chosen token's logprob plus the k likeliest tokens' (as in vLLM).
+    """
+
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    logprobs: int | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "stop", _as_tuple("stop", self.stop, str))
+        object.__setattr__(self, "stop_token_ids", _as_tuple("stop_token_ids", self.stop_token_ids, int))
+        _check_type("max_tokens", self.max_tokens, int)
+        _check_type("top_k", self.top_k, int)
+        _check_type("ignore_eos", self.ignore_eos, bool)
+        for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
+                     "repetition_penalty"):
+            _check_type(name, getattr(self, name), float)
+        if self.seed is not None:
+            _check_type("seed", self.seed, int)
+        if self.logprobs is not None:
+            _check_type("logprobs", self.logprobs, int)
+        self._check_ranges()
+
+    def _check_ranges(self) -> None:
+        checks = [
+            (self.max_tokens >= 1, f"max_tokens must be >= 1, got {self.max_tokens}"),
+            (self.temperature >= 0, f"temperature must be >= 0, got {self.temperature}"),
+            (0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}"),
+            (self.top_k == -1 or self.top_k >= 1, f"top_k must be -1 (off) or >= 1, got {self.top_k}"),
+            (0 <= self.min_p <= 1, f"min_p must be in [0, 1], got {self.min_p}"),
+            (-2 <= self.presence_penalty <= 2,
+             f"presence_penalty must be in [-2, 2], got {self.presence_penalty}"),
+            (-2 <= self.frequency_penalty <= 2,
+             f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}"),
+            (self.repetition_penalty > 0, f"repetition_penalty must be > 0, got {self.repetition_penalty}"),
+            (len(self.stop) <= MAX_STOP_STRINGS,
+             f"at most {MAX_STOP_STRINGS} stop strings are allowed, got {len(self.stop)}"),
+            (all(self.stop), f"stop strings must not be empty, got {list(self.stop)}"),
+            (all(t >= 0 for t in self.stop_token_ids),
+             f"stop_token_ids must be >= 0, got {list(self.stop_token_ids)}"),
+            (self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS,
+             f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < _GREEDY_EPS
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["stop"] = list(self.stop)
+        out["stop_token_ids"] = list(self.stop_token_ids)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SamplingParams:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown sampling parameters {unknown}; known: {sorted(known)}")
+        return cls(**data)
+
+
+def _check_type(name: str, value: Any, kind: type) -> None:
+    if kind is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    elif kind is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    else:
+        ok = isinstance(value, kind)
+    if not ok:
+        raise ValueError(f"{name} must be {kind.__name__}, got {value!r} ({type(value).__name__})")
+
+
+def _as_tuple(name: str, value: Any, kind: type) -> tuple:
+    if value is None:
+        return ()
+    if isinstance(value, (str, int)):
+        value = [value]
+    items = tuple(value)
+    for item in items:
+        _check_type(name, item, kind)
+    return items
+
+
+@dataclass(frozen=True)
+class SamplingRequest:
+    """What the sampler needs about one row: its parameters and the tokens it has seen so far."""
+
+    params: SamplingParams
+    prompt_token_ids: list[int] = field(default_factory=list)
+    output_token_ids: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class TokenLogprobs:
+    """The chosen token's logprob (raw model distribution) and the top alternatives, most likely first."""
+
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]]
+
+
+@dataclass(frozen=True)
+class SamplerOutput:
+    token_ids: list[int]
+    logprobs: list[TokenLogprobs | None]
+
+
+def _splitmix64(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    return x ^ (x >> 31)
+
+
+def step_seed(seed: int, step: int) -> int:
+    """The generator seed for a request's step-th sampled token (63 bits, what manual_seed takes)."""
+    return _splitmix64(_splitmix64(seed & 0xFFFFFFFFFFFFFFFF) ^ step) >> 1
+
+
+class Sampler:
+    """Picks one token per logits row. Stateless between calls apart from a reusable generator."""
+
+    def __init__(self, device: torch.device | str = "cpu") -> None:
+        self._generator = torch.Generator(device=device)
+
+    def __call__(self, logits: torch.Tensor, requests: list[SamplingRequest]) -> SamplerOutput:
+        """logits: [B, V] (any float dtype), one row per request -> one token per row."""
+        if logits.shape[0] != len(requests):
+            raise ValueError(f"got {logits.shape[0]} logits rows for {len(requests)} sampling requests")
+        raw = logits.float()
+        penalised = apply_penalties(raw, requests)
+        tokens = penalised.argmax(dim=-1)
+        if not all(r.params.greedy for r in requests):
+            sampled = self._sample(penalised, requests)
+            greedy = torch.tensor([r.params.greedy for r in requests], device=raw.device)
+            tokens = torch.where(greedy, tokens, sampled)
+        return SamplerOutput(token_ids=tokens.tolist(), logprobs=compute_logprobs(raw, tokens, requests))
+
+    def _sample(self, logits: torch.Tensor, requests: list[SamplingRequest]) -> torch.Tensor:
+        params = [r.params for r in requests]
+        temps = torch.tensor([1.0 if p.greedy else p.temperature for p in params], device=logits.device)
+        logits = logits / temps[:, None]
+        if any(p.min_p > 0 for p in params):
+            logits = apply_min_p(logits, torch.tensor([p.min_p for p in params], device=logits.device))
+        if any(p.top_k != -1 or p.top_p < 1 for p in params):
+            vocab = logits.shape[1]
+            top_k = torch.tensor([vocab if p.top_k == -1 else min(p.top_k, vocab) for p in params],
+                                 device=logits.device)
+            top_p = torch.tensor([p.top_p for p in params], device=logits.device)
+            logits = apply_top_k_top_p(logits, top_k, top_p)
+        probs = logits.softmax(dim=-1)
+        return probs.div_(self._exponentials(probs, requests)).argmax(dim=-1)
+
+    def _exponentials(self, probs: torch.Tensor, requests: list[SamplingRequest]) -> torch.Tensor:
+        """E ~ Exp(1) per vocab entry; seeded rows from their own (seed, step) stream."""
+        noise = torch.empty_like(probs).exponential_()
+        for row, request in enumerate(requests):
+            if request.params.seed is not None and not request.params.greedy:
+                self._generator.manual_seed(step_seed(request.params.seed, len(request.output_token_ids)))
+                noise[row].exponential_(generator=self._generator)
+        # an exact 0 would turn p / E into inf (or nan for p == 0); 1e-20 is far below any real draw
+        return noise.clamp_(min=1e-20)
+
+
+def apply_penalties(logits: torch.Tensor, requests: list[SamplingRequest]) -> torch.Tensor:
+    """vLLM's penalties: repetition over prompt + output tokens, frequency and presence over output tokens."""
+    rows = [i for i, r in enumerate(requests)
+            if r.params.repetition_penalty != 1 or r.params.presence_penalty or r.params.frequency_penalty]
+    if not rows:
+        return logits
+    device = logits.device
+    counts = torch.zeros_like(logits)
+    seen = torch.zeros_like(logits, dtype=torch.bool)
+    out_rows, out_tokens, prompt_rows, prompt_tokens = [], [], [], []
+    for i in rows:
+        out_rows += [i] * len(requests[i].output_token_ids)
+        out_tokens += requests[i].output_token_ids
+        prompt_rows += [i] * len(requests[i].prompt_token_ids)
+        prompt_tokens += requests[i].prompt_token_ids
+    out_index = (torch.tensor(out_rows, dtype=torch.long, device=device),
+                 torch.tensor(out_tokens, dtype=torch.long, device=device))
+    counts.index_put_(out_index, torch.ones(len(out_rows), device=device), accumulate=True)
+    seen[torch.tensor(prompt_rows, dtype=torch.long, device=device),
+         torch.tensor(prompt_tokens, dtype=torch.long, device=device)] = True
+    seen |= counts > 0
+    params = [r.params for r in requests]
+    rep = torch.tensor([p.repetition_penalty for p in params], device=device)[:, None]
+    freq = torch.tensor([p.frequency_penalty for p in params], device=device)[:, None]
+    pres = torch.tensor([p.presence_penalty for p in params], device=device)[:, None]
+    penalised = torch.where(logits > 0, logits / rep, logits * rep)
+    logits = torch.where(seen, penalised, logits)
+    return logits - freq * counts - pres * (counts > 0).float()
+
+
+def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """Drop tokens whose probability is below min_p × the top token's. min_p: [B]."""
+    probs = logits.softmax(dim=-1)
+    threshold = probs.amax(dim=-1, keepdim=True) * min_p[:, None]
+    return logits.masked_fill(probs < threshold, float("-inf"))
+
+
+def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Keep each row's top_k tokens (ties with the k-th kept), then the smallest set whose mass reaches top_p.
+
+    One ascending sort for the whole batch: row r keeps sorted positions >= V - top_k[r], and of those the
+    ones whose cumulative mass from the bottom exceeds 1 - top_p[r] (the top token is always kept).
+    """
+    vocab = logits.shape[1]
+    ordered, order = logits.sort(dim=-1)
+    kth = ordered.gather(1, (vocab - top_k).long()[:, None])
+    ordered = ordered.masked_fill(ordered < kth, float("-inf"))
+    cumulative = ordered.softmax(dim=-1).cumsum(dim=-1)
+    drop = cumulative <= (1 - top_p)[:, None]
+    drop[:, -1] = False
+    ordered = ordered.masked_fill(drop, float("-inf"))
+    return torch.empty_like(logits).scatter_(1, order, ordered)
+
+
+def compute_logprobs(
+    raw: torch.Tensor, tokens: torch.Tensor, requests: list[SamplingRequest]
+) -> list[TokenLogprobs | None]:
+    """Logprobs from the raw model distribution (before penalties and temperature), for the rows that ask."""
+    rows = [i for i, r in enumerate(requests) if r.params.logprobs is not None]
+    out: list[TokenLogprobs | None] = [None] * len(requests)
+    if not rows:
+        return out
+    index = torch.tensor(rows, device=raw.device)
+    logprobs = raw[index].log_softmax(dim=-1)
+    chosen = logprobs.gather(1, tokens[index][:, None])[:, 0].tolist()
+    k = max(requests[i].params.logprobs or 0 for i in rows)
+    top_values, top_ids = logprobs.topk(k, dim=-1) if k else (logprobs[:, :0], logprobs[:, :0].long())
+    top_values, top_ids = top_values.tolist(), top_ids.tolist()
+    for j, i in enumerate(rows):
+        n = requests[i].params.logprobs or 0
+        top = list(zip(top_ids[j][:n], top_values[j][:n], strict=True))
+        out[i] = TokenLogprobs(token_id=int(tokens[i]), logprob=chosen[j], top=top)
+    return out
