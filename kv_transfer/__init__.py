@@ -1,0 +1,31 @@
+"""Moving KV blocks from prefill to decode workers: one interface, several backends, one wire format.
+
+See base.py for the life of a transfer, wire.py for the frames, and registry.py for the backends
+(`local`: same process and pool, no copy; `tcp`: asyncio streams, any host).
+"""
+
+from pdserve.kv_transfer.base import KVReceiver, KVSender, KVTransferError, PoolLayout
+from pdserve.kv_transfer.local import LocalKVReceiver, LocalKVSender
+from pdserve.kv_transfer.registry import KVBackend, backend_names, get_backend, register_backend
+from pdserve.kv_transfer.target import TransferTarget
+from pdserve.kv_transfer.tcp_receiver import TcpKVReceiver
+from pdserve.kv_transfer.tcp_sender import TcpKVSender
+from pdserve.kv_transfer.wire import FrameLimits, ProtocolError
+
+__all__ = [
+    "FrameLimits",
+    "KVBackend",
+    "KVReceiver",
+    "KVSender",
+    "KVTransferError",
+    "LocalKVReceiver",
+    "LocalKVSender",
+    "PoolLayout",
+    "ProtocolError",
+    "TcpKVReceiver",
+    "TcpKVSender",
+    "TransferTarget",
+    "backend_names",
+    "get_backend",
+    "register_backend",
+]

@@ -1,0 +1,145 @@
+"""The two sides of a KV transfer: `KVSender` on prefill workers, `KVReceiver` on decode workers.
+
+    D: target = receiver.expect(request_id, reserved_block_ids, deadline)   ──JSON──▶  P
+    P: sender.begin(target)
+       for each layer as it finishes:  sender.submit_layer(...)   (from the compute thread)
+                                    or await sender.send_layer(...) (from the event loop)
+       await sender.finish(request_id, first_token_id, first_logprob, num_tokens)
+    D: on_complete(request_id, first_token_id, first_logprob)   once every layer of every block arrived
+       on_failure(request_id, reason)   on a lease timeout, a broken connection or a bad frame;
+                                        the node then frees the reserved blocks
+
+Receivers call both callbacks on their event loop thread; each request gets exactly one of them, unless
+the node `cancel`s it first (then neither).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from pdserve.kv_transfer.target import TransferTarget
+from pdserve.kv_transfer.transfer_table import TransferTable
+from pdserve.kv_transfer.wire import dtype_name
+
+OnComplete = Callable[[str, int, float | None], None]
+OnFailure = Callable[[str, str], None]
+
+
+class KVTransferError(RuntimeError):
+    """A send could not be completed (bad target, broken connection, failed layer send)."""
+
+
+@dataclass(frozen=True)
+class PoolLayout:
+    """Shape shared by the per-layer KV pools [2, num_blocks, block_size, num_kv_heads, head_dim]."""
+
+    num_layers: int
+    num_blocks: int
+    block_size: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: torch.dtype
+
+    @classmethod
+    def of(cls, pools: Sequence[torch.Tensor]) -> PoolLayout:
+        if not pools:
+            raise ValueError("a KV receiver needs at least one layer pool")
+        first = pools[0]
+        if first.dim() != 5 or first.shape[0] != 2:
+            raise ValueError(f"KV pool must be [2, blocks, block_size, Hkv, D], got {tuple(first.shape)}")
+        for i, pool in enumerate(pools):
+            if pool.shape != first.shape or pool.dtype != first.dtype or pool.device != first.device:
+                raise ValueError(
+                    f"layer {i} pool {tuple(pool.shape)} {pool.dtype} {pool.device} differs from layer 0's "
+                    f"{tuple(first.shape)} {first.dtype} {first.device}"
+                )
+        dtype_name(first.dtype)  # raises for dtypes the wire cannot carry
+        _, num_blocks, block_size, num_kv_heads, head_dim = first.shape
+        return cls(len(pools), num_blocks, block_size, num_kv_heads, head_dim, first.dtype)
+
+    def block_shape(self, num_blocks: int) -> list[int]:
+        return [2, num_blocks, self.block_size, self.num_kv_heads, self.head_dim]
+
+
+class KVSender(ABC):
+    """Pushes one request's KV blocks, layer by layer, to the receiver named by its TransferTarget."""
+
+    @abstractmethod
+    def begin(self, target: TransferTarget) -> None:
+        """Start a transfer; call on the sender's event loop before any send for `target.request_id`."""
+
+    @abstractmethod
+    async def send_layer(
+        self, request_id: str, layer: int, kv_cache: torch.Tensor,
+        src_block_ids: Sequence[int], dst_block_ids: Sequence[int],
+    ) -> None:
+        """Send blocks `src_block_ids` of this layer's pool to the receiver's `dst_block_ids`."""
+
+    @abstractmethod
+    def submit_layer(
+        self, request_id: str, layer: int, kv_cache: torch.Tensor,
+        src_block_ids: Sequence[int], dst_block_ids: Sequence[int],
+    ) -> concurrent.futures.Future[None]:
+        """`send_layer` for a compute thread: the blocks are copied out before this returns, the
+        network write happens on the sender's loop; the future resolves when it is written."""
+
+    @abstractmethod
+    async def finish(
+        self, request_id: str, first_token_id: int, first_logprob: float | None, num_tokens: int
+    ) -> None:
+        """Wait for this request's layer sends, then tell the receiver the KV is complete."""
+
+    @abstractmethod
+    async def abort(self, request_id: str, reason: str) -> None:
+        """Give a transfer up; the receiver releases its reservation."""
+
+    async def close(self) -> None:
+        """Release connections."""
+
+
+class KVReceiver(ABC):
+    """Accepts KV for reserved blocks into per-layer pools and reports each request's outcome."""
+
+    backend: str
+
+    def __init__(self, pools: Sequence[torch.Tensor], on_complete: OnComplete, on_failure: OnFailure) -> None:
+        self.pools = list(pools)
+        self.layout = PoolLayout.of(self.pools)
+        self.table = TransferTable(self.layout.num_layers, self.layout.block_size, on_complete, on_failure)
+
+    def expect(
+        self, request_id: str, block_ids: Sequence[int], deadline: float | None, num_tokens: int | None = None
+    ) -> TransferTarget:
+        """Register reserved blocks; `deadline` is a time.monotonic() instant (None: no lease).
+        Call on the receiver's event loop."""
+        bad = [b for b in block_ids if not 0 <= b < self.layout.num_blocks]
+        if bad:
+            raise ValueError(f"block ids {bad[:5]} outside the pool's {self.layout.num_blocks} blocks")
+        self.table.expect(request_id, block_ids, deadline, num_tokens)
+        return TransferTarget(
+            backend=self.backend, request_id=request_id, block_ids=tuple(block_ids),
+            num_layers=self.layout.num_layers, block_size=self.layout.block_size,
+            dtype=dtype_name(self.layout.dtype), **self._address(),
+        )
+
+    def cancel(self, request_id: str) -> bool:
+        """Forget a transfer without calling back (the node freed the request itself)."""
+        return self.table.cancel(request_id)
+
+    @property
+    def num_pending(self) -> int:
+        return len(self.table)
+
+    async def start(self) -> None:
+        """Begin accepting transfers."""
+
+    async def close(self) -> None:
+        """Stop; every pending transfer fails with reason "receiver closed"."""
+        self.table.fail_all("receiver closed")
+
+    def _address(self) -> dict[str, object]:
+        return {}

@@ -1,0 +1,61 @@
+"""Where P must push a request's KV: the descriptor D returns from its reserve endpoint."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class TransferTarget:
+    """A reservation on a decode worker.
+
+    `block_ids` are D's blocks, in token order (block i holds tokens i*block_size ..). `host`/`port` are
+    unset for the in-process `local` backend. The shape fields let P refuse a mismatched D before it
+    computes anything.
+    """
+
+    backend: str
+    request_id: str
+    block_ids: tuple[int, ...]
+    num_layers: int
+    block_size: int
+    dtype: str
+    host: str | None = None
+    port: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.block_ids:
+            raise ValueError(f"transfer target for {self.request_id!r} has no blocks")
+        if self.num_layers <= 0 or self.block_size <= 0:
+            raise ValueError(f"bad target shape: {self.num_layers} layers, block_size {self.block_size}")
+        if (self.host is None) != (self.port is None):
+            raise ValueError(f"host and port go together, got host={self.host!r} port={self.port!r}")
+
+    @property
+    def address(self) -> tuple[str, int]:
+        if self.host is None or self.port is None:
+            raise ValueError(f"{self.backend} target for {self.request_id!r} has no network address")
+        return self.host, self.port
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "block_ids": list(self.block_ids)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TransferTarget:
+        """Build from JSON; wrong or missing fields raise ValueError naming them."""
+        expected = {"backend": str, "request_id": str, "block_ids": list, "num_layers": int,
+                    "block_size": int, "dtype": str}
+        for name, kind in expected.items():
+            if type(data.get(name)) is not kind:
+                raise ValueError(f"transfer target field {name!r} must be {kind.__name__}, got {data.get(name)!r}")
+        if not all(type(b) is int and b >= 0 for b in data["block_ids"]):
+            raise ValueError("transfer target block_ids must be non-negative ints")
+        host, port = data.get("host"), data.get("port")
+        if not (host is None or type(host) is str) or not (port is None or type(port) is int):
+            raise ValueError(f"transfer target address must be str/int, got {host!r}:{port!r}")
+        return cls(
+            backend=data["backend"], request_id=data["request_id"], block_ids=tuple(data["block_ids"]),
+            num_layers=data["num_layers"], block_size=data["block_size"], dtype=data["dtype"],
+            host=host, port=port,
+        )

@@ -1,0 +1,179 @@
+"""`tcp` backend, decode side: an asyncio server that writes incoming KV frames into the layer pools.
+
+A connection's life:
+
+    accept ─▶ send hello{nonce} ─▶ read auth{mac} (checked when a secret is set)
+           ─▶ loop: header ─▶ checks (below) ─▶ payload ─▶ crc32 ─▶ scatter_blocks into pools[layer]
+                    done  ─▶ TransferTable.complete ─▶ on_complete / on_failure
+                    error ─▶ on_failure ("sender gave up")
+           ─▶ close: any request this connection carried that is still pending fails
+
+Checks before the payload is read, so nothing is allocated for a bad frame: the request id is expected;
+the layer exists; block ids are distinct and reserved for that request; dtype is the pool's and on the
+whitelist; shape is [2, n, block_size, Hkv, D] of the pool with n = len(block_ids); nbytes equals
+prod(shape) * itemsize and is within FrameLimits.max_payload_bytes. Any violation drops the connection
+(the stream is no longer trustworthy) and fails the requests it carried: the node frees their blocks.
+Other connections are untouched.
+
+Scatter runs on the loop thread: on CPU it is one memcpy of the frame; on CUDA the host→device copy of a
+pageable buffer is synchronous. A zero-copy path (a BufferedProtocol reading into pinned memory) is the
+next step once measurements show the loop thread saturating.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import math
+import os
+from collections.abc import Sequence
+
+import torch
+from pdserve.kernels.block_copy import scatter_blocks
+from pdserve.kv_transfer.base import KVReceiver, OnComplete, OnFailure
+from pdserve.kv_transfer.wire import (
+    DTYPES,
+    Auth,
+    Done,
+    Error,
+    FrameLimits,
+    Header,
+    Hello,
+    KVHeader,
+    ProtocolError,
+    check_auth,
+    dtype_name,
+    encode_frame,
+    read_header,
+    read_payload,
+    tensor_from_payload,
+    write_frame,
+)
+
+logger = logging.getLogger(__name__)
+
+
+class TcpKVReceiver(KVReceiver):
+    backend = "tcp"
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        pools: Sequence[torch.Tensor],
+        on_complete: OnComplete,
+        on_failure: OnFailure,
+        *,
+        secret: str | None = None,
+        limits: FrameLimits | None = None,
+        advertise_host: str | None = None,
+    ) -> None:
+        """`port` 0 picks a free port (see `.port` after `start`); `advertise_host` is what targets name
+        (defaults to `host`; set it when binding 0.0.0.0)."""
+        super().__init__(pools, on_complete, on_failure)
+        self.host = host
+        self.port = port
+        self.advertise_host = advertise_host or host
+        self.secret = secret
+        self.limits = limits or FrameLimits()
+        self._server: asyncio.Server | None = None
+        self._connections: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._serve, self.host, self.port)
+        self.port = self._server.sockets[0].getsockname()[1]
+        logger.info("KV receiver listening on %s:%d", self.host, self.port)
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for task in list(self._connections):
+            task.cancel()
+        await asyncio.gather(*self._connections, return_exceptions=True)
+        if self._server is not None:
+            await self._server.wait_closed()
+        await super().close()
+
+    def _address(self) -> dict[str, object]:
+        return {"host": self.advertise_host, "port": self.port}
+
+    # ---- one connection -------------------------------------------------------------------------
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._connections.add(task)
+        carried: set[str] = set()
+        reason = "connection closed before done"
+        try:
+            await self._handshake(reader, writer)
+            while (header := await read_header(reader, self.limits)) is not None:
+                await self._handle(header, reader, carried)
+        except ProtocolError as exc:
+            reason = f"protocol error: {exc}"
+            logger.warning("dropping KV connection from %s: %s", writer.get_extra_info("peername"), exc)
+        except (ConnectionError, OSError) as exc:
+            reason = f"connection lost: {exc}"
+        except Exception as exc:  # a bug must cost this connection, not the server
+            reason = f"receiver error: {exc!r}"
+            logger.exception("KV connection handler failed")
+        finally:
+            self._connections.discard(task)
+            writer.close()
+            for request_id in carried:
+                self.table.fail(request_id, reason)
+
+    async def _handshake(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonce = os.urandom(16)
+        await write_frame(writer, encode_frame(Hello(nonce)))
+        # No idle wait here: a peer that connects must authenticate promptly.
+        limits = dataclasses.replace(self.limits, idle_timeout_s=self.limits.read_timeout_s)
+        auth = await read_header(reader, limits)
+        if not isinstance(auth, Auth):
+            raise ProtocolError(f"expected an auth frame first, got {type(auth).__name__}")
+        check_auth(self.secret, nonce, auth)
+
+    async def _handle(self, header: Header, reader: asyncio.StreamReader, carried: set[str]) -> None:
+        if isinstance(header, Hello | Auth):
+            raise ProtocolError(f"unexpected {header.KIND} frame after the handshake")
+        if header.request_id not in self.table:
+            raise ProtocolError(f"{header.KIND} frame for unknown request id {header.request_id!r}")
+        carried.add(header.request_id)
+        if isinstance(header, KVHeader):
+            await self._receive_kv(header, reader)
+        elif isinstance(header, Done):
+            self.table.complete(header.request_id, header.first_token_id, header.first_logprob, header.num_tokens)
+            carried.discard(header.request_id)
+        elif isinstance(header, Error):
+            self.table.fail(header.request_id, f"sender gave up: {header.reason}")
+            carried.discard(header.request_id)
+
+    async def _receive_kv(self, header: KVHeader, reader: asyncio.StreamReader) -> None:
+        problem = self._check_kv(header)
+        if problem is not None:
+            raise ProtocolError(f"kv frame for {header.request_id!r} layer {header.layer}: {problem}")
+        payload = await read_payload(reader, header, self.limits)
+        if header.request_id not in self.table:
+            return  # the lease expired while the payload was on the wire
+        pool = self.pools[header.layer]
+        blocks = tensor_from_payload(payload, header).to(pool.device)
+        block_ids = torch.tensor(header.block_ids, dtype=torch.int64, device=pool.device)
+        scatter_blocks(pool, block_ids, blocks)
+        self.table.record_layer(header.request_id, header.layer, header.block_ids)
+
+    def _check_kv(self, header: KVHeader) -> str | None:
+        problem = self.table.check_layer(header.request_id, header.layer, header.block_ids)
+        if problem is not None:
+            return problem
+        if header.dtype not in DTYPES or header.dtype != dtype_name(self.layout.dtype):
+            return f"dtype {header.dtype!r} is not the pool's {dtype_name(self.layout.dtype)}"
+        expected_shape = self.layout.block_shape(len(header.block_ids))
+        if header.shape != expected_shape:
+            return f"shape {header.shape} != {expected_shape}"
+        expected_nbytes = math.prod(expected_shape) * self.layout.dtype.itemsize
+        if header.nbytes != expected_nbytes:
+            return f"nbytes {header.nbytes} != {expected_nbytes} for shape {expected_shape}"
+        if header.nbytes > self.limits.max_payload_bytes:
+            return f"payload of {header.nbytes} bytes exceeds the {self.limits.max_payload_bytes} byte limit"
+        return None

@@ -1,0 +1,137 @@
+"""The receiver's table of expected transfers: what may arrive, what did, and each lease.
+
+    expect ──▶ PENDING ──(every layer × every block recorded, then done)──▶ on_complete ─┐
+                  │   ──(lease expires / bad frame / connection lost / sender error)──▶ on_failure ─┤─▶ gone
+                  └──(cancel: the node gave up itself)──────────────────────────────────────────────┘
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _Pending:
+    block_ids: frozenset[int]
+    num_tokens: int | None
+    received: list[set[int]]  # per layer
+    lease: asyncio.TimerHandle | None = field(default=None)
+
+    def missing(self) -> str | None:
+        for layer, got in enumerate(self.received):
+            if got != self.block_ids:
+                return f"layer {layer} lacks blocks {sorted(self.block_ids - got)[:8]}"
+        return None
+
+
+class TransferTable:
+    def __init__(
+        self,
+        num_layers: int,
+        block_size: int,
+        on_complete: Callable[[str, int, float | None], None],
+        on_failure: Callable[[str, str], None],
+    ) -> None:
+        self.num_layers = num_layers
+        self.block_size = block_size
+        self._on_complete = on_complete
+        self._on_failure = on_failure
+        self._pending: dict[str, _Pending] = {}
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+    def __contains__(self, request_id: object) -> bool:
+        return request_id in self._pending
+
+    def expect(
+        self, request_id: str, block_ids: Sequence[int], deadline: float | None, num_tokens: int | None
+    ) -> None:
+        if request_id in self._pending:
+            raise ValueError(f"request {request_id!r} already has a pending transfer")
+        blocks = frozenset(block_ids)
+        if len(blocks) != len(block_ids) or not blocks:
+            raise ValueError(f"reserved block ids must be distinct and non-empty, got {list(block_ids)[:16]}")
+        if num_tokens is not None and not 0 < num_tokens <= len(blocks) * self.block_size:
+            raise ValueError(f"{num_tokens} tokens do not fit {len(blocks)} blocks of {self.block_size}")
+        pending = _Pending(blocks, num_tokens, [set() for _ in range(self.num_layers)])
+        if deadline is not None:
+            loop = asyncio.get_running_loop()
+            delay = max(0.0, deadline - time.monotonic())
+            pending.lease = loop.call_later(delay, self._expire, request_id, delay)
+        self._pending[request_id] = pending
+
+    def check_layer(self, request_id: str, layer: int, block_ids: Sequence[int]) -> str | None:
+        """Why blocks of `layer` may not be written for this request, or None when they may."""
+        pending = self._pending.get(request_id)
+        if pending is None:
+            return f"unknown request id {request_id!r}"
+        if not 0 <= layer < self.num_layers:
+            return f"layer {layer} outside 0..{self.num_layers - 1}"
+        if not block_ids or len(set(block_ids)) != len(block_ids):
+            return f"block ids must be distinct and non-empty, got {list(block_ids)[:16]}"
+        strays = set(block_ids) - pending.block_ids
+        if strays:
+            return f"blocks {sorted(strays)[:8]} are not reserved for {request_id!r}"
+        return None
+
+    def record_layer(self, request_id: str, layer: int, block_ids: Sequence[int]) -> None:
+        self._pending[request_id].received[layer].update(block_ids)
+
+    def complete(self, request_id: str, first_token_id: int, first_logprob: float | None, num_tokens: int) -> bool:
+        """Finish on the sender's "done": on_complete if everything arrived, otherwise on_failure."""
+        pending = self._pending.get(request_id)
+        if pending is None:
+            return False
+        problem = pending.missing()
+        if problem is None and pending.num_tokens not in (None, num_tokens):
+            problem = f"done says {num_tokens} tokens, {pending.num_tokens} were reserved"
+        if problem is None and not 0 < num_tokens <= len(pending.block_ids) * self.block_size:
+            problem = f"done says {num_tokens} tokens for {len(pending.block_ids)} blocks of {self.block_size}"
+        if problem is not None:
+            return self.fail(request_id, f"done before the KV was complete: {problem}")
+        self._forget(request_id)
+        _call(self._on_complete, request_id, first_token_id, first_logprob)
+        return True
+
+    def fail(self, request_id: str, reason: str) -> bool:
+        if request_id not in self._pending:
+            return False
+        self._forget(request_id)
+        logger.warning("KV transfer %s failed: %s", request_id, reason)
+        _call(self._on_failure, request_id, reason)
+        return True
+
+    def cancel(self, request_id: str) -> bool:
+        if request_id not in self._pending:
+            return False
+        self._forget(request_id)
+        return True
+
+    def fail_all(self, reason: str) -> None:
+        for request_id in list(self._pending):
+            self.fail(request_id, reason)
+
+    def _expire(self, request_id: str, lease_s: float) -> None:
+        pending = self._pending.get(request_id)
+        if pending is not None:
+            self.fail(request_id, f"lease of {lease_s:.3f} s expired ({pending.missing() or 'done missing'})")
+
+    def _forget(self, request_id: str) -> None:
+        pending = self._pending.pop(request_id)
+        if pending.lease is not None:
+            pending.lease.cancel()
+
+
+def _call(callback: Callable[..., None], *args: object) -> None:
+    """A callback's exception must not break the connection that delivered other requests' KV."""
+    try:
+        callback(*args)
+    except Exception:
+        logger.exception("KV transfer callback %r raised for %r", callback, args[0])

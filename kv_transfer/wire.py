@@ -1,0 +1,257 @@
+"""KV wire format: length-prefixed msgpack headers followed by raw tensor bytes. Never pickle.
+
+One frame:
+
+    ┌──────────────┬───────────────────────────────┬──────────────────────────────┐
+    │ u32 BE: H    │ H bytes: msgpack map header   │ header["nbytes"] raw bytes   │
+    └──────────────┴───────────────────────────────┴──────────────────────────────┘
+
+Every header holds `version`, `kind` and `nbytes` (0 except for "kv"). Kinds, in the order a connection
+sees them:
+
+    hello  receiver → sender   {nonce}                          first frame on every connection
+    auth   sender → receiver   {mac}                            HMAC-SHA256(secret, nonce), None without secret
+    kv     sender → receiver   {request_id, layer, block_ids, dtype, shape, nbytes, checksum}
+                               payload = blocks [2, len(block_ids), block_size, Hkv, D] in C order,
+                               block_ids are the RECEIVER's destination blocks, checksum = zlib.crc32
+    done   sender → receiver   {request_id, first_token_id, first_logprob, num_tokens}
+    error  sender → receiver   {request_id, reason}              the sender gave the request up
+
+A reader checks the header length, then the header's fields and types, and only then reads (and
+allocates) the payload: a frame that claims 10 GB is refused after reading at most 4 + 64 KiB bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import struct
+import zlib
+from dataclasses import dataclass, fields
+from types import NoneType
+from typing import ClassVar
+
+import msgpack
+import torch
+
+WIRE_VERSION = 1
+_LENGTH = struct.Struct(">I")
+_READ_CHUNK = 1 << 20
+_AUTH_CONTEXT = b"pdserve-kv-auth-v1"
+
+# Names on the wire → torch dtypes. A dict, never getattr(torch, name): names come from the network.
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float8_e4m3fn": torch.float8_e4m3fn,
+    "float8_e5m2": torch.float8_e5m2,
+}
+_DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
+
+
+class ProtocolError(Exception):
+    """The peer broke the protocol (or timed out mid-frame): drop the connection."""
+
+
+@dataclass(frozen=True)
+class FrameLimits:
+    """What a reader accepts before it allocates anything."""
+
+    max_header_bytes: int = 64 * 1024
+    max_payload_bytes: int = 1 << 30
+    read_timeout_s: float = 10.0  # for each read inside a frame, once its first byte arrived
+    idle_timeout_s: float | None = None  # between frames; None: connections are reused, wait forever
+
+    def __post_init__(self) -> None:
+        if self.max_header_bytes <= 0 or self.max_payload_bytes <= 0 or self.read_timeout_s <= 0:
+            raise ValueError(f"FrameLimits must be positive: {self}")
+
+
+@dataclass(frozen=True)
+class Hello:
+    KIND: ClassVar[str] = "hello"
+    nonce: bytes
+
+
+@dataclass(frozen=True)
+class Auth:
+    KIND: ClassVar[str] = "auth"
+    mac: bytes | None
+
+
+@dataclass(frozen=True)
+class KVHeader:
+    KIND: ClassVar[str] = "kv"
+    request_id: str
+    layer: int
+    block_ids: list[int]
+    dtype: str
+    shape: list[int]
+    nbytes: int
+    checksum: int
+
+
+@dataclass(frozen=True)
+class Done:
+    KIND: ClassVar[str] = "done"
+    request_id: str
+    first_token_id: int
+    first_logprob: float | None
+    num_tokens: int
+
+
+@dataclass(frozen=True)
+class Error:
+    KIND: ClassVar[str] = "error"
+    request_id: str
+    reason: str
+
+
+Header = Hello | Auth | KVHeader | Done | Error
+_HEADER_TYPES: dict[str, type] = {cls.KIND: cls for cls in (Hello, Auth, KVHeader, Done, Error)}
+_FIELD_TYPES: dict[str, tuple[type, ...]] = {
+    "bytes": (bytes,), "bytes | None": (bytes, NoneType), "str": (str,), "int": (int,),
+    "list[int]": (list,), "float | None": (float, NoneType),
+}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    if dtype not in _DTYPE_NAMES:
+        raise ValueError(f"KV dtype {dtype} cannot be sent; supported: {sorted(DTYPES)}")
+    return _DTYPE_NAMES[dtype]
+
+
+def auth_mac(secret: str, nonce: bytes) -> bytes:
+    return hmac.new(secret.encode(), _AUTH_CONTEXT + nonce, hashlib.sha256).digest()
+
+
+def check_auth(secret: str | None, nonce: bytes, auth: Auth) -> None:
+    if secret is None:
+        return
+    if auth.mac is None or not hmac.compare_digest(auth.mac, auth_mac(secret, nonce)):
+        raise ProtocolError("authentication failed: the sender's secret does not match")
+
+
+# ---- encoding -----------------------------------------------------------------------------------
+
+
+def encode_frame(header: Header, payload: memoryview | bytes = b"") -> list[bytes | memoryview]:
+    """Buffers to write in order (the payload is not copied)."""
+    fields_map = {f.name: getattr(header, f.name) for f in fields(header)}
+    fields_map.setdefault("nbytes", 0)
+    packed = msgpack.packb({"version": WIRE_VERSION, "kind": header.KIND, **fields_map}, use_bin_type=True)
+    return [_LENGTH.pack(len(packed)) + packed, payload]
+
+
+def kv_frame(request_id: str, layer: int, block_ids: list[int], blocks: torch.Tensor) -> list[bytes | memoryview]:
+    """A "kv" frame for host blocks [2, len(block_ids), block_size, Hkv, D]."""
+    payload = tensor_bytes(blocks)
+    header = KVHeader(
+        request_id, layer, list(block_ids), dtype_name(blocks.dtype), list(blocks.shape),
+        payload.nbytes, zlib.crc32(payload),
+    )
+    return encode_frame(header, payload)
+
+
+def tensor_bytes(tensor: torch.Tensor) -> memoryview:
+    """Raw bytes of a CPU tensor without a copy when it is contiguous (works for bfloat16 too)."""
+    if tensor.device.type != "cpu":
+        raise ValueError(f"tensor must be on the host to be sent, got {tensor.device}")
+    return memoryview(tensor.contiguous().view(torch.uint8).reshape(-1).numpy())
+
+
+def tensor_from_payload(payload: bytearray, header: KVHeader) -> torch.Tensor:
+    return torch.frombuffer(payload, dtype=DTYPES[header.dtype]).view(header.shape)
+
+
+# ---- decoding -----------------------------------------------------------------------------------
+
+
+def decode_header(raw: bytes) -> Header:
+    """Parse and type-check a header; any deviation is a ProtocolError."""
+    try:
+        # unpackb bounds every length by len(raw) (<= max_header_bytes): no huge allocations here.
+        obj = msgpack.unpackb(raw, raw=False, strict_map_key=True)
+    except (ValueError, TypeError) as exc:  # msgpack.*Error derive from ValueError
+        raise ProtocolError(f"undecodable header: {exc}") from None
+    if not isinstance(obj, dict):
+        raise ProtocolError(f"header must be a map, got {type(obj).__name__}")
+    if obj.get("version") != WIRE_VERSION:
+        raise ProtocolError(f"wire version {obj.get('version')!r} is not {WIRE_VERSION}")
+    cls = _HEADER_TYPES.get(obj.get("kind"))  # type: ignore[arg-type]
+    if cls is None:
+        raise ProtocolError(f"unknown frame kind {obj.get('kind')!r}")
+    nbytes = obj.get("nbytes")
+    if type(nbytes) is not int or nbytes < 0 or (cls is not KVHeader and nbytes != 0):
+        raise ProtocolError(f"{cls.KIND} frame has bad nbytes {nbytes!r}")
+    return cls(**{f.name: _field(obj, cls.KIND, f.name, str(f.type)) for f in fields(cls)})
+
+
+def _field(obj: dict, kind: str, name: str, type_name: str) -> object:
+    if name not in obj:
+        raise ProtocolError(f"{kind} frame lacks {name!r}")
+    value = obj[name]
+    if type(value) not in _FIELD_TYPES[type_name]:  # exact: True is not an int here
+        raise ProtocolError(f"{kind} frame field {name!r} must be {type_name}, got {type(value).__name__}")
+    if type_name == "list[int]" and not all(type(v) is int for v in value):
+        raise ProtocolError(f"{kind} frame field {name!r} must hold only ints")
+    return value
+
+
+# ---- async reading ------------------------------------------------------------------------------
+
+
+async def read_header(reader: asyncio.StreamReader, limits: FrameLimits) -> Header | None:
+    """Next frame's header, or None when the peer closed cleanly between frames."""
+    try:
+        async with asyncio.timeout(limits.idle_timeout_s):
+            prefix = await reader.readexactly(_LENGTH.size)
+    except asyncio.IncompleteReadError as exc:
+        if not exc.partial:
+            return None
+        raise ProtocolError("connection closed inside a frame's length prefix") from None
+    except TimeoutError:
+        raise ProtocolError(f"no frame for {limits.idle_timeout_s} s") from None
+    (length,) = _LENGTH.unpack(prefix)
+    if not 0 < length <= limits.max_header_bytes:
+        raise ProtocolError(f"header length {length} outside 1..{limits.max_header_bytes} bytes")
+    raw = await _read_exactly(reader, length, limits.read_timeout_s, "header")
+    return decode_header(raw)
+
+
+async def read_payload(reader: asyncio.StreamReader, header: KVHeader, limits: FrameLimits) -> bytearray:
+    """The payload announced by an already-validated header, checksum verified."""
+    payload = bytearray(header.nbytes)
+    view = memoryview(payload)
+    filled = 0
+    while filled < header.nbytes:
+        try:
+            async with asyncio.timeout(limits.read_timeout_s):
+                chunk = await reader.read(min(header.nbytes - filled, _READ_CHUNK))
+        except TimeoutError:
+            raise ProtocolError(f"payload read stalled at {filled} of {header.nbytes} bytes") from None
+        if not chunk:
+            raise ProtocolError(f"connection closed after {filled} of {header.nbytes} payload bytes")
+        view[filled:filled + len(chunk)] = chunk
+        filled += len(chunk)
+    checksum = zlib.crc32(payload)
+    if checksum != header.checksum:
+        raise ProtocolError(f"payload checksum {checksum:#010x} != header's {header.checksum:#010x}")
+    return payload
+
+
+async def _read_exactly(reader: asyncio.StreamReader, n: int, timeout_s: float, what: str) -> bytes:
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await reader.readexactly(n)
+    except asyncio.IncompleteReadError as exc:
+        raise ProtocolError(f"connection closed after {len(exc.partial)} of {n} {what} bytes") from None
+    except TimeoutError:
+        raise ProtocolError(f"{what} read of {n} bytes timed out after {timeout_s} s") from None
+
+
+async def write_frame(writer: asyncio.StreamWriter, buffers: list[bytes | memoryview]) -> None:
+    writer.writelines(buffers)
+    await writer.drain()

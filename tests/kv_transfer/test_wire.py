@@ -1,0 +1,144 @@
+from __future__ import annotations
+
+import asyncio
+import struct
+import zlib
+
+import msgpack
+import pytest
+import torch
+
+from pdserve.kv_transfer.wire import (
+    Auth,
+    Done,
+    Error,
+    FrameLimits,
+    Hello,
+    KVHeader,
+    ProtocolError,
+    auth_mac,
+    check_auth,
+    decode_header,
+    dtype_name,
+    encode_frame,
+    kv_frame,
+    read_header,
+    read_payload,
+    tensor_bytes,
+    tensor_from_payload,
+)
+
+
+def header_bytes(buffers: list) -> bytes:
+    return bytes(buffers[0])[4:]
+
+
+def stream_of(data: bytes, eof: bool = True) -> asyncio.StreamReader:
+    reader = asyncio.StreamReader()
+    reader.feed_data(data)
+    if eof:
+        reader.feed_eof()
+    return reader
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        Hello(b"n" * 16),
+        Auth(None),
+        Auth(b"m" * 32),
+        KVHeader("r", 1, [3, 4], "bfloat16", [2, 2, 16, 2, 8], 2048, 123),
+        Done("r", 42, -0.25, 17),
+        Done("r", 42, None, 17),
+        Error("r", "out of memory"),
+    ],
+)
+def test_headers_round_trip(header: object) -> None:
+    assert decode_header(header_bytes(encode_frame(header))) == header  # type: ignore[arg-type]
+
+
+def pack(**fields: object) -> bytes:
+    return msgpack.packb(fields, use_bin_type=True)
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        (b"\xc1\xc1", "undecodable"),
+        (msgpack.packb([1, 2]), "must be a map"),
+        (pack(version=2, kind="done", nbytes=0), "wire version 2"),
+        (pack(version=1, kind="pickle", nbytes=0), "unknown frame kind"),
+        (pack(version=1, kind="error", nbytes=5, request_id="r", reason="x"), "bad nbytes"),
+        (pack(version=1, kind="error", nbytes=0, request_id="r"), "lacks 'reason'"),
+        (pack(version=1, kind="done", nbytes=0, request_id="r", first_token_id=True, first_logprob=None,
+              num_tokens=3), "first_token_id"),
+        (pack(version=1, kind="kv", nbytes=0, request_id="r", layer=0, block_ids=[1, "2"], dtype="float32",
+              shape=[], checksum=0), "only ints"),
+        (msgpack.packb({1: 2}), "undecodable"),  # strict_map_key: int keys are refused
+    ],
+)
+def test_decode_rejects(raw: bytes, message: str) -> None:
+    with pytest.raises(ProtocolError, match=message):
+        decode_header(raw)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_tensor_bytes_round_trip(dtype: torch.dtype) -> None:
+    blocks = torch.randn(2, 3, 16, 2, 8).to(dtype)
+    buffers = kv_frame("r", 0, [5, 6, 7], blocks)
+    header = decode_header(header_bytes(buffers))
+    assert isinstance(header, KVHeader)
+    assert header.nbytes == blocks.numel() * blocks.element_size() == len(buffers[1])
+    assert header.checksum == zlib.crc32(buffers[1])
+    back = tensor_from_payload(bytearray(buffers[1]), header)
+    assert back.dtype == dtype and torch.equal(back, blocks)
+
+
+def test_dtype_whitelist() -> None:
+    assert dtype_name(torch.bfloat16) == "bfloat16"
+    with pytest.raises(ValueError, match="cannot be sent"):
+        dtype_name(torch.complex64)
+    with pytest.raises(ValueError, match="host"):
+        tensor_bytes(torch.zeros(2, device="meta"))
+
+
+async def test_read_header_limits() -> None:
+    limits = FrameLimits(max_header_bytes=128, read_timeout_s=0.2)
+    assert await read_header(stream_of(b""), limits) is None, "clean EOF between frames"
+    with pytest.raises(ProtocolError, match="length prefix"):
+        await read_header(stream_of(b"\x00\x00"), limits)
+    for length in (0, 129, 0xFFFFFFFF):
+        with pytest.raises(ProtocolError, match=f"header length {length} outside 1..128"):
+            await read_header(stream_of(struct.pack(">I", length)), limits)
+    with pytest.raises(ProtocolError, match="closed after 3 of 10 header bytes"):
+        await read_header(stream_of(struct.pack(">I", 10) + b"abc"), limits)
+    with pytest.raises(ProtocolError, match="timed out"):
+        await read_header(stream_of(struct.pack(">I", 10), eof=False), limits)
+    frame = encode_frame(Error("r", "x"))
+    assert await read_header(stream_of(bytes(frame[0])), limits) == Error("r", "x")
+
+
+async def test_read_payload_checks_crc_and_length() -> None:
+    limits = FrameLimits(read_timeout_s=0.2)
+    blocks = torch.arange(2 * 16, dtype=torch.float32).view(2, 1, 16, 1, 1)
+    buffers = kv_frame("r", 0, [1], blocks)
+    header = decode_header(header_bytes(buffers))
+    assert isinstance(header, KVHeader)
+    payload = bytes(buffers[1])
+    assert await read_payload(stream_of(payload), header, limits) == payload
+    corrupt = bytes([payload[0] ^ 1]) + payload[1:]
+    with pytest.raises(ProtocolError, match="checksum"):
+        await read_payload(stream_of(corrupt), header, limits)
+    with pytest.raises(ProtocolError, match="closed after 10 of 128"):
+        await read_payload(stream_of(payload[:10]), header, limits)
+    with pytest.raises(ProtocolError, match="stalled at 10 of 128"):
+        await read_payload(stream_of(payload[:10], eof=False), header, limits)
+
+
+def test_auth() -> None:
+    nonce = b"x" * 16
+    check_auth(None, nonce, Auth(None))
+    check_auth("s3cret", nonce, Auth(auth_mac("s3cret", nonce)))
+    for auth in (Auth(None), Auth(auth_mac("wrong", nonce)), Auth(auth_mac("s3cret", b"y" * 16))):
+        with pytest.raises(ProtocolError, match="authentication failed"):
+            check_auth("s3cret", nonce, auth)
