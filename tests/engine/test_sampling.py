@@ -7,11 +7,10 @@ import math
 
 import pytest
 import torch
-
 from pdserve.engine.sampling import (
+    Sampler,
     SamplingParams,
     SamplingRequest,
-    Sampler,
     apply_penalties,
     apply_top_k_top_p,
     step_seed,
@@ -56,7 +55,8 @@ def test_round_trip_through_json() -> None:
         SamplingParams.from_dict({"best_of": 2})
 
 
-def req(params: SamplingParams, output: list[int] | None = None, prompt: list[int] | None = None) -> SamplingRequest:
+def req(params: SamplingParams, output: list[int] | None = None,
+        prompt: list[int] | None = None) -> SamplingRequest:
     return SamplingRequest(params, prompt or [], output or [])
 
 
@@ -78,7 +78,8 @@ def test_seeded_rows_are_reproducible_alone_and_batched() -> None:
     batched = []
     for step in range(5):
         requests = [req(SamplingParams(temperature=0.8))] * 2 + [req(seeded, output=[0] * step)]
-        requests += [req(SamplingParams(temperature=0)), req(SamplingParams(seed=9)), req(SamplingParams(top_k=3))]
+        requests += [req(SamplingParams(temperature=0)), req(SamplingParams(seed=9))]
+        requests += [req(SamplingParams(top_k=3))]
         batched.append(Sampler()(logits, requests).token_ids[2])
     assert alone == batched
     assert len(set(alone)) > 1  # the stream advances with the step
@@ -136,7 +137,8 @@ def test_penalties_as_vllm_defines_them() -> None:
 def test_penalties_apply_per_row_and_steer_greedy() -> None:
     logits = torch.tensor([[3.0, 2.9, 0.0], [3.0, 2.9, 0.0]])
     greedy_penalised = SamplingParams(temperature=0, presence_penalty=1.0)
-    out = Sampler()(logits, [req(greedy_penalised, output=[0]), req(SamplingParams(temperature=0), output=[0])])
+    plain = SamplingParams(temperature=0)
+    out = Sampler()(logits, [req(greedy_penalised, output=[0]), req(plain, output=[0])])
     assert out.token_ids == [1, 0]
 
 

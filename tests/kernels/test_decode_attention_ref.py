@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from pdserve.kernels.decode_attention import decode_attention_ref
 from pdserve.kernels.paged import attend_ref, gather_sequence_kv
 
@@ -19,7 +18,8 @@ def per_sequence(q, kv_cache, seq_lens, block_tables, scale):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize(("heads", "kv_heads", "seq_lens"), [(9, 3, [1, 40, 0, 17]), (4, 4, [16, 3]), (2, 1, [0])])
+@pytest.mark.parametrize(("heads", "kv_heads", "seq_lens"),
+                         [(9, 3, [1, 40, 0, 17]), (4, 4, [16, 3]), (2, 1, [0])])
 def test_matches_per_sequence_definition(dtype, heads, kv_heads, seq_lens) -> None:
     gen = torch.Generator().manual_seed(0)
     block_size, dim, num_blocks = 8, 32, 40
