@@ -1,0 +1,160 @@
+"""Triton GEMV / skinny GEMM for decode-sized batches, and the shape-based choice between it and cuBLAS.
+
+    y[M, N] = x[M, K] @ W[N, K]^T (+ bias), M <= 16
+    grid (cdiv(N, BLOCK_N), SPLIT_K): program (n, s) streams W[n*BLOCK_N : +BLOCK_N, s*k_per_split : +k_per_split]
+    SPLIT_K == 1: writes y directly;  SPLIT_K > 1: fp32 partials [SPLIT_K, M, N], summed by a second kernel
+
+At these batch sizes the product is a pass over W (2 bytes a weight, ~0.03 FLOP a byte at M = 1): the job is
+to keep enough of W in flight. cuBLAS picks GEMM tiles that leave the per-layer shapes at ~2.8 TB/s on an
+H200 (BENCHMARKS.md); where a tuned Triton config is faster for a (N, K, batch bucket, dtype, device) it is
+recorded in linear_configs.json (kernels/tuning.py) and used here, elsewhere torch.matmul runs (FlashDecoding++'s
+"choose the kernel by shape" idea).
+"""
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from pdserve.kernels.tuning import default_table
+
+MAX_TRITON_BATCH = 16
+
+
+@dataclass(frozen=True)
+class GemvConfig:
+    block_n: int = 16
+    block_k: int = 512
+    split_k: int = 1
+    use_dot: bool = True  # tensor-core dot with the batch padded to 16 rows; else fp32 FMAs (exact for fp32)
+    num_warps: int = 4
+    num_stages: int = 4
+
+
+@triton.jit
+def _gemv_kernel(
+    x_ptr, w_ptr, bias_ptr, out_ptr, part_ptr, M, N, K, k_per_split,
+    stride_xm, stride_wn, stride_om, stride_ps,
+    HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, USE_DOT: tl.constexpr, EVEN: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    # x: [M, K]; w: [N, K]; out: [M, N]; part: [SPLIT_K, M, N] fp32; grid: (cdiv(N, BLOCK_N), SPLIT_K)
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = pid_k * k_per_split + tl.arange(0, BLOCK_K)
+    w_ptrs = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn + offs_k[None, :]  # [BLOCK_N, BLOCK_K]
+    x_ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :]  # [BLOCK_M, BLOCK_K]
+    if USE_DOT:
+        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    else:
+        acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], tl.float32)
+    for k0 in range(0, k_per_split, BLOCK_K):
+        if EVEN:
+            w = tl.load(w_ptrs, eviction_policy="evict_first")
+            x = tl.load(x_ptrs, mask=offs_m[:, None] < M, other=0.0)
+        else:
+            k_ok = (offs_k + k0 < K)[None, :]
+            w = tl.load(w_ptrs, mask=(offs_n < N)[:, None] & k_ok, other=0.0, eviction_policy="evict_first")
+            x = tl.load(x_ptrs, mask=(offs_m[:, None] < M) & k_ok, other=0.0)
+        if USE_DOT:
+            acc = tl.dot(x.to(w.dtype), tl.trans(w), acc)
+        else:
+            acc += x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
+        w_ptrs += BLOCK_K
+        x_ptrs += BLOCK_K
+    if not USE_DOT:
+        acc = tl.sum(acc, axis=2)
+    mn_mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
+    if SPLIT:
+        tl.store(part_ptr + pid_k * stride_ps + offs_m[:, None] * N + offs_n[None, :], acc, mask=mn_mask)
+    else:
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+        o_ptrs = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :]
+        tl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mn_mask)
+
+
+@triton.jit
+def _split_k_reduce_kernel(
+    part_ptr, bias_ptr, out_ptr, N, split_k, stride_ps, stride_om,
+    HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr,
+):
+    # part: [SPLIT_K, M, N] fp32 -> out: [M, N]; grid: (M, cdiv(N, BLOCK))
+    m = tl.program_id(0)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < N
+    acc = tl.zeros([BLOCK], tl.float32)
+    for s in range(0, split_k):
+        acc += tl.load(part_ptr + s * stride_ps + m * N + offs, mask=mask, other=0.0)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + m * stride_om + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def gemv_triton(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, cfg: GemvConfig) -> torch.Tensor:
+    """x2: [M, K] (M <= 16, unit stride along K); weight: [N, K] contiguous rows -> [M, N]."""
+    m, k = x2.shape
+    n = weight.shape[0]
+    if m > MAX_TRITON_BATCH:
+        raise ValueError(f"the GEMV kernel takes at most {MAX_TRITON_BATCH} rows, got {m}")
+    if weight.stride(1) != 1 or x2.stride(1) != 1:
+        raise ValueError(f"x {x2.stride()} and weight {weight.stride()} need unit stride along K")
+    out = torch.empty((m, n), dtype=x2.dtype, device=x2.device)
+    k_per_split = triton.cdiv(triton.cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
+    split_k = triton.cdiv(k, k_per_split)  # no empty splits
+    even = n % cfg.block_n == 0 and k_per_split * split_k == k
+    part = torch.empty((split_k, m, n), dtype=torch.float32, device=x2.device) if split_k > 1 else out
+    block_m = max(16, triton.next_power_of_2(m)) if cfg.use_dot else triton.next_power_of_2(m)
+    bias_arg = bias if bias is not None else out
+    _gemv_kernel[(triton.cdiv(n, cfg.block_n), split_k)](
+        x2, weight, bias_arg, out, part, m, n, k, k_per_split,
+        x2.stride(0), weight.stride(0), out.stride(0), part.stride(0),
+        HAS_BIAS=bias is not None, SPLIT=split_k > 1, USE_DOT=cfg.use_dot, EVEN=even,
+        BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    if split_k > 1:
+        block = min(1024, triton.next_power_of_2(n))
+        _split_k_reduce_kernel[(m, triton.cdiv(n, block))](
+            part, bias_arg, out, n, split_k, part.stride(0), out.stride(0),
+            HAS_BIAS=bias is not None, BLOCK=block, num_warps=4,
+        )
+    return out
+
+
+def heuristic_config(m: int, n: int, k: int, dtype: torch.dtype) -> GemvConfig:
+    """Untuned shapes: ~2 programs per SM (of 132) over W; FMAs for fp32, whose tf32 dots would lose precision,
+    with the [M, BLOCK_N, BLOCK_K] fp32 accumulator held to 8K elements (64 registers a thread)."""
+    split_k = max(1, min(8, (2 * 132 * 16) // max(n, 1)))
+    if dtype == torch.float32:
+        return GemvConfig(split_k=split_k, use_dot=False, block_k=max(16, 8192 // (16 * triton.next_power_of_2(m))))
+    return GemvConfig(split_k=split_k)
+
+
+def choose_config(m: int, n: int, k: int, dtype: torch.dtype, device: torch.device) -> GemvConfig | None:
+    """The Triton config for this shape, or None where torch.matmul (cuBLAS) is the faster choice."""
+    if m == 0 or m > MAX_TRITON_BATCH:
+        return None
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    entry = default_table().lookup(name, dtype, n, k, m)
+    if entry is None:
+        return heuristic_config(m, n, k, dtype)
+    return None if entry.get("backend") == "torch" else GemvConfig(**entry["config"])
+
+
+def linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    k = x.shape[-1]
+    if weight.dim() != 2 or weight.shape[1] != k:
+        raise ValueError(f"weight {tuple(weight.shape)} must be [N, K={k}]")
+    if bias is not None and bias.shape != (weight.shape[0],):
+        raise ValueError(f"bias {tuple(bias.shape)} must be [N={weight.shape[0]}]")
+    x2 = x.reshape(-1, k)
+    cfg = choose_config(x2.shape[0], weight.shape[0], k, x.dtype, x.device)
+    if cfg is None or weight.stride(1) != 1:
+        return torch.nn.functional.linear(x, weight, bias)
+    if x2.stride(1) != 1:
+        x2 = x2.contiguous()
+    return gemv_triton(x2, weight, bias, cfg).view(*x.shape[:-1], weight.shape[0])
