@@ -2,7 +2,7 @@
 
 A connection's life:
 
-    accept ─▶ send hello{nonce} ─▶ read auth{mac} (checked when a secret is set)
+    accept ─▶ send hello{nonce} ─▶ read auth{mac} (checked when a secret is set) ─▶ send ready
            ─▶ loop: header ─▶ checks (below) ─▶ payload ─▶ crc32 ─▶ scatter_blocks into pools[layer]
                     done  ─▶ TransferTable.complete ─▶ on_complete / on_failure
                     error ─▶ on_failure ("sender gave up")
@@ -42,6 +42,7 @@ from pdserve.kv_transfer.wire import (
     Hello,
     KVHeader,
     ProtocolError,
+    Ready,
     check_auth,
     dtype_name,
     encode_frame,
@@ -130,12 +131,17 @@ class TcpKVReceiver(KVReceiver):
         # No idle wait here: a peer that connects must authenticate promptly.
         limits = dataclasses.replace(self.limits, idle_timeout_s=self.limits.read_timeout_s)
         auth = await read_header(reader, limits)
-        if not isinstance(auth, Auth):
-            raise ProtocolError(f"expected an auth frame first, got {type(auth).__name__}")
-        check_auth(self.secret, nonce, auth)
+        try:
+            if not isinstance(auth, Auth):
+                raise ProtocolError(f"expected an auth frame first, got {type(auth).__name__}")
+            check_auth(self.secret, nonce, auth)
+        except ProtocolError as exc:
+            await write_frame(writer, encode_frame(Error("", str(exc))))  # tell a misconfigured sender why
+            raise
+        await write_frame(writer, encode_frame(Ready()))
 
     async def _handle(self, header: Header, reader: asyncio.StreamReader, carried: set[str]) -> None:
-        if isinstance(header, Hello | Auth):
+        if isinstance(header, Hello | Auth | Ready):
             raise ProtocolError(f"unexpected {header.KIND} frame after the handshake")
         if header.request_id not in self.table:
             raise ProtocolError(f"{header.KIND} frame for unknown request id {header.request_id!r}")

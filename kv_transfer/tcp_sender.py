@@ -37,6 +37,7 @@ from pdserve.kv_transfer.wire import (
     FrameLimits,
     Hello,
     ProtocolError,
+    Ready,
     auth_mac,
     dtype_name,
     encode_frame,
@@ -225,7 +226,13 @@ class TcpKVSender(KVSender):
             writer.close()
             raise ProtocolError(f"expected a hello frame from {address}, got {type(hello).__name__}")
         mac = None if self.secret is None else auth_mac(self.secret, hello.nonce)
-        await write_frame(writer, encode_frame(Auth(mac)))
+        async with asyncio.timeout(self.connect_timeout_s):
+            await write_frame(writer, encode_frame(Auth(mac)))
+            reply = await read_header(reader, FrameLimits(read_timeout_s=self.connect_timeout_s))
+        if not isinstance(reply, Ready):
+            writer.close()
+            reason = reply.reason if isinstance(reply, Error) else f"a {type(reply).__name__} frame"
+            raise ProtocolError(f"receiver refused the connection: {reason}")
         self._connections[address] = connection = _Connection(reader, writer)
         return connection
 

@@ -11,11 +11,16 @@ sees them:
 
     hello  receiver → sender   {nonce}                          first frame on every connection
     auth   sender → receiver   {mac}                            HMAC-SHA256(secret, nonce), None without secret
+    ready  receiver → sender   {}                               accepted (else an error frame, then close)
     kv     sender → receiver   {request_id, layer, block_ids, dtype, shape, nbytes, checksum}
                                payload = blocks [2, len(block_ids), block_size, Hkv, D] in C order,
                                block_ids are the RECEIVER's destination blocks, checksum = zlib.crc32
     done   sender → receiver   {request_id, first_token_id, first_logprob, num_tokens}
     error  sender → receiver   {request_id, reason}              the sender gave the request up
+           receiver → sender   {request_id: "", reason}          handshake refused (bad secret, version)
+
+After the handshake the receiver never writes: a sender learns of a dropped connection from its next
+write, and the decode node learns of every failure through its receiver's on_failure.
 
 A reader checks the header length, then the header's fields and types, and only then reads (and
 allocates) the payload: a frame that claims 10 GB is refused after reading at most 4 + 64 KiB bytes.
@@ -82,6 +87,11 @@ class Auth:
 
 
 @dataclass(frozen=True)
+class Ready:
+    KIND: ClassVar[str] = "ready"
+
+
+@dataclass(frozen=True)
 class KVHeader:
     KIND: ClassVar[str] = "kv"
     request_id: str
@@ -109,8 +119,8 @@ class Error:
     reason: str
 
 
-Header = Hello | Auth | KVHeader | Done | Error
-_HEADER_TYPES: dict[str, type] = {cls.KIND: cls for cls in (Hello, Auth, KVHeader, Done, Error)}
+Header = Hello | Auth | Ready | KVHeader | Done | Error
+_HEADER_TYPES: dict[str, type] = {cls.KIND: cls for cls in (Hello, Auth, Ready, KVHeader, Done, Error)}
 _FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "bytes": (bytes,), "bytes | None": (bytes, NoneType), "str": (str,), "int": (int,),
     "list[int]": (list,), "float | None": (float, NoneType),

@@ -1,69 +1,15 @@
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 
 import pytest
-import torch
-
+from kv_helpers import Outcomes, start_receiver
 from pdserve.kv_transfer.tcp_receiver import TcpKVReceiver
-from pdserve.kv_transfer.wire import FrameLimits
-
-NUM_LAYERS = 3
-NUM_BLOCKS = 8
-BLOCK_SIZE = 16
-NUM_KV_HEADS = 2
-HEAD_DIM = 8
-
-
-def make_pools(dtype: torch.dtype = torch.float32, *, random: bool = False, seed: int = 0) -> list[torch.Tensor]:
-    shape = (2, NUM_BLOCKS, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM)
-    if not random:
-        return [torch.zeros(shape, dtype=dtype) for _ in range(NUM_LAYERS)]
-    gen = torch.Generator().manual_seed(seed)
-    return [torch.randn(shape, generator=gen).to(dtype) for _ in range(NUM_LAYERS)]
-
-
-@dataclass
-class Outcomes:
-    """Records receiver callbacks; `wait` blocks until a request has an outcome."""
-
-    completed: dict[str, tuple[int, float | None]] = field(default_factory=dict)
-    failed: dict[str, str] = field(default_factory=dict)
-    changed: asyncio.Event = field(default_factory=asyncio.Event)
-
-    def on_complete(self, request_id: str, first_token_id: int, first_logprob: float | None) -> None:
-        assert request_id not in self.completed and request_id not in self.failed
-        self.completed[request_id] = (first_token_id, first_logprob)
-        self.changed.set()
-
-    def on_failure(self, request_id: str, reason: str) -> None:
-        assert request_id not in self.completed and request_id not in self.failed
-        self.failed[request_id] = reason
-        self.changed.set()
-
-    async def wait(self, request_id: str, timeout_s: float = 5.0) -> None:
-        async with asyncio.timeout(timeout_s):
-            while request_id not in self.completed and request_id not in self.failed:
-                self.changed.clear()
-                await self.changed.wait()
 
 
 @pytest.fixture
 def outcomes() -> Outcomes:
     return Outcomes()
-
-
-async def start_receiver(
-    outcomes: Outcomes, dtype: torch.dtype = torch.float32, *, secret: str | None = None,
-) -> TcpKVReceiver:
-    receiver = TcpKVReceiver(
-        "127.0.0.1", 0, make_pools(dtype), outcomes.on_complete, outcomes.on_failure,
-        secret=secret, limits=FrameLimits(read_timeout_s=5.0),
-    )
-    await receiver.start()
-    return receiver
 
 
 @pytest.fixture

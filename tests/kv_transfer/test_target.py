@@ -3,13 +3,14 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from pdserve.kv_transfer.target import TransferTarget
 
 
 def make_target(**overrides: object) -> TransferTarget:
-    fields = dict(backend="tcp", request_id="r1", block_ids=(4, 2, 7), num_layers=2, block_size=16,
-                  dtype="bfloat16", host="10.0.0.2", port=7100)
+    fields: dict[str, object] = {
+        "backend": "tcp", "request_id": "r1", "block_ids": (4, 2, 7), "num_layers": 2, "block_size": 16,
+        "dtype": "bfloat16", "host": "10.0.0.2", "port": 7100,
+    }
     fields.update(overrides)
     return TransferTarget(**fields)  # type: ignore[arg-type]
 

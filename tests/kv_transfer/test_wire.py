@@ -7,7 +7,6 @@ import zlib
 import msgpack
 import pytest
 import torch
-
 from pdserve.kv_transfer.wire import (
     Auth,
     Done,
@@ -16,6 +15,7 @@ from pdserve.kv_transfer.wire import (
     Hello,
     KVHeader,
     ProtocolError,
+    Ready,
     auth_mac,
     check_auth,
     decode_header,
@@ -47,6 +47,7 @@ def stream_of(data: bytes, eof: bool = True) -> asyncio.StreamReader:
         Hello(b"n" * 16),
         Auth(None),
         Auth(b"m" * 32),
+        Ready(),
         KVHeader("r", 1, [3, 4], "bfloat16", [2, 2, 16, 2, 8], 2048, 123),
         Done("r", 42, -0.25, 17),
         Done("r", 42, None, 17),
