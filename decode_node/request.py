@@ -20,8 +20,8 @@ class RequestState(enum.IntEnum):
     PREEMPTED = 3  # blocks taken back; prompt + generated tokens are recomputed on D before it runs again
     FINISHED_STOPPED = 4  # EOS, stop token or stop string
     FINISHED_LENGTH = 5  # max_tokens or the model's length limit
-    FINISHED_ABORTED = 6  # client gone, /internal/abort, or the KV lease ran out
-    FINISHED_ERROR = 7  # the transfer or a model step failed
+    FINISHED_ABORTED = 6  # client gone or /internal/abort
+    FINISHED_ERROR = 7  # the transfer failed (P gone, KV lease ran out) or a model step failed
 
     @property
     def finished(self) -> bool:
@@ -58,17 +58,16 @@ class DecodeRequest:
     detokenizer: IncrementalDetokenizer
     stop_checker: StopChecker
     cache_salt: str | None = None
+    block_hashes: list[bytes] = field(default_factory=list)  # full prompt blocks (colocated prefix lookup)
     arrival_time: float = field(default_factory=time.time)
     state: RequestState = RequestState.WAITING_FOR_KV
     block_ids: list[int] = field(default_factory=list)
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0  # tokens whose K/V sit in block_ids
-    cached_tokens: int = 0  # prompt tokens P found in its prefix cache
+    cached_tokens: int = 0  # prompt tokens found in a prefix cache (P's, or the shared one when colocated)
     num_preemptions: int = 0
     error: str | None = None
     abort_requested: bool = False
-    reserved_at: float = field(default_factory=time.monotonic)
-    first_token_at: float | None = None
 
     @property
     def num_tokens(self) -> int:

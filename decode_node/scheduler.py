@@ -1,28 +1,31 @@
 """Decode scheduler: reservations, continuous batching, preemption by recompute, no leaked block.
 
     reserve() ──▶ WAITING_FOR_KV ──kv_complete()──▶ WAITING ──_admit_waiting──▶ RUNNING ──update()──▶ FINISHED_*
-                      │ lease expired / abort             (first token frame sent here)   │    ▲
-                      ▼                                                           _preempt │    │ _resume_preempted
-                  FINISHED_ABORTED                                                         ▼    │ (recompute on D)
-                                                                                        PREEMPTED
+                      │ kv_failed() (lease, P gone)   (first token frame sent here)      │    ▲
+                      ▼                                                          _preempt │    │ _resume_preempted
+                  FINISHED_ERROR / _ABORTED                                               ▼    │ (recompute on D)
+                                                                                       PREEMPTED
 
-A step is `schedule()` (phases: `_expire_leases`, `_resume_preempted`, `_admit_waiting`, `_grow_running`)
-then, after the model ran, `update()`. The scheduler itself never runs the model and is not thread-safe: the
-decode engine calls it under one lock and runs the forward outside that lock, which is why an abort of a
-request that is inside the forward only marks it (`abort_requested`) and `update()` finishes it.
+A step is `schedule()` (phases `_resume_preempted`, `_admit_waiting`, `_grow_running`) then, after the model
+ran, `update()`. The scheduler never runs the model and is not thread-safe: the decode engine calls it under
+one lock and runs the forward outside that lock. So an abort never frees blocks something may still write:
+- a request inside the forward is only marked (`abort_requested`); `update()` finishes it;
+- a request WAITING_FOR_KV is only marked too: P may be writing its blocks right now. The transfer resolves it
+  (done → kv_complete, P's error frame or the receiver's lease → kv_failed), and then its blocks are freed.
 
 Block accounting: a request holding N = prompt + generated tokens needs ceil(N / block_size) blocks before a
-step (the K/V of its last generated token is written by that step). `reserve` takes blocks for prompt + 1.
+step (the K/V of its last generated token is written by that step). `reserve` takes blocks for prompt + 1;
+with a prefix cache (the colocated worker shares P's), the cached leading blocks are taken from it.
 """
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from pdserve.cache_store.block_pool import BlockPool, blocks_needed
+from pdserve.cache_store.prefix_cache import PrefixCache
 from pdserve.decode_node.output import OutputProcessor, logprobs_to_wire
 from pdserve.decode_node.request import TRANSITIONS, DecodeRequest, RequestState, StreamFrame
 from pdserve.engine.sampling import TokenLogprobs
@@ -75,15 +78,13 @@ class DecodeBatch:
 
 class Scheduler:
     def __init__(self, pool: BlockPool, block_size: int, output: OutputProcessor, max_num_seqs: int,
-                 lease_timeout_s: float = 30.0, watermark_blocks: int = 1,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 watermark_blocks: int = 1, prefix_cache: PrefixCache | None = None) -> None:
         self.pool = pool
         self.block_size = block_size
         self.output = output
         self.max_num_seqs = max_num_seqs
-        self.lease_timeout_s = lease_timeout_s
         self.watermark_blocks = watermark_blocks
-        self.clock = clock
+        self.prefix_cache = prefix_cache
         self.requests: dict[str, DecodeRequest] = {}  # every request not finished
         self.waiting: deque[DecodeRequest] = deque()
         self.running: list[DecodeRequest] = []
@@ -117,13 +118,34 @@ class Scheduler:
         if needed > self.pool.num_total - self.watermark_blocks:
             return Refusal(f"prompt of {len(request.prompt_token_ids)} tokens needs {needed} KV blocks; this "
                            f"worker has {self.pool.num_total} in all", 0.0, 400)
-        if self.preempted or not self.pool.can_allocate(needed + self.watermark_blocks):
+        lookup = self._prefix_lookup_hashes(request)
+        if self.preempted or not self._can_reserve(lookup, needed + self.watermark_blocks):
             return Refusal(f"no room: {needed} KV blocks needed, {self.pool.num_free} of {self.pool.num_total} "
                            f"free, {len(self.preempted)} preempted requests waiting", self._retry_after())
-        request.block_ids = list(self.pool.allocate(needed).block_ids)
-        request.reserved_at = self.clock()
+        if self.prefix_cache is None:
+            request.block_ids = list(self.pool.allocate(needed).block_ids)
+        else:
+            blocks = self.prefix_cache.allocate(lookup, needed)
+            request.block_ids = list(blocks.block_ids)
+            request.cached_tokens = blocks.num_cached_tokens
         self.requests[request.request_id] = request
         return None
+
+    def expected_block_ids(self, request: DecodeRequest) -> list[int]:
+        """The blocks P writes: after the cached prefix, up to the prompt's last token (not the +1 block)."""
+        end = blocks_needed(len(request.prompt_token_ids), self.block_size)
+        return request.block_ids[request.cached_tokens // self.block_size:end]
+
+    def _prefix_lookup_hashes(self, request: DecodeRequest) -> list[bytes]:
+        """Full prompt blocks except the one holding the last token (P must compute it for the logits)."""
+        if self.prefix_cache is None:
+            return []
+        return request.block_hashes[: (len(request.prompt_token_ids) - 1) // self.block_size]
+
+    def _can_reserve(self, lookup: list[bytes], num_blocks: int) -> bool:
+        if self.prefix_cache is None:
+            return self.pool.can_allocate(num_blocks)
+        return self.prefix_cache.can_allocate(lookup, num_blocks)
 
     def kv_complete(self, request_id: str, first_token_id: int, cached_tokens: int = 0,
                     logprobs: TokenLogprobs | None = None) -> list[RequestOutput]:
@@ -131,9 +153,11 @@ class Scheduler:
         request = self.requests.get(request_id)
         if request is None or request.state != RequestState.WAITING_FOR_KV:
             return []
+        if request.abort_requested:
+            self._move(request, RequestState.FINISHED_ABORTED)
+            return [self._frame(request, [], "")]
         request.num_computed_tokens = len(request.prompt_token_ids)
-        request.cached_tokens = cached_tokens
-        request.first_token_at = self.clock()
+        request.cached_tokens = max(request.cached_tokens, cached_tokens)
         result = self.output.append_token(request, first_token_id)
         self._move(request, result.finished or RequestState.WAITING)
         return [self._frame(request, [first_token_id], result.text, [logprobs])]
@@ -142,17 +166,18 @@ class Scheduler:
         request = self.requests.get(request_id)
         if request is None or request.state != RequestState.WAITING_FOR_KV:
             return []
-        request.error = error
-        self._move(request, RequestState.FINISHED_ERROR)
+        aborted = request.abort_requested
+        request.error = request.error if aborted else error
+        self._move(request, RequestState.FINISHED_ABORTED if aborted else RequestState.FINISHED_ERROR)
         return [self._frame(request, [], "")]
 
     def abort(self, request_id: str, error: str | None = None) -> list[RequestOutput]:
-        """Free everything the request holds; inside a forward it is finished by `update()`."""
+        """Free everything the request holds, now or once nothing writes its blocks any more (see above)."""
         request = self.requests.get(request_id)
         if request is None:
             return []
         request.error = error
-        if request_id in self.in_flight:
+        if request_id in self.in_flight or request.state == RequestState.WAITING_FOR_KV:
             request.abort_requested = True
             return []
         self._move(request, RequestState.FINISHED_ABORTED)
@@ -162,7 +187,6 @@ class Scheduler:
 
     def schedule(self) -> DecodeBatch:
         batch = DecodeBatch()
-        batch.outputs.extend(self._expire_leases())
         self._resume_preempted(batch)
         self._admit_waiting()
         self._grow_running()
@@ -204,17 +228,6 @@ class Scheduler:
         return outputs
 
     # ---- phases -----------------------------------------------------------------------------------
-
-    def _expire_leases(self) -> list[RequestOutput]:
-        now = self.clock()
-        expired = [r for r in self.requests.values()
-                   if r.state == RequestState.WAITING_FOR_KV and now - r.reserved_at > self.lease_timeout_s]
-        outputs = []
-        for request in expired:
-            request.error = f"KV not complete within the {self.lease_timeout_s:g} s lease"
-            self._move(request, RequestState.FINISHED_ABORTED)
-            outputs.append(self._frame(request, [], ""))
-        return outputs
 
     def _resume_preempted(self, batch: DecodeBatch) -> None:
         """Oldest preempted first; it needs blocks for all its tokens, plus the watermark."""

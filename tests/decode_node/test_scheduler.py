@@ -7,6 +7,8 @@ schedule/update sequence here is exactly what the engine thread does.
 from __future__ import annotations
 
 from pdserve.cache_store.block_pool import BlockPool, assert_no_leak
+from pdserve.cache_store.hashing import block_hashes
+from pdserve.cache_store.prefix_cache import PrefixCache
 from pdserve.decode_node.output import OutputProcessor
 from pdserve.decode_node.request import DecodeRequest, RequestState
 from pdserve.decode_node.scheduler import DecodeBatch, Scheduler
@@ -22,14 +24,6 @@ def ids(text: str) -> list[int]:
     return [CHARS.index(c) for c in text]
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def make(tokenizer, rid: str, prompt: str, **sampling) -> DecodeRequest:
     params = SamplingParams(temperature=0.0, **sampling)
     prompt_ids = ids(prompt)
@@ -37,9 +31,8 @@ def make(tokenizer, rid: str, prompt: str, **sampling) -> DecodeRequest:
                          StopChecker(params.stop))
 
 
-def scheduler(num_blocks: int, max_num_seqs: int = 8, clock: Clock | None = None) -> Scheduler:
-    return Scheduler(BlockPool(num_blocks), BS, OutputProcessor((EOS_ID,), 1000), max_num_seqs,
-                     lease_timeout_s=5.0, watermark_blocks=0, clock=clock or Clock())
+def scheduler(num_blocks: int, max_num_seqs: int = 8) -> Scheduler:
+    return Scheduler(BlockPool(num_blocks), BS, OutputProcessor((EOS_ID,), 1000), max_num_seqs, watermark_blocks=0)
 
 
 def run_to_end(sched: Scheduler, next_token, max_steps: int = 200) -> list:
@@ -66,10 +59,10 @@ def test_reserve_admits_by_free_blocks_and_answers_503_when_full(char_tokenizer)
     assert "2 KV blocks needed, 1 of 6 free" in refusal.message
     too_long = sched.reserve(make(char_tokenizer, "d", "a" * 40))
     assert too_long is not None and too_long.status == 400
-    sched.abort("a")
+    sched.kv_failed("a", "P went away")
     assert sched.reserve(make(char_tokenizer, "c", "abcde")) is None
-    sched.abort("b")
-    sched.abort("c")
+    sched.kv_failed("b", "P went away")
+    sched.kv_failed("c", "P went away")
     assert_no_leak(sched.pool)
 
 
@@ -127,19 +120,44 @@ def test_abort_inside_a_step_is_finished_by_update(char_tokenizer):
     assert_no_leak(sched.pool)
 
 
-def test_abort_and_lease_expiry_while_waiting_for_kv(char_tokenizer):
-    clock = Clock()
-    sched = scheduler(num_blocks=8, clock=clock)
-    sched.reserve(make(char_tokenizer, "a", "abc"))
-    sched.reserve(make(char_tokenizer, "b", "abc"))
-    [out] = sched.abort("b")
-    assert out.frame.finish_reason == "abort"
-    clock.now = 6.0
-    batch = sched.schedule()
-    assert [o.request_id for o in batch.outputs] == ["a"]
-    assert "5 s lease" in batch.outputs[0].frame.error
-    assert sched.kv_complete("a", 1) == []  # KV arriving late is ignored
+def test_abort_while_waiting_for_kv_frees_only_once_the_transfer_resolves(char_tokenizer):
+    sched = scheduler(num_blocks=8)
+    for rid in "abc":
+        sched.reserve(make(char_tokenizer, rid, "abc"))
+    for rid in "ab":
+        assert sched.abort(rid) == []  # P may be writing these blocks: nothing is freed yet
+    assert sched.pool.num_free == 8 - 3
+    [done] = sched.kv_complete("a", 1)  # P's done frame arrives after all
+    [failed] = sched.kv_failed("b", "sender gave up: aborted")
+    assert done.frame.finish_reason == "abort" and done.frame.token_ids == []
+    assert failed.frame.finish_reason == "abort"
+    [lease] = sched.kv_failed("c", "lease of 30 s expired")  # the receiver's lease: an error, not an abort
+    assert lease.frame.finish_reason == "error" and "lease" in lease.frame.error
+    assert sched.kv_complete("c", 1) == []  # KV arriving late is ignored
     assert_no_leak(sched.pool)
+
+
+def test_colocated_reserve_takes_cached_prefix_blocks(char_tokenizer):
+    pool = BlockPool(16)
+    cache = PrefixCache(pool, BS)
+    sched = Scheduler(pool, BS, OutputProcessor((EOS_ID,), 1000), 8, watermark_blocks=0, prefix_cache=cache)
+    prompt = "abcdefghij"  # 10 tokens: 2 full blocks
+    hashes = block_hashes(ids(prompt), BS, "m")
+    first = make(char_tokenizer, "first", prompt)
+    first.block_hashes = hashes
+    sched.reserve(first)
+    assert first.cached_tokens == 0 and len(sched.expected_block_ids(first)) == 3
+    cache.commit(hashes, first.block_ids)  # what P does after computing them
+    second = make(char_tokenizer, "second", prompt)
+    second.block_hashes = hashes
+    sched.reserve(second)
+    assert second.cached_tokens == 8 and second.block_ids[:2] == first.block_ids[:2]
+    assert sched.expected_block_ids(second) == second.block_ids[2:3]  # only the last, partial prompt block
+    for rid in ("first", "second"):
+        sched.kv_complete(rid, ids("x")[0])
+        sched.abort(rid)
+    pool.evict_all_cached()
+    assert_no_leak(pool)
 
 
 def test_stop_string_across_tokens_eos_and_stop_token_ids(char_tokenizer):
