@@ -1,0 +1,143 @@
+"""The router's FastAPI app: `create_app(config, tokenizer)`.
+
+All state (registry, HTTP client, policies, metrics, the health task) is created in the app's lifespan and
+held in `app.state.router`; nothing lives at module level, so tests can run several routers in one process.
+
+    POST /v1/completions, /v1/chat/completions   plan (validate, tokenize) ─▶ relay.start_all ─▶ SSE | JSON
+    GET  /v1/models, /health, /metrics
+    /internal/workers/{register,heartbeat}, GET /internal/workers   (router/internal_routes.py)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import httpx
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from pdserve.router.config import RouterConfig
+from pdserve.router.errors import APIError, install_error_handlers
+from pdserve.router.health import HealthMonitor
+from pdserve.router.internal_routes import build_internal_router
+from pdserve.router.metrics import RouterMetrics
+from pdserve.router.plan import GenerationPlan, plan_chat, plan_completion
+from pdserve.router.policies import make_decode_policy, make_prefill_policy
+from pdserve.router.prompts import TokenizerLike
+from pdserve.router.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
+from pdserve.router.registry import WorkerRegistry
+from pdserve.router.relay import SECRET_HEADER, Relay
+from pdserve.router.responses import ResponseWriter
+from pdserve.router.streaming import RelayResponse, collect, sse_events
+
+
+@dataclass
+class RouterState:
+    config: RouterConfig
+    tokenizer: TokenizerLike
+    registry: WorkerRegistry
+    metrics: RouterMetrics
+    client: httpx.AsyncClient
+    relay: Relay
+    health: HealthMonitor
+    started: int  # unix time, the models' `created`
+
+
+def create_app(config: RouterConfig, tokenizer: TokenizerLike) -> FastAPI:
+    """The router app. `tokenizer` needs encode / decode / apply_chat_template / vocab_size
+    (engine.tokenizer.Tokenizer has them)."""
+    metrics = RouterMetrics()  # outside the lifespan so error handlers can count before startup finishes
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        state = _build_state(config, tokenizer, metrics)
+        app.state.router = state
+        await state.health.tick()  # static workers' first status, before the first request
+        monitor = asyncio.create_task(state.health.run())
+        try:
+            yield
+        finally:
+            monitor.cancel()
+            await asyncio.gather(monitor, return_exceptions=True)
+            await state.client.aclose()
+
+    app = FastAPI(title="pdserve router", lifespan=lifespan)
+    install_error_handlers(app, on_error=metrics.count_request)
+    _add_openai_routes(app)
+    _add_service_routes(app)
+    app.include_router(build_internal_router())
+    return app
+
+
+def _build_state(config: RouterConfig, tokenizer: TokenizerLike, metrics: RouterMetrics) -> RouterState:
+    limits = httpx.Limits(max_connections=config.max_connections, max_keepalive_connections=config.max_connections)
+    client = httpx.AsyncClient(timeout=httpx.Timeout(config.control_timeout_s, connect=config.connect_timeout_s),
+                               limits=limits, trust_env=False)
+    registry = WorkerRegistry(config.worker_timeout_s)
+    for url in config.prefill_urls:
+        registry.add_static(url, "prefill")
+    for url in config.decode_urls:
+        registry.add_static(url, "decode")
+    relay = Relay(client, registry, make_prefill_policy(config.prefill_policy),
+                  make_decode_policy(config.decode_policy), config, metrics)
+    headers = {SECRET_HEADER: config.secret} if config.secret else {}
+    health = HealthMonitor(registry, client, config, metrics, headers)
+    return RouterState(config, tokenizer, registry, metrics, client, relay, health, int(time.time()))
+
+
+def _add_openai_routes(app: FastAPI) -> None:
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        arrival = time.perf_counter()
+        state: RouterState = request.app.state.router
+        plan = await plan_completion(body, state.config, state.tokenizer)
+        return await _serve(state, plan, request, arrival)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+        arrival = time.perf_counter()
+        state: RouterState = request.app.state.router
+        plan = await plan_chat(body, state.config, state.tokenizer)
+        return await _serve(state, plan, request, arrival)
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> ModelList:
+        state: RouterState = request.app.state.router
+        cards = [ModelCard(id=name, created=state.started, max_model_len=state.config.max_model_len)
+                 for name in state.config.served_models]
+        return ModelList(data=cards)
+
+
+async def _serve(state: RouterState, plan: GenerationPlan, request: Request, arrival: float) -> Response:
+    streams = await state.relay.start_all(plan.subrequests)
+    writer = ResponseWriter(plan, state.tokenizer)
+    if plan.stream:
+        events = sse_events(streams, writer, state.metrics, arrival)
+        return RelayResponse(events, media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    return JSONResponse(await collect(streams, writer, state.metrics, arrival, request))
+
+
+def _add_service_routes(app: FastAPI) -> None:
+    @app.get("/health")
+    async def health(request: Request) -> JSONResponse:
+        """200 when at least one prefill and one decode worker can take work, else 503 (with the counts)."""
+        state: RouterState = request.app.state.router
+        counts = {role: len(state.registry.candidates(role)) for role in ("prefill", "decode")}
+        if all(counts.values()):
+            return JSONResponse({"status": "ok", "workers": counts})
+        missing = [role for role, count in counts.items() if not count]
+        error = APIError(503, f"no {' and no '.join(missing)} worker available", code="no_worker_available",
+                         headers={"Retry-After": str(state.config.retry_after_s)})
+        body = {**error.body(), "status": "unavailable", "workers": counts}
+        return JSONResponse(body, status_code=503, headers=error.headers)
+
+    @app.get("/metrics")
+    async def metrics(request: Request) -> Response:
+        state: RouterState = request.app.state.router
+        return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,72 @@
+"""Router configuration: one frozen dataclass, validated on construction. The CLI builds it from flags."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pdserve.router.policies import DECODE_POLICIES, PREFILL_POLICIES
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    """What the router serves and how it reaches workers.
+
+    model: the served model name, the only `model` value requests may name (others get 404).
+    prefill_urls / decode_urls: static workers, polled at `poll_interval_s` (no registration needed).
+    heartbeat_timeout_s: a registered worker silent this long is dropped (None: 3 × heartbeat_interval_s).
+    secret: when set, every /internal/* call must carry `X-PDServe-Secret: <secret>`.
+    """
+
+    model: str
+    max_model_len: int = 8192
+    block_size: int = 16
+    prefill_urls: tuple[str, ...] = ()
+    decode_urls: tuple[str, ...] = ()
+    prefill_policy: str = "round_robin"
+    decode_policy: str = "least_kv"
+    secret: str | None = None
+    heartbeat_interval_s: float = 1.0
+    heartbeat_timeout_s: float | None = None
+    poll_interval_s: float = 1.0
+    connect_timeout_s: float = 2.0
+    control_timeout_s: float = 10.0  # reserve / abort / status: small JSON answers
+    prefill_timeout_s: float = 600.0  # a long prompt on a CPU worker takes minutes
+    stream_idle_timeout_s: float = 600.0  # longest silence on a D stream (it waits for the prefill first)
+    max_connections: int = 1024
+    retry_after_s: int = 1
+    max_n: int = 128
+    extra_models: tuple[str, ...] = field(default_factory=tuple)  # aliases accepted as `model`
+
+    def __post_init__(self) -> None:
+        if not self.model:
+            raise ValueError("RouterConfig.model must name the served model, got an empty string")
+        for name in ("max_model_len", "block_size", "max_connections", "max_n"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"RouterConfig.{name} must be positive, got {getattr(self, name)}")
+        for name in ("heartbeat_interval_s", "poll_interval_s", "connect_timeout_s", "control_timeout_s",
+                     "prefill_timeout_s", "stream_idle_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"RouterConfig.{name} must be positive, got {getattr(self, name)}")
+        if self.heartbeat_timeout_s is not None and self.heartbeat_timeout_s <= self.heartbeat_interval_s:
+            raise ValueError(
+                f"heartbeat_timeout_s ({self.heartbeat_timeout_s}) must exceed heartbeat_interval_s "
+                f"({self.heartbeat_interval_s})"
+            )
+        if self.prefill_policy not in PREFILL_POLICIES:
+            raise ValueError(f"unknown prefill policy {self.prefill_policy!r}; choose one of {sorted(PREFILL_POLICIES)}")
+        if self.decode_policy not in DECODE_POLICIES:
+            raise ValueError(f"unknown decode policy {self.decode_policy!r}; choose one of {sorted(DECODE_POLICIES)}")
+        for url in (*self.prefill_urls, *self.decode_urls):
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"worker URLs must be http(s) URLs, got {url!r}")
+        if self.retry_after_s < 0:
+            raise ValueError(f"retry_after_s must be >= 0, got {self.retry_after_s}")
+
+    @property
+    def worker_timeout_s(self) -> float:
+        """Seconds without a heartbeat after which a registered worker is dropped."""
+        return self.heartbeat_timeout_s if self.heartbeat_timeout_s is not None else 3 * self.heartbeat_interval_s
+
+    @property
+    def served_models(self) -> tuple[str, ...]:
+        return (self.model, *self.extra_models)

@@ -1,0 +1,72 @@
+"""HealthMonitor: the router's one background task. Every tick it drops registered workers whose heartbeats
+stopped, polls the static workers' /internal/status, and refreshes the worker gauges."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import httpx
+
+from pdserve.router.config import RouterConfig
+from pdserve.router.metrics import RouterMetrics
+from pdserve.router.registry import ROLES, Worker, WorkerLoad, WorkerRegistry
+
+log = logging.getLogger(__name__)
+
+
+class HealthMonitor:
+    def __init__(self, registry: WorkerRegistry, client: httpx.AsyncClient, config: RouterConfig,
+                 metrics: RouterMetrics, headers: dict[str, str]) -> None:
+        self._registry = registry
+        self._client = client
+        self._config = config
+        self._metrics = metrics
+        self._headers = headers
+        # a third of the timeout: a silent worker is dropped at most ~1.33 timeouts after its last heartbeat
+        self.tick_s = min(config.poll_interval_s, config.worker_timeout_s / 3)
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self.tick_s)
+            try:
+                await self.tick()
+            except Exception:  # a bad tick must not stop monitoring
+                log.exception("health check failed")
+
+    async def tick(self) -> None:
+        for worker in self._registry.expire():
+            log.warning("dropping worker %s (%s): no heartbeat for %.1f s", worker.worker_id, worker.url,
+                        self._config.worker_timeout_s)
+            self._metrics.forget_worker(worker.worker_id)
+        await asyncio.gather(*(self._poll(w) for w in self._registry.static_workers()))
+        for role in ROLES:
+            self._metrics.workers.labels(role).set(len(self._registry.candidates(role)))
+
+    async def _poll(self, worker: Worker) -> None:
+        timeout = httpx.Timeout(self._config.control_timeout_s, connect=self._config.connect_timeout_s)
+        try:
+            response = await self._client.get(f"{worker.url}/internal/status", headers=self._headers, timeout=timeout)
+            response.raise_for_status()
+            load = load_from_dict(response.json())
+        except (httpx.HTTPError, ValueError, TypeError) as exc:
+            if worker.reachable:
+                log.warning("static worker %s does not answer its status: %r", worker.url, exc)
+            self._registry.mark_unreachable(worker.worker_id)
+            return
+        self._registry.heartbeat(worker.worker_id, load)
+        self._metrics.observe_worker(worker)
+
+
+def load_from_dict(data: dict) -> WorkerLoad:
+    """A heartbeat or status body as a WorkerLoad (unknown fields ignored)."""
+    return WorkerLoad(
+        queue_len=int(data.get("queue_len", 0)),
+        num_running=int(data.get("num_running", 0)),
+        num_waiting=int(data.get("num_waiting", 0)),
+        free_blocks=int(data.get("free_blocks", 0)),
+        total_blocks=int(data.get("total_blocks", 0)),
+        draining=bool(data.get("draining", False)),
+        transfer_bytes_total=data.get("transfer_bytes_total"),
+        transfer_seconds_total=data.get("transfer_seconds_total"),
+    )

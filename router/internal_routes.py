@@ -1,0 +1,92 @@
+"""/internal/* routes of the router: worker registration, heartbeats and the worker list (docs/internal_api.md).
+All of them check the shared secret when one is configured."""
+
+from __future__ import annotations
+
+import hmac
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request
+from pydantic import BaseModel, ConfigDict, Field
+
+from pdserve.router.errors import APIError, bad_request, unauthorized
+from pdserve.router.health import load_from_dict
+from pdserve.router.relay import SECRET_HEADER
+
+
+class WorkerRegistration(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    worker_id: str = Field(min_length=1)
+    url: str = Field(pattern=r"^https?://")
+    roles: list[str] = Field(min_length=1)
+    model: str | None = None
+    max_model_len: int | None = None
+    block_size: int | None = None
+    num_blocks: int | None = None
+    transfer: dict[str, Any] = Field(default_factory=dict)
+
+
+class Heartbeat(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    worker_id: str
+    roles: list[str] | None = None
+    queue_len: int = 0
+    num_running: int = 0
+    num_waiting: int = 0
+    free_blocks: int = 0
+    total_blocks: int = 0
+    draining: bool = False
+    transfer_bytes_total: int | None = None
+    transfer_seconds_total: float | None = None
+
+
+def check_secret(request: Request) -> None:
+    secret = request.app.state.router.config.secret
+    if secret is None:
+        return
+    given = request.headers.get(SECRET_HEADER, "")
+    if not hmac.compare_digest(given.encode(), secret.encode()):
+        raise unauthorized()
+
+
+def build_internal_router() -> APIRouter:
+    api = APIRouter(prefix="/internal", dependencies=[Depends(check_secret)])
+
+    @api.post("/workers/register")
+    async def register(body: WorkerRegistration, request: Request) -> dict[str, Any]:
+        state = request.app.state.router
+        config = state.config
+        if body.model is not None and body.model not in config.served_models:
+            raise bad_request(f"worker {body.worker_id} serves model {body.model!r}, this router serves "
+                              f"{list(config.served_models)}", param="model")
+        if body.block_size is not None and body.block_size != config.block_size:
+            raise bad_request(f"worker {body.worker_id} has block_size {body.block_size}, the router expects "
+                              f"{config.block_size}", param="block_size")
+        try:
+            worker = state.registry.register(
+                body.worker_id, body.url, tuple(body.roles), model=body.model, max_model_len=body.max_model_len,
+                block_size=body.block_size, num_blocks=body.num_blocks, transfer=body.transfer)
+        except ValueError as exc:
+            raise bad_request(str(exc), param="roles") from exc
+        if body.num_blocks:
+            worker.load.total_blocks = worker.load.free_blocks = body.num_blocks
+        state.metrics.observe_worker(worker)
+        return {"heartbeat_interval_s": config.heartbeat_interval_s}
+
+    @api.post("/workers/heartbeat")
+    async def heartbeat(body: Heartbeat, request: Request) -> dict[str, Any]:
+        state = request.app.state.router
+        worker = state.registry.heartbeat(body.worker_id, load_from_dict(body.model_dump()))
+        if worker is None:
+            raise APIError(404, f"worker {body.worker_id} is not registered; register again",
+                           code="worker_not_found")
+        state.metrics.observe_worker(worker)
+        return {}
+
+    @api.get("/workers")
+    async def list_workers(request: Request) -> dict[str, Any]:
+        return {"workers": [w.to_dict() for w in request.app.state.router.registry.workers()]}
+
+    return api

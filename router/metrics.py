@@ -1,0 +1,104 @@
+"""Prometheus metrics of one router app (its own CollectorRegistry, so several apps can live in a process).
+
+Latencies are measured where the client sees them, at the router: TTFT (request arrival → first token
+frame), ITL (gap between token frames), TPOT ((E2E − TTFT) / (completion tokens − 1)), E2E. Names follow
+`vllm bench serve` where one exists. Worker gauges mirror the last heartbeat / status poll of each worker.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from pdserve.router.registry import Worker
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0,
+                    2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
+_E2E_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0, 640.0)
+_WORKER_GAUGES = {
+    "queue_len": "requests queued on the worker",
+    "num_running": "sequences in the worker's running batch",
+    "num_waiting": "sequences waiting on the worker",
+    "kv_blocks_used": "KV blocks in use",
+    "kv_blocks_total": "KV blocks in the worker's pool",
+    "kv_usage_ratio": "fraction of KV blocks in use",
+    "transfer_bytes_total": "KV bytes the worker has moved (as it reports them)",
+    "transfer_seconds_total": "seconds the worker has spent moving KV (as it reports them)",
+}
+
+
+class RouterMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.ttft = Histogram("pdserve_time_to_first_token_seconds", "arrival to first token", registry=r,
+                              buckets=_LATENCY_BUCKETS)
+        self.itl = Histogram("pdserve_inter_token_latency_seconds", "gap between token frames", registry=r,
+                             buckets=_LATENCY_BUCKETS)
+        self.tpot = Histogram("pdserve_time_per_output_token_seconds", "per token after the first", registry=r,
+                              buckets=_LATENCY_BUCKETS)
+        self.e2e = Histogram("pdserve_e2e_request_latency_seconds", "arrival to last token", registry=r,
+                             buckets=_E2E_BUCKETS)
+        self.prefill = Histogram("pdserve_prefill_seconds", "prefill time reported by P", registry=r,
+                                 buckets=_E2E_BUCKETS)
+        self.requests = Counter("pdserve_requests", "finished HTTP requests by status (499: client gone)",
+                                ["status"], registry=r)
+        self.retries = Counter("pdserve_retries", "worker retries by reason", ["reason"], registry=r)
+        self.prompt_tokens = Counter("pdserve_prompt_tokens", "prompt tokens of served requests", registry=r)
+        self.cached_tokens = Counter("pdserve_cached_prompt_tokens", "prompt tokens found in the KV cache",
+                                     registry=r)
+        self.generation_tokens = Counter("pdserve_generation_tokens", "generated tokens", registry=r)
+        self.workers = Gauge("pdserve_workers", "workers able to take work, by role", ["role"], registry=r)
+        self._worker_gauges = {name: Gauge(f"pdserve_worker_{name}", doc, ["worker_id"], registry=r)
+                               for name, doc in _WORKER_GAUGES.items()}
+
+    def observe_worker(self, worker: Worker) -> None:
+        load = worker.load
+        values = {"queue_len": load.queue_len, "num_running": load.num_running, "num_waiting": load.num_waiting,
+                  "kv_blocks_used": load.used_blocks, "kv_blocks_total": load.total_blocks,
+                  "kv_usage_ratio": worker.kv_usage(), "transfer_bytes_total": load.transfer_bytes_total,
+                  "transfer_seconds_total": load.transfer_seconds_total}
+        for name, value in values.items():
+            if value is not None:
+                self._worker_gauges[name].labels(worker.worker_id).set(value)
+
+    def forget_worker(self, worker_id: str) -> None:
+        for gauge in self._worker_gauges.values():
+            try:
+                gauge.remove(worker_id)
+            except KeyError:  # this gauge was never set for the worker
+                pass
+
+    def count_request(self, status: int) -> None:
+        self.requests.labels(str(status)).inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class StreamTimer:
+    """Latencies of one sub-request as its frames arrive (times from time.perf_counter)."""
+
+    __slots__ = ("_metrics", "_arrival", "_first", "_last")
+
+    def __init__(self, metrics: RouterMetrics, arrival: float) -> None:
+        self._metrics = metrics
+        self._arrival = arrival
+        self._first: float | None = None
+        self._last = arrival
+
+    def on_frame(self, now: float) -> None:
+        if self._first is None:
+            self._first = now
+            self._metrics.ttft.observe(now - self._arrival)
+        else:
+            self._metrics.itl.observe(now - self._last)
+        self._last = now
+
+    def on_finish(self, completion_tokens: int, prompt_tokens: int, cached_tokens: int) -> None:
+        m = self._metrics
+        m.e2e.observe(self._last - self._arrival)
+        if self._first is not None and completion_tokens > 1:
+            m.tpot.observe((self._last - self._first) / (completion_tokens - 1))
+        m.prompt_tokens.inc(prompt_tokens)
+        m.cached_tokens.inc(cached_tokens)
+        m.generation_tokens.inc(completion_tokens)

@@ -1,0 +1,138 @@
+"""WorkerRegistry: the prefill and decode workers the router knows, with their last reported load.
+
+Two kinds of worker:
+  registered  POST /internal/workers/register, then heartbeats; dropped after `timeout_s` of silence.
+  static      given on the command line; never dropped, polled (GET /internal/status) by router/health.py.
+A worker that refuses a connection is marked unreachable until its next heartbeat or successful poll, so a
+dead worker costs at most one failed attempt before the registry notices.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+ROLES = ("prefill", "decode")
+
+
+@dataclass
+class WorkerLoad:
+    """The fields of a heartbeat / status answer."""
+
+    queue_len: int = 0
+    num_running: int = 0
+    num_waiting: int = 0
+    free_blocks: int = 0
+    total_blocks: int = 0
+    draining: bool = False
+    transfer_bytes_total: int | None = None  # optional: KV bytes this worker sent or received so far
+    transfer_seconds_total: float | None = None
+
+    @property
+    def used_blocks(self) -> int:
+        return max(0, self.total_blocks - self.free_blocks)
+
+
+@dataclass
+class Worker:
+    worker_id: str
+    url: str
+    roles: tuple[str, ...]
+    static: bool
+    last_seen: float
+    model: str | None = None
+    max_model_len: int | None = None
+    block_size: int | None = None
+    num_blocks: int | None = None
+    transfer: dict[str, Any] = field(default_factory=dict)
+    load: WorkerLoad = field(default_factory=WorkerLoad)
+    reachable: bool = True
+    inflight: int = 0  # sub-requests the router has routed here and not yet finished
+    pending_blocks: int = 0  # blocks reserved here since the last load report (least_kv's correction)
+
+    def kv_usage(self) -> float:
+        """Fraction of KV blocks in use, counting reservations made since the last report."""
+        total = self.load.total_blocks or self.num_blocks or 0
+        if total <= 0:
+            return 1.0
+        return min(1.0, (self.load.used_blocks + self.pending_blocks) / total)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["roles"] = list(self.roles)
+        out["kv_usage"] = self.kv_usage()
+        return out
+
+
+class WorkerRegistry:
+    def __init__(self, timeout_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self._timeout_s = timeout_s
+        self._clock = clock
+        self._workers: dict[str, Worker] = {}
+
+    def register(self, worker_id: str, url: str, roles: tuple[str, ...], **info: Any) -> Worker:
+        _check_roles(roles)
+        worker = Worker(worker_id=worker_id, url=url.rstrip("/"), roles=roles, static=False,
+                        last_seen=self._clock(), **info)
+        self._workers[worker_id] = worker
+        return worker
+
+    def add_static(self, url: str, role: str) -> Worker:
+        """A command-line worker; listed under both roles when its URL is given for both."""
+        _check_roles((role,))
+        url = url.rstrip("/")
+        worker = self._workers.get(url)
+        if worker is None:
+            worker = Worker(worker_id=url, url=url, roles=(role,), static=True, last_seen=self._clock(),
+                            reachable=False)  # until the first poll answers
+            self._workers[url] = worker
+        elif role not in worker.roles:
+            worker.roles = tuple(r for r in ROLES if r in (*worker.roles, role))
+        return worker
+
+    def heartbeat(self, worker_id: str, load: WorkerLoad) -> Worker | None:
+        """Record a load report; None when the worker is unknown (it must register again)."""
+        worker = self._workers.get(worker_id)
+        if worker is None:
+            return None
+        worker.load = load
+        worker.last_seen = self._clock()
+        worker.reachable = True
+        worker.pending_blocks = 0
+        return worker
+
+    def mark_unreachable(self, worker_id: str) -> None:
+        worker = self._workers.get(worker_id)
+        if worker is not None:
+            worker.reachable = False
+
+    def expire(self) -> list[Worker]:
+        """Drop registered workers silent for longer than the timeout; returns them."""
+        now = self._clock()
+        dropped = [w for w in self._workers.values() if not w.static and now - w.last_seen > self._timeout_s]
+        for worker in dropped:
+            del self._workers[worker.worker_id]
+        return dropped
+
+    def candidates(self, role: str) -> list[Worker]:
+        """Workers that can take new work in `role` now, in registration order."""
+        now = self._clock()
+        return [w for w in self._workers.values()
+                if role in w.roles and w.reachable and not w.load.draining
+                and (w.static or now - w.last_seen <= self._timeout_s)]
+
+    def get(self, worker_id: str) -> Worker | None:
+        return self._workers.get(worker_id)
+
+    def workers(self) -> list[Worker]:
+        return list(self._workers.values())
+
+    def static_workers(self) -> list[Worker]:
+        return [w for w in self._workers.values() if w.static]
+
+
+def _check_roles(roles: tuple[str, ...]) -> None:
+    if not roles or any(role not in ROLES for role in roles):
+        raise ValueError(f"roles must be a non-empty subset of {ROLES}, got {list(roles)}")

@@ -1,0 +1,261 @@
+"""The life of one sub-request against the workers (docs/internal_api.md):
+
+    pick P ─▶ reserve on D ──200──▶ open D's stream ─┐   (concurrently)
+               │   └─503/refused: next D, else 503   ├─▶ POST prefill on P ──ok──▶ DecodeStream (frames)
+               │                                     │        └─failed: close stream, abort on D and P,
+               └──────────────◀── once more, with another P ◀──┘          then once more, else 503
+
+A DecodeStream is closed by its consumer; closing it before the last frame closes the HTTP stream, which is
+how D learns that the client went away (it aborts the request and frees its blocks).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from pdserve.router.config import RouterConfig
+from pdserve.router.errors import APIError, service_unavailable
+from pdserve.router.frames import Frame, FrameDecoder
+from pdserve.router.metrics import RouterMetrics
+from pdserve.router.plan import SubRequest
+from pdserve.router.policies import Policy
+from pdserve.router.registry import Worker, WorkerRegistry
+
+log = logging.getLogger(__name__)
+SECRET_HEADER = "X-PDServe-Secret"
+_PREFILL_ATTEMPTS = 2  # the first P, then one other
+_DRAIN_TIMEOUT_S = 0.5
+
+
+class WorkerFailed(Exception):
+    """A worker could not do its part (refused, 5xx, broken stream); the message names it."""
+
+
+@dataclass(frozen=True)
+class PrefillResult:
+    first_token_id: int
+    num_cached_tokens: int
+    num_computed_tokens: int
+    prefill_s: float
+
+
+def upstream_error(message: str) -> APIError:
+    return APIError(502, message, type="server_error", code="worker_failed")
+
+
+class DecodeStream:
+    """D's open token stream for one sub-request."""
+
+    def __init__(self, sub: SubRequest, response: httpx.Response, decode: Worker, prefill: PrefillResult) -> None:
+        self.sub = sub
+        self.decode = decode
+        self.prefill = prefill
+        self._response = response
+        self._chunks = response.aiter_raw()
+        self._finished = False
+        self._closed = False
+
+    async def frames(self) -> AsyncIterator[Frame]:
+        """Frames up to the one with a finish_reason; raises WorkerFailed if the stream breaks first."""
+        decoder = FrameDecoder()
+        try:
+            async for chunk in self._chunks:
+                for frame in decoder.feed(chunk):
+                    if frame.finish_reason is not None:
+                        self._finished = True
+                    yield frame
+                    if self._finished:
+                        return
+        except httpx.TransportError as exc:
+            raise WorkerFailed(f"decode worker {self.decode.worker_id} broke the stream of "
+                               f"{self.sub.request_id}: {exc!r}") from exc
+        raise WorkerFailed(f"decode worker {self.decode.worker_id} ended the stream of {self.sub.request_id} "
+                           f"without a finish frame ({decoder.pending_bytes} bytes of a partial frame)")
+
+    async def close(self) -> None:
+        """After the finish frame: read the (empty) rest so the connection is reused. Before it: hang up,
+        which tells D to abort the request and free its blocks."""
+        if self._closed:
+            return
+        self._closed = True
+        self.decode.inflight -= 1
+        if self._finished:
+            try:
+                async with asyncio.timeout(_DRAIN_TIMEOUT_S):
+                    async for _ in self._chunks:
+                        pass
+            except (TimeoutError, httpx.HTTPError):
+                pass  # D kept the stream open after finishing: just hang up
+        await self._response.aclose()
+
+
+class Relay:
+    def __init__(self, client: httpx.AsyncClient, registry: WorkerRegistry, prefill_policy: Policy,
+                 decode_policy: Policy, config: RouterConfig, metrics: RouterMetrics) -> None:
+        self._client = client
+        self._registry = registry
+        self._prefill_policy = prefill_policy
+        self._decode_policy = decode_policy
+        self._config = config
+        self._metrics = metrics
+        self._headers = {SECRET_HEADER: config.secret} if config.secret else {}
+
+    async def start_all(self, subs: list[SubRequest]) -> list[DecodeStream]:
+        """Start every sub-request; all or none (the started ones are closed when one fails)."""
+        if len(subs) == 1:
+            return [await self.start(subs[0])]
+        results = await asyncio.gather(*(self.start(sub) for sub in subs), return_exceptions=True)
+        streams = [r for r in results if isinstance(r, DecodeStream)]
+        failures = [r for r in results if isinstance(r, BaseException)]
+        if failures:
+            await asyncio.gather(*(s.close() for s in streams))
+            raise failures[0]
+        return streams
+
+    async def start(self, sub: SubRequest) -> DecodeStream:
+        failed: dict[str, str] = {}  # prefill worker id -> why
+        for attempt in range(_PREFILL_ATTEMPTS):
+            prefill = self._pick_prefill(sub, failed)
+            request_id = sub.request_id if attempt == 0 else f"{sub.request_id}-retry{attempt}"
+            decode, transfer = await self._reserve(sub, request_id)
+            try:
+                return await self._run(sub, request_id, prefill, decode, transfer)
+            except WorkerFailed as exc:
+                log.warning("attempt %d of %s failed: %s", attempt + 1, sub.request_id, exc)
+                self._metrics.retries.labels("prefill_failed").inc()
+                failed[prefill.worker_id] = str(exc)
+        reasons = "; ".join(failed.values())
+        raise service_unavailable(f"prefill failed on {len(failed)} attempts: {reasons}", self._config.retry_after_s)
+
+    async def _run(self, sub: SubRequest, request_id: str, prefill: Worker, decode: Worker,
+                   transfer: dict[str, Any]) -> DecodeStream:
+        """Open D's stream and prefill on P concurrently; on any failure free what both hold."""
+        decode.inflight += 1
+        opening = asyncio.create_task(self._open_stream(decode, request_id))
+        try:
+            result = await self._prefill(prefill, sub, request_id, transfer)
+            response = await opening
+        except BaseException:
+            await asyncio.shield(self._undo(opening, request_id, prefill, decode))
+            decode.inflight -= 1
+            raise
+        self._metrics.prefill.observe(result.prefill_s)
+        return DecodeStream(sub, response, decode, result)
+
+    async def _undo(self, opening: asyncio.Task[httpx.Response], request_id: str, prefill: Worker,
+                    decode: Worker) -> None:
+        opening.cancel()
+        try:
+            response = await opening
+            await response.aclose()
+        except (asyncio.CancelledError, WorkerFailed, APIError, httpx.HTTPError):
+            pass  # the stream never opened
+        await asyncio.gather(self._abort(decode, request_id), self._abort(prefill, request_id))
+
+    def _pick_prefill(self, sub: SubRequest, failed: dict[str, str]) -> Worker:
+        available = self._registry.candidates("prefill")
+        ordered = self._prefill_policy.order([w for w in available if w.worker_id not in failed],
+                                             len(sub.prompt_token_ids))
+        if not ordered:
+            why = "; ".join(failed.values())
+            raise service_unavailable(f"no prefill worker available ({len(available)} up, {len(failed)} failed"
+                                      f"{': ' + why if why else ''})", self._config.retry_after_s)
+        return ordered[0]
+
+    async def _reserve(self, sub: SubRequest, request_id: str) -> tuple[Worker, dict[str, Any]]:
+        """Reserve KV on the best D that has room; 503 (with the largest Retry-After) when none has."""
+        ordered = self._decode_policy.order(self._registry.candidates("decode"), len(sub.prompt_token_ids))
+        body = {"request_id": request_id, "prompt_token_ids": sub.prompt_token_ids,
+                "sampling": sub.sampling.to_dict(), "cache_salt": sub.cache_salt, "arrival_time": time.time()}
+        retry_after = self._config.retry_after_s
+        refusals: list[str] = []
+        for decode in ordered:
+            try:
+                response = await self._post(decode, "/internal/reserve", body, self._config.control_timeout_s)
+            except WorkerFailed as exc:
+                if isinstance(exc.__cause__, httpx.TimeoutException):  # it may have reserved after all
+                    await self._abort(decode, request_id)
+                refusals.append(str(exc))
+                continue
+            if response.status_code == 200:
+                decode.pending_blocks += -(-(len(sub.prompt_token_ids) + 1) // self._config.block_size)
+                return decode, response.json()["transfer"]
+            error = _error_of(response)
+            if response.status_code == 400:  # the request itself cannot be served (e.g. larger than the pool)
+                raise APIError(400, f"decode worker refused the request: {error.get('message')}",
+                               param=error.get("param"), code=error.get("code"))
+            if response.status_code == 503:
+                self._metrics.retries.labels("decode_full").inc()
+                retry_after = max(retry_after, int(error.get("retry_after") or 0))
+            refusals.append(f"{decode.worker_id} answered {response.status_code}: {error.get('message')}")
+        reason = "; ".join(refusals) if refusals else "none registered"
+        raise service_unavailable(f"no decode worker could take the request ({reason})", retry_after)
+
+    async def _prefill(self, prefill: Worker, sub: SubRequest, request_id: str,
+                       transfer: dict[str, Any]) -> PrefillResult:
+        body = {"request_id": request_id, "prompt_token_ids": sub.prompt_token_ids,
+                "sampling": sub.sampling.to_dict(), "cache_salt": sub.cache_salt, "transfer": transfer}
+        prefill.inflight += 1
+        try:
+            response = await self._post(prefill, "/internal/prefill", body, self._config.prefill_timeout_s)
+        finally:
+            prefill.inflight -= 1
+        if response.status_code == 400:
+            error = _error_of(response)
+            raise APIError(400, f"prefill worker refused the request: {error.get('message')}",
+                           param=error.get("param"), code=error.get("code"))
+        if response.status_code != 200:
+            raise WorkerFailed(f"{prefill.worker_id} answered {response.status_code}: "
+                               f"{_error_of(response).get('message')}")
+        data = response.json()
+        return PrefillResult(data["first_token_id"], data.get("num_cached_tokens", 0),
+                             data.get("num_computed_tokens", 0), data.get("prefill_s", 0.0))
+
+    async def _open_stream(self, decode: Worker, request_id: str) -> httpx.Response:
+        c = self._config
+        timeout = httpx.Timeout(c.control_timeout_s, connect=c.connect_timeout_s, read=c.stream_idle_timeout_s)
+        request = self._client.build_request("POST", f"{decode.url}/internal/stream/{request_id}",
+                                             headers=self._headers, timeout=timeout)
+        try:
+            response = await self._client.send(request, stream=True)
+        except httpx.TransportError as exc:
+            raise WorkerFailed(f"cannot open the stream on {decode.worker_id}: {exc!r}") from exc
+        if response.status_code != 200:
+            await response.aread()
+            await response.aclose()
+            raise WorkerFailed(f"{decode.worker_id} answered {response.status_code} to the stream of {request_id}: "
+                               f"{_error_of(response).get('message')}")
+        return response
+
+    async def _post(self, worker: Worker, path: str, body: dict[str, Any], read_timeout_s: float) -> httpx.Response:
+        timeout = httpx.Timeout(read_timeout_s, connect=self._config.connect_timeout_s)
+        try:
+            return await self._client.post(f"{worker.url}{path}", json=body, headers=self._headers, timeout=timeout)
+        except httpx.TransportError as exc:
+            if isinstance(exc, httpx.ConnectError):  # nobody listens: skip it until it reports again
+                self._registry.mark_unreachable(worker.worker_id)
+            raise WorkerFailed(f"{worker.worker_id} unreachable on {path}: {exc!r}") from exc
+
+    async def _abort(self, worker: Worker, request_id: str) -> None:
+        try:
+            await self._post(worker, f"/internal/abort/{request_id}", {}, self._config.control_timeout_s)
+        except WorkerFailed as exc:
+            log.warning("abort of %s on %s failed: %s", request_id, worker.worker_id, exc)
+
+
+def _error_of(response: httpx.Response) -> dict[str, Any]:
+    """The `error` object of an OpenAI-style error body (or the raw text as its message)."""
+    try:
+        data = response.json()
+    except ValueError:
+        return {"message": response.text[:200]}
+    if isinstance(data, dict) and isinstance(data.get("error"), dict):
+        return {**data["error"], "retry_after": data.get("retry_after", data["error"].get("retry_after"))}
+    return {"message": str(data)[:200]}

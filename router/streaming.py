@@ -1,0 +1,154 @@
+"""Relaying started sub-requests to the client: as SSE events, or collected into one JSON body.
+
+Whatever ends the relay (last frame, worker failure, client gone) the `finally` closes every DecodeStream,
+shielded from cancellation: closing a stream early is how a decode worker learns to free the request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import anyio
+from starlette.requests import Request
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from pdserve.router.errors import APIError
+from pdserve.router.frames import Frame
+from pdserve.router.metrics import RouterMetrics, StreamTimer
+from pdserve.router.relay import DecodeStream, WorkerFailed, upstream_error
+from pdserve.router.responses import DONE_EVENT, ResponseWriter
+
+CLIENT_CLOSED = 499  # nginx's status for "client closed the request", used in the request counter
+_FAILED_FINISH = ("abort", "error")
+
+
+class RelayResponse(StreamingResponse):
+    """A StreamingResponse that always closes its generator, even when the client vanished mid-send."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.body_iterator.aclose()  # type: ignore[attr-defined]
+
+
+async def sse_events(streams: list[DecodeStream], writer: ResponseWriter, metrics: RouterMetrics,
+                     arrival: float) -> AsyncIterator[bytes]:
+    status = CLIENT_CLOSED
+    try:
+        if writer.plan.chat:
+            yield writer.role_event()
+        async for position, frame in _frames(streams, writer, metrics, arrival):
+            event = writer.chunk_event(position, frame)
+            if event is not None:
+                yield event
+        if writer.plan.include_usage:
+            yield writer.usage_event()
+        status = 200
+        yield DONE_EVENT
+    except APIError as exc:
+        status = exc.status
+        yield exc.sse_event()
+        yield DONE_EVENT
+    finally:
+        with anyio.CancelScope(shield=True):
+            await close_all(streams)
+        metrics.count_request(status)
+
+
+async def collect(streams: list[DecodeStream], writer: ResponseWriter, metrics: RouterMetrics,
+                  arrival: float, request: Request) -> dict:
+    """The whole response; stops early (closing the streams) if the client disconnects while waiting."""
+    relay = asyncio.create_task(_collect(streams, writer, metrics, arrival))
+    watch = asyncio.create_task(_wait_for_disconnect(request))
+    try:
+        await asyncio.wait({relay, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (relay, watch):
+            task.cancel()
+        await asyncio.gather(relay, watch, return_exceptions=True)
+        await asyncio.shield(close_all(streams))
+    if relay.cancelled():
+        raise APIError(CLIENT_CLOSED, "client closed the request")
+    if relay.exception() is not None:
+        raise relay.exception()  # type: ignore[misc]
+    metrics.count_request(200)
+    return relay.result()
+
+
+async def _collect(streams: list[DecodeStream], writer: ResponseWriter, metrics: RouterMetrics,
+                   arrival: float) -> dict:
+    async for _ in _frames(streams, writer, metrics, arrival):
+        pass
+    return writer.final_body()
+
+
+async def _wait_for_disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _frames(streams: list[DecodeStream], writer: ResponseWriter, metrics: RouterMetrics,
+                  arrival: float) -> AsyncIterator[tuple[int, Frame]]:
+    """Every stream's frames, recorded in the writer and timed; a failed stream raises APIError."""
+    timers = [StreamTimer(metrics, arrival) for _ in streams]
+    source = _single(streams[0]) if len(streams) == 1 else _merged(streams)
+    try:
+        async for position, frame in source:
+            timers[position].on_frame(time.perf_counter())
+            if frame.finish_reason in _FAILED_FINISH or frame.error:
+                stream = streams[position]
+                raise upstream_error(f"decode worker {stream.decode.worker_id} ended {stream.sub.request_id} "
+                                     f"with {frame.finish_reason}: {frame.error}")
+            writer.record(position, frame)
+            if frame.finish_reason is not None:
+                choice = writer.choices[position]
+                timers[position].on_finish(choice.completion_tokens, len(streams[position].sub.prompt_token_ids),
+                                           choice.cached_tokens)
+            yield position, frame
+    except WorkerFailed as exc:
+        raise upstream_error(str(exc)) from exc
+
+
+async def _single(stream: DecodeStream) -> AsyncIterator[tuple[int, Frame]]:
+    async for frame in stream.frames():
+        yield 0, frame
+
+
+async def _merged(streams: list[DecodeStream]) -> AsyncIterator[tuple[int, Frame]]:
+    """Frames of several streams in arrival order (n > 1 or several prompts)."""
+    queue: asyncio.Queue[tuple[int, Frame | None, BaseException | None]] = asyncio.Queue()
+
+    async def pump(position: int, stream: DecodeStream) -> None:
+        try:
+            async for frame in stream.frames():
+                queue.put_nowait((position, frame, None))
+        except Exception as exc:  # handed to the consumer, which raises it
+            queue.put_nowait((position, None, exc))
+            return
+        queue.put_nowait((position, None, None))
+
+    pumps = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        remaining = len(streams)
+        while remaining:
+            position, frame, error = await queue.get()
+            if error is not None:
+                raise error
+            if frame is None:
+                remaining -= 1
+                continue
+            yield position, frame
+    finally:
+        for task in pumps:
+            task.cancel()
+        with anyio.CancelScope(shield=True):
+            await asyncio.gather(*pumps, return_exceptions=True)
+
+
+async def close_all(streams: list[DecodeStream]) -> None:
+    await asyncio.gather(*(stream.close() for stream in streams))

@@ -1,0 +1,81 @@
+"""Router test fixtures: the real default tokenizer, and clusters of a real router (uvicorn, loopback) in
+front of FAKE prefill/decode workers (tests/router/fake_workers.py) until the real nodes exist."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+from pdserve.engine.tokenizer import Tokenizer
+from pdserve.engine.weights.fetch import default_cache_dir, fetch_default_model
+from pdserve.router.app import create_app
+from pdserve.router.config import RouterConfig
+
+from fake_workers import FakeDecodeWorker, FakePrefillWorker
+from uvicorn_thread import ServerThread
+
+MODEL = "smollm2-135m-instruct"
+
+
+@pytest.fixture(scope="session")
+def tokenizer() -> Tokenizer:
+    env = os.environ.get("PDSERVE_CACHE_DIR")
+    cache = Path(env) if env else default_cache_dir()
+    return Tokenizer.from_dir(fetch_default_model(cache, progress=False))
+
+
+@dataclass
+class Cluster:
+    router: ServerThread
+    app: Any
+    prefill: list[FakePrefillWorker]
+    decode: list[FakeDecodeWorker]
+    prefill_servers: list[ServerThread] = field(default_factory=list)
+    decode_servers: list[ServerThread] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return self.router.url
+
+    @property
+    def state(self) -> Any:
+        return self.app.state.router
+
+    def client(self, **kwargs: Any) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key="x", max_retries=0, timeout=10, **kwargs)
+
+
+ClusterFactory = Callable[..., Cluster]
+
+
+@pytest.fixture
+def make_cluster(tokenizer: Tokenizer) -> Iterator[ClusterFactory]:
+    """make_cluster(num_prefill=1, num_decode=1, static=True, **RouterConfig fields) -> a running Cluster."""
+    with contextlib.ExitStack() as stack:
+
+        def make(num_prefill: int = 1, num_decode: int = 1, static: bool = True, **overrides: Any) -> Cluster:
+            prefill = [FakePrefillWorker(f"fake-p{i}") for i in range(num_prefill)]
+            decode = [FakeDecodeWorker(f"fake-d{i}") for i in range(num_decode)]
+            p_servers = [stack.enter_context(ServerThread(p.app)) for p in prefill]
+            d_servers = [stack.enter_context(ServerThread(d.app)) for d in decode]
+            for worker, server in zip(decode, d_servers, strict=True):
+                worker.url = server.url
+            config = RouterConfig(model=MODEL, prefill_urls=tuple(s.url for s in p_servers) if static else (),
+                                  decode_urls=tuple(s.url for s in d_servers) if static else (),
+                                  **{"max_model_len": 2048, "poll_interval_s": 0.2, **overrides})
+            app = create_app(config, tokenizer)
+            router = stack.enter_context(ServerThread(app))
+            return Cluster(router, app, prefill, decode, p_servers, d_servers)
+
+        yield make
+
+
+@pytest.fixture
+def cluster(make_cluster: ClusterFactory) -> Cluster:
+    return make_cluster()
