@@ -1,0 +1,219 @@
+"""The offline API: load a model once, generate for a list of prompts with continuous batching.
+
+    llm = LLM()                                          # the embedded SmolLM2-135M-Instruct, fp32 on CPU
+    outs = llm.generate(["The capital of France is"], SamplingParams(max_tokens=16, temperature=0))
+    outs[0].text, outs[0].finish_reason
+
+Every step runs one decode forward over the sequences that are generating and one packed prefill forward over
+prompt chunks (offline_scheduler.py decides which), then samples all rows that produced logits in one
+sampler call. Blocks come from cache_store's pool; full prompt blocks go to its prefix cache, so a later
+prompt (in this call or the next) with the same prefix skips computing it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from pdserve.cache_store.block_pool import BlockPool, blocks_needed
+from pdserve.cache_store.hashing import block_hashes
+from pdserve.cache_store.prefix_cache import PrefixCache
+from pdserve.engine.attention_metadata import DecodeInput, PrefillChunk
+from pdserve.engine.config import CacheConfig
+from pdserve.engine.detokenizer import IncrementalDetokenizer, StopChecker
+from pdserve.engine.runner import ModelRunner
+from pdserve.engine.sampling import Sampler, SamplingParams, SamplingRequest, TokenLogprobs
+from pdserve.engine.tokenizer import Tokenizer
+from pdserve.engine.weights import DEFAULT_MODEL, ModelSpec, load_model, parse_dtype
+from pdserve.offline_scheduler import OfflineScheduler, OfflineSequence, StepPlan
+
+
+@dataclass(frozen=True)
+class GenerationOutput:
+    token_ids: list[int]
+    text: str
+    finish_reason: str  # "stop" (EOS, stop token or stop string) | "length" (max_tokens or max_model_len)
+    num_prompt_tokens: int
+    num_cached_tokens: int  # prompt tokens read from the prefix cache instead of computed
+    logprobs: list[TokenLogprobs | None] | None = None
+
+
+@dataclass
+class _Output:
+    """Text and finish state of one sequence; the checks run in decode_node/output.py's order."""
+
+    detokenizer: IncrementalDetokenizer
+    stop_checker: StopChecker
+    text: str = ""
+    finish_reason: str | None = None
+    logprobs: list[TokenLogprobs | None] = field(default_factory=list)
+
+    def flush(self) -> None:
+        tail = self.detokenizer.flush()
+        released = self.stop_checker.push(tail) if tail else None
+        if released is not None:
+            self.text += released.text
+            if released.stop is not None:
+                return
+        self.text += self.stop_checker.flush()
+
+
+class LLM:
+    def __init__(
+        self,
+        model: str = DEFAULT_MODEL,
+        *,
+        dtype: torch.dtype | str | None = None,
+        device: str = "cpu",
+        load_format: str = "auto",
+        num_blocks: int = 1024,
+        block_size: int = 16,
+        max_num_seqs: int = 32,
+        max_num_batched_tokens: int = 1024,
+        chunk_size: int | None = None,
+        enable_prefix_caching: bool = True,
+        cache_dir: str | Path | None = None,
+        progress: bool = True,
+    ) -> None:
+        if max_num_seqs <= 0 or max_num_batched_tokens < max_num_seqs:
+            raise ValueError(f"need 0 < max_num_seqs ({max_num_seqs}) <= max_num_batched_tokens "
+                             f"({max_num_batched_tokens}): every running sequence decodes one token per step")
+        loaded = load_model(ModelSpec(model, load_format), dtype=dtype, device=device, cache_dir=cache_dir,
+                            progress=progress)
+        if loaded.tokenizer is None:
+            raise ValueError(f"model {model!r} has no tokenizer; the offline LLM needs one")
+        self.config = loaded.config
+        self.tokenizer: Tokenizer = loaded.tokenizer
+        self.fingerprint = loaded.fingerprint
+        self.cache_config = CacheConfig(num_blocks=num_blocks, block_size=block_size)
+        self.eos_token_ids = frozenset(self.tokenizer.eos_token_ids) | frozenset(self.config.eos_token_ids)
+        self.runner = ModelRunner(self.config, self.cache_config, loaded.weights, device,
+                                  parse_dtype(dtype, device), max_num_seqs=max_num_seqs)
+        self.sampler = Sampler(device)
+        self.pool = BlockPool(num_blocks)
+        self.prefix_cache = PrefixCache(self.pool, block_size) if enable_prefix_caching else None
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.chunk_size = chunk_size or max_num_batched_tokens
+
+    def generate(
+        self,
+        prompts: list[str | list[int]],
+        sampling: SamplingParams | list[SamplingParams] | None = None,
+        use_chat: bool = False,
+    ) -> list[GenerationOutput]:
+        """One output per prompt, in order. A str prompt is tokenized (as one user message with use_chat);
+        a list of ints is used as given."""
+        params = self._per_prompt(sampling, len(prompts))
+        token_lists = [self._tokenize(p, use_chat) for p in prompts]
+        seqs = [self._new_sequence(i, ids, p) for i, (ids, p) in enumerate(zip(token_lists, params))]
+        outputs = [self._new_output(s) for s in seqs]
+        scheduler = OfflineScheduler(self.pool, self.prefix_cache, self.cache_config.block_size,
+                                     self.max_num_seqs, self.max_num_batched_tokens, self.chunk_size)
+        for seq in seqs:
+            scheduler.add(seq)
+        try:
+            while scheduler.has_work:
+                self._step(scheduler, outputs)
+        finally:  # an exception mid-way must not leak blocks
+            for seq in list(scheduler.running):
+                scheduler.finish(seq)
+        return [self._result(s, o) for s, o in zip(seqs, outputs, strict=True)]
+
+    def _new_output(self, seq: OfflineSequence) -> _Output:
+        detokenizer = IncrementalDetokenizer(self.tokenizer, seq.prompt_token_ids)
+        return _Output(detokenizer, StopChecker(seq.params.stop))
+
+    @staticmethod
+    def _per_prompt(sampling: SamplingParams | list[SamplingParams] | None, n: int) -> list[SamplingParams]:
+        if isinstance(sampling, list):
+            if len(sampling) != n:
+                raise ValueError(f"got {len(sampling)} SamplingParams for {n} prompts")
+            return sampling
+        return [sampling or SamplingParams()] * n
+
+    def _tokenize(self, prompt: str | list[int], use_chat: bool) -> list[int]:
+        if not isinstance(prompt, str):
+            return list(prompt)
+        if use_chat:
+            text = self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
+            return self.tokenizer.encode(text, add_special_tokens=False)
+        return self.tokenizer.encode(prompt)
+
+    def _new_sequence(self, index: int, token_ids: list[int], params: SamplingParams) -> OfflineSequence:
+        limit, n = self.config.max_model_len, len(token_ids)
+        if n == 0:
+            raise ValueError(f"prompt {index} is empty")
+        if n >= limit:
+            raise ValueError(f"prompt {index} has {n} tokens; the model's limit is {limit} tokens "
+                             f"(prompt plus at least one generated token)")
+        bs, room = self.cache_config.block_size, self.cache_config.num_blocks * self.cache_config.block_size
+        longest = min(n + params.max_tokens, limit)
+        if blocks_needed(longest, bs) > self.cache_config.num_blocks:
+            raise ValueError(f"prompt {index}: {n} tokens + max_tokens {params.max_tokens} need "
+                             f"{blocks_needed(longest, bs)} KV blocks; the pool holds {room} tokens "
+                             f"({self.cache_config.num_blocks} blocks of {bs})")
+        hashes = block_hashes(token_ids, bs, self.fingerprint) if self.prefix_cache is not None else []
+        return OfflineSequence(index, token_ids, params, prompt_hashes=hashes)
+
+    def _step(self, scheduler: OfflineScheduler, outputs: list[_Output]) -> None:
+        plan = scheduler.schedule()
+        if plan.empty:
+            raise RuntimeError(f"no progress possible: {len(scheduler.waiting)} waiting, "
+                               f"{self.pool.num_free} of {self.pool.num_total} blocks free")
+        sampled, logits = self._forward(plan)
+        scheduler.advance(plan)
+        if not sampled:
+            return
+        requests = [SamplingRequest(s.params, s.prompt_token_ids, s.output_token_ids) for s in sampled]
+        result = self.sampler(logits, requests)
+        for seq, token, logprobs in zip(sampled, result.token_ids, result.logprobs, strict=True):
+            if self._append(seq, token, logprobs, outputs[seq.index]):
+                scheduler.finish(seq)
+
+    def _forward(self, plan: StepPlan) -> tuple[list[OfflineSequence], torch.Tensor]:
+        """Run the plan's decode and prefill batches; the sequences that sample and their logits rows."""
+        rows, sampled = [], []
+        if plan.decodes:
+            items = [DecodeInput(s.output_token_ids[-1], s.num_computed, s.block_ids) for s in plan.decodes]
+            rows.append(self.runner.decode(items))
+            sampled += plan.decodes
+        if plan.prefills:
+            chunks = [PrefillChunk(c.seq.all_token_ids[c.start:c.end], c.start, c.seq.block_ids, c.samples)
+                      for c in plan.prefills]
+            out = self.runner.prefill(chunks)
+            rows.append(out.logits)
+            sampled += [plan.prefills[i].seq for i in out.chunk_indices]
+        return sampled, torch.cat(rows) if len(rows) > 1 else rows[0]
+
+    def _append(self, seq: OfflineSequence, token: int, logprobs: TokenLogprobs | None, out: _Output) -> bool:
+        """Record a sampled token; True when the sequence is finished."""
+        seq.output_token_ids.append(token)
+        out.logprobs.append(logprobs)
+        params = seq.params
+        if token in params.stop_token_ids or (not params.ignore_eos and token in self.eos_token_ids):
+            out.finish_reason = "stop"
+            out.flush()
+            return True
+        delta = out.detokenizer.add_token(token)
+        released = out.stop_checker.push(delta) if delta else None
+        if released is not None:
+            out.text += released.text
+            if released.stop is not None:
+                out.finish_reason = "stop"
+                return True
+        if len(seq.output_token_ids) >= params.max_tokens or seq.num_tokens >= self.config.max_model_len:
+            out.finish_reason = "length"
+            out.flush()
+            return True
+        return False
+
+    def _result(self, seq: OfflineSequence, out: _Output) -> GenerationOutput:
+        assert out.finish_reason is not None
+        return GenerationOutput(
+            token_ids=list(seq.output_token_ids), text=out.text, finish_reason=out.finish_reason,
+            num_prompt_tokens=len(seq.prompt_token_ids), num_cached_tokens=seq.num_cached_tokens,
+            logprobs=out.logprobs if seq.params.logprobs is not None else None,
+        )
