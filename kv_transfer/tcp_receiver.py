@@ -79,7 +79,7 @@ class TcpKVReceiver(KVReceiver):
         self.secret = secret
         self.limits = limits or FrameLimits()
         self._server: asyncio.Server | None = None
-        self._connections: set[asyncio.Task[None]] = set()
+        self._connections: dict[asyncio.Task[None], asyncio.StreamWriter] = {}
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(self._serve, self.host, self.port)
@@ -89,8 +89,10 @@ class TcpKVReceiver(KVReceiver):
     async def close(self) -> None:
         if self._server is not None:
             self._server.close()
-        for task in list(self._connections):
-            task.cancel()
+        # Closing the sockets ends each handler at its next read; cancelling the handler tasks instead
+        # makes asyncio.streams (3.11) log a spurious CancelledError per connection.
+        for writer in self._connections.values():
+            writer.close()
         await asyncio.gather(*self._connections, return_exceptions=True)
         if self._server is not None:
             await self._server.wait_closed()
@@ -104,7 +106,7 @@ class TcpKVReceiver(KVReceiver):
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
-        self._connections.add(task)
+        self._connections[task] = writer
         carried: set[str] = set()
         reason = "connection closed before done"
         try:
@@ -120,7 +122,7 @@ class TcpKVReceiver(KVReceiver):
             reason = f"receiver error: {exc!r}"
             logger.exception("KV connection handler failed")
         finally:
-            self._connections.discard(task)
+            del self._connections[task]
             writer.close()
             for request_id in carried:
                 self.table.fail(request_id, reason)
@@ -143,25 +145,30 @@ class TcpKVReceiver(KVReceiver):
     async def _handle(self, header: Header, reader: asyncio.StreamReader, carried: set[str]) -> None:
         if isinstance(header, Hello | Auth | Ready):
             raise ProtocolError(f"unexpected {header.KIND} frame after the handshake")
-        if header.request_id not in self.table:
+        live = header.request_id in self.table
+        if not live and not self.table.recently_ended(header.request_id):
             raise ProtocolError(f"{header.KIND} frame for unknown request id {header.request_id!r}")
-        carried.add(header.request_id)
         if isinstance(header, KVHeader):
+            carried.add(header.request_id)
             await self._receive_kv(header, reader)
-        elif isinstance(header, Done):
+            return
+        carried.discard(header.request_id)
+        if not live:
+            return  # done/error of a request that already ended: nothing left to release
+        if isinstance(header, Done):
             self.table.complete(header.request_id, header.first_token_id, header.first_logprob, header.num_tokens)
-            carried.discard(header.request_id)
-        elif isinstance(header, Error):
+        else:
             self.table.fail(header.request_id, f"sender gave up: {header.reason}")
-            carried.discard(header.request_id)
 
     async def _receive_kv(self, header: KVHeader, reader: asyncio.StreamReader) -> None:
+        """Frames of a request that ended meanwhile (lease expired, cancelled) are read and dropped, so
+        one expired request does not cost the other requests sharing its connection."""
         problem = self._check_kv(header)
         if problem is not None:
             raise ProtocolError(f"kv frame for {header.request_id!r} layer {header.layer}: {problem}")
         payload = await read_payload(reader, header, self.limits)
         if header.request_id not in self.table:
-            return  # the lease expired while the payload was on the wire
+            return
         pool = self.pools[header.layer]
         blocks = tensor_from_payload(payload, header).to(pool.device)
         block_ids = torch.tensor(header.block_ids, dtype=torch.int64, device=pool.device)
@@ -169,9 +176,12 @@ class TcpKVReceiver(KVReceiver):
         self.table.record_layer(header.request_id, header.layer, header.block_ids)
 
     def _check_kv(self, header: KVHeader) -> str | None:
-        problem = self.table.check_layer(header.request_id, header.layer, header.block_ids)
-        if problem is not None:
-            return problem
+        if header.request_id in self.table:
+            problem = self.table.check_layer(header.request_id, header.layer, header.block_ids)
+            if problem is not None:
+                return problem
+        elif not 0 <= header.layer < self.layout.num_layers or not 0 < len(header.block_ids) <= self.layout.num_blocks:
+            return f"layer {header.layer} / {len(header.block_ids)} blocks outside the pool"
         if header.dtype not in DTYPES or header.dtype != dtype_name(self.layout.dtype):
             return f"dtype {header.dtype!r} is not the pool's {dtype_name(self.layout.dtype)}"
         expected_shape = self.layout.block_shape(len(header.block_ids))

@@ -194,6 +194,7 @@ class TcpKVSender(KVSender):
             raise
         except Exception as exc:
             done.set_exception(exc)
+            done.exception()  # the caller gets it too: no "never retrieved" noise if finish never comes
             raise
 
     async def _write(self, target: TransferTarget, buffers: list[bytes | memoryview]) -> None:

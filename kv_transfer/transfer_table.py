@@ -3,6 +3,9 @@
     expect ──▶ PENDING ──(every layer × every block recorded, then done)──▶ on_complete ─┐
                   │   ──(lease expires / bad frame / connection lost / sender error)──▶ on_failure ─┤─▶ gone
                   └──(cancel: the node gave up itself)──────────────────────────────────────────────┘
+
+The last `MAX_ENDED` ended request ids are remembered, so that frames still in flight for them can be
+told apart from frames for ids that were never expected (a protocol violation).
 """
 
 from __future__ import annotations
@@ -10,10 +13,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 logger = logging.getLogger(__name__)
+
+MAX_ENDED = 4096
 
 
 @dataclass
@@ -43,6 +49,7 @@ class TransferTable:
         self._on_complete = on_complete
         self._on_failure = on_failure
         self._pending: dict[str, _Pending] = {}
+        self._ended: OrderedDict[str, None] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._pending)
@@ -60,12 +67,16 @@ class TransferTable:
             raise ValueError(f"reserved block ids must be distinct and non-empty, got {list(block_ids)[:16]}")
         if num_tokens is not None and not 0 < num_tokens <= len(blocks) * self.block_size:
             raise ValueError(f"{num_tokens} tokens do not fit {len(blocks)} blocks of {self.block_size}")
+        self._ended.pop(request_id, None)
         pending = _Pending(blocks, num_tokens, [set() for _ in range(self.num_layers)])
         if deadline is not None:
             loop = asyncio.get_running_loop()
             delay = max(0.0, deadline - time.monotonic())
             pending.lease = loop.call_later(delay, self._expire, request_id, delay)
         self._pending[request_id] = pending
+
+    def recently_ended(self, request_id: str) -> bool:
+        return request_id in self._ended
 
     def check_layer(self, request_id: str, layer: int, block_ids: Sequence[int]) -> str | None:
         """Why blocks of `layer` may not be written for this request, or None when they may."""
@@ -127,6 +138,9 @@ class TransferTable:
         pending = self._pending.pop(request_id)
         if pending.lease is not None:
             pending.lease.cancel()
+        self._ended[request_id] = None
+        if len(self._ended) > MAX_ENDED:
+            self._ended.popitem(last=False)
 
 
 def _call(callback: Callable[..., None], *args: object) -> None:
