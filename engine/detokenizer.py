@@ -1,4 +1,4 @@
-"""Token ids → text deltas for streaming, and stop strings that may span token boundaries.
+r"""Token ids → text deltas for streaming, and stop strings that may span token boundaries.
 
 IncrementalDetokenizer (the prefix/read offset scheme of vLLM): a byte-level BPE token can hold part of a
 UTF-8 character (one emoji is often 2-4 tokens), and SentencePiece-style decoders drop or add a leading

@@ -2,7 +2,9 @@
 
 Loaded from a model directory in the Hugging Face layout (tokenizer.json, tokenizer_config.json,
 chat_template.jinja, generation_config.json). GGUF tokenizers are converted into that layout once, when the
-model is converted (engine/weights/convert.py). Deliberately imports neither torch nor transformers: the
+model is converted (engine/weights/convert.py). Whether BOS/EOS are added is decided by tokenizer.json's
+post-processor alone: transformers 5 likewise ignores tokenizer_config's add_bos_token when tokenizer.json
+exists. Deliberately imports neither torch nor transformers: the
 router uses it and must start fast (the behaviour matches transformers 5's `TokenizersBackend`, which
 tests/engine/test_tokenizer.py checks).
 """
@@ -15,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 from tokenizers import Tokenizer as FastTokenizer
-from tokenizers import processors
 
 from pdserve.engine.chat import Message, render_chat
 
@@ -56,15 +57,18 @@ class Tokenizer:
         """Load from a directory holding tokenizer.json (+ tokenizer_config.json, chat template files)."""
         path = Path(path)
         if not (path / "tokenizer.json").is_file():
-            raise FileNotFoundError(f"no tokenizer.json in {path} (files: {sorted(p.name for p in path.iterdir())})")
+            files = sorted(p.name for p in path.iterdir())[:10] if path.is_dir() else "directory does not exist"
+            raise FileNotFoundError(f"no tokenizer.json in {path} ({files})")
         backend = FastTokenizer.from_file(str(path / "tokenizer.json"))
         config = _read_json(path / "tokenizer_config.json")
         special = SpecialTokens(**{name: _token_content(config.get(name)) for name in _SPECIAL_NAMES})
-        if "add_bos_token" in config or "add_eos_token" in config or backend.post_processor is None:
-            _set_bos_eos_post_processor(backend, special, config)
         eos = eos_token_ids + _generation_eos_ids(path)
         return cls(backend, special_tokens=special, chat_template=_read_chat_template(path, config),
                    eos_token_ids=eos)
+
+    @property
+    def backend(self) -> FastTokenizer:
+        return self._backend
 
     @property
     def vocab_size(self) -> int:
@@ -117,14 +121,3 @@ def _generation_eos_ids(path: Path) -> tuple[int, ...]:
         return ()
     return tuple(eos) if isinstance(eos, list) else (eos,)
 
-
-def _set_bos_eos_post_processor(backend: FastTokenizer, special: SpecialTokens, config: dict[str, Any]) -> None:
-    """What transformers does when tokenizer_config sets add_bos_token / add_eos_token explicitly."""
-    add_bos = bool(config.get("add_bos_token", False)) and special.bos_token is not None
-    add_eos = bool(config.get("add_eos_token", False)) and special.eos_token is not None
-    bos, eos = special.bos_token, special.eos_token
-    single = f"{(bos + ':0 ') if add_bos else ''}$A:0{(' ' + eos + ':0') if add_eos else ''}"
-    pair = f"{single}{(' ' + bos + ':1') if add_bos else ''} $B:1{(' ' + eos + ':1') if add_eos else ''}"
-    tokens = ([(bos, backend.token_to_id(bos))] if add_bos else []) + (
-        [(eos, backend.token_to_id(eos))] if add_eos else [])
-    backend.post_processor = processors.TemplateProcessing(single=single, pair=pair, special_tokens=tokens)

@@ -105,7 +105,7 @@ def load_safetensors(path: Path, config: ModelConfig, dtype: torch.dtype, device
     weights: dict[str, torch.Tensor] = {}
     for file in safetensors_files(path):
         with safe_open(str(file), framework="pt", device="cpu") as f:
-            for name in f.keys():
+            for name in f.keys():  # noqa: SIM118 - safe_open handles are not iterable
                 if name in shapes:  # drops e.g. old checkpoints' rotary_emb.inv_freq buffers
                     weights[name] = f.get_tensor(name).to(device=device, dtype=dtype)
     if config.tie_word_embeddings and "model.embed_tokens.weight" in weights:

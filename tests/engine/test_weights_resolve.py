@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import zipfile
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import torch
 
 from pdserve.engine.presets import PRESETS, param_count
 from pdserve.engine.weights import KNOWN_MODELS, ModelSpec, load_model, resolve_model
+from pdserve.engine.weights.dummy import dummy_weights
 from pdserve.engine.weights.fetch import _extract
 from pdserve.engine.weights.registry import EmbeddedModel, ModelKind
 
@@ -80,16 +82,16 @@ def test_dummy_llama3_8b_on_meta_allocates_nothing() -> None:
     assert sum(t.numel() for t in loaded.weights.values()) == param_count(loaded.config) == 8_030_261_248
 
 
-def test_dummy_tiny_weights_are_seeded_and_finite() -> None:
-    a = load_model(ModelSpec("smollm2-135m", load_format="dummy", seed=1), dtype=torch.bfloat16)
-    b = load_model(ModelSpec("smollm2-135m", load_format="dummy", seed=1), dtype=torch.bfloat16)
-    c = load_model(ModelSpec("smollm2-135m", load_format="dummy", seed=2), dtype=torch.bfloat16)
-    name = "model.layers.0.self_attn.q_proj.weight"
-    assert torch.equal(a.weights[name], b.weights[name]) and not torch.equal(a.weights[name], c.weights[name])
-    assert a.fingerprint == b.fingerprint != c.fingerprint
-    assert a.weights["lm_head.weight"] is a.weights["model.embed_tokens.weight"]  # tied like the real model
-    assert torch.all(a.weights["model.norm.weight"] == 1)
-    assert a.config == PRESETS["smollm2-135m"]
+def test_dummy_weights_are_seeded_and_tied_like_the_preset() -> None:
+    tiny = dataclasses.replace(PRESETS["smollm2-135m"], num_layers=2, vocab_size=256)  # real preset: 135 M
+    a, b, c = (dummy_weights(tiny, torch.bfloat16, "cpu", seed) for seed in (1, 1, 2))
+    name = "model.layers.1.self_attn.q_proj.weight"
+    assert torch.equal(a[name], b[name]) and not torch.equal(a[name], c[name])
+    assert a["lm_head.weight"] is a["model.embed_tokens.weight"]  # tied like the real model
+    assert torch.all(a["model.norm.weight"] == 1) and a[name].dtype == torch.bfloat16
+    assert abs(float(a[name].float().std()) - 0.02) < 0.002
+    fingerprints = {load_model(ModelSpec("smollm2-135m", "dummy", seed=s), device="meta").fingerprint for s in (1, 1, 2)}
+    assert len(fingerprints) == 2
 
 
 def test_extraction_checks_size_and_hash(tmp_path: Path) -> None:
