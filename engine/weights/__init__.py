@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from pdserve.engine.weights.fetch import default_cache_dir, fetch_default_model
-from pdserve.engine.weights.loader import LoadedModel, ModelSpec, load_model, parse_dtype
+from pdserve.engine.weights.loader import LoadedModel, ModelSpec, load_model, load_tokenizer, parse_dtype
 from pdserve.engine.weights.registry import DEFAULT_MODEL, KNOWN_MODELS, ResolvedModel, resolve_model
 
 __all__ = [
     "DEFAULT_MODEL", "KNOWN_MODELS", "LoadedModel", "ModelSpec", "ResolvedModel", "default_cache_dir",
-    "fetch_default_model", "load_model", "parse_dtype", "resolve_model",
+    "fetch_default_model", "load_model", "load_tokenizer", "parse_dtype", "resolve_model",
 ]

@@ -84,6 +84,20 @@ def load_model(
     return loaded
 
 
+def load_tokenizer(spec: ModelSpec | str, cache_dir: Path | str | None = None,
+                   progress: bool = True) -> Tokenizer | None:
+    """The model's tokenizer without its weights (for the router); fetches/converts like load_model."""
+    spec = ModelSpec(spec) if isinstance(spec, str) else spec
+    resolved = resolve_model(spec.model, spec.load_format)
+    if spec.tokenizer is not None or resolved.kind is ModelKind.DUMMY:
+        eos = get_preset(resolved.preset).eos_token_ids if resolved.preset else ()
+        return Tokenizer.from_dir(spec.tokenizer, eos_token_ids=eos) if spec.tokenizer is not None else None
+    path = _model_dir(resolved, Path(cache_dir) if cache_dir is not None else default_cache_dir(), progress)
+    if not (path / "tokenizer.json").is_file():
+        return None
+    return Tokenizer.from_dir(path, hf_config(path, resolved.name).eos_token_ids)
+
+
 def _model_dir(resolved: ResolvedModel, cache: Path, progress: bool) -> Path:
     """The HF directory to load, fetching and converting GGUF sources on first use."""
     if resolved.kind is ModelKind.EMBEDDED:

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from pdserve.engine.presets import PRESETS, weight_shapes
-from pdserve.engine.weights import DEFAULT_MODEL, LoadedModel, ModelSpec, load_model
+from pdserve.engine.weights import DEFAULT_MODEL, LoadedModel, ModelSpec, load_model, load_tokenizer
 
 
 def test_weights_equal_transformers_gguf_load(loaded_default: LoadedModel, hf_model: torch.nn.Module) -> None:
@@ -72,3 +72,11 @@ def test_bf16_load_casts_and_has_its_own_fingerprint(model_cache_dir: Path, load
     loaded = load_model(DEFAULT_MODEL, dtype="bf16", cache_dir=model_cache_dir)
     assert {t.dtype for t in loaded.weights.values()} == {torch.bfloat16}
     assert loaded.fingerprint != loaded_default.fingerprint
+
+
+def test_tokenizer_alone_for_the_router(model_cache_dir: Path, loaded_default: LoadedModel) -> None:
+    tokenizer = load_tokenizer(DEFAULT_MODEL, cache_dir=model_cache_dir)
+    assert tokenizer is not None and loaded_default.tokenizer is not None
+    assert tokenizer.eos_token_ids == loaded_default.tokenizer.eos_token_ids == (2,)
+    assert tokenizer.encode("hi there") == loaded_default.tokenizer.encode("hi there")
+    assert load_tokenizer(ModelSpec("llama3-8b", load_format="dummy")) is None
