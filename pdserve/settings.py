@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 ROLES = ("prefill", "decode")
 DEFAULT_MODEL = "smollm2-135m-instruct"
-LOAD_FORMATS = ("auto", "gguf", "safetensors", "dummy")
+LOAD_FORMATS = ("auto", "gguf", "hf", "dummy")  # hf: a Hugging Face directory of safetensors
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 TRANSFER_BACKENDS = ("auto", "local", "tcp")
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20,
@@ -41,7 +41,8 @@ def parse_roles(text: str) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class ModelSettings:
-    """What the engine loads: a model name, a .gguf file or a HF directory; or random weights of a preset."""
+    """What the engine loads: a model name, a .gguf file or a HF directory; or (dummy) random weights of
+    `model_preset` (or of the preset matching `model`)."""
 
     model: str = DEFAULT_MODEL
     load_format: str = "auto"
@@ -57,8 +58,6 @@ class ModelSettings:
             raise ValueError(f"unknown load format {self.load_format!r}; choose one of {LOAD_FORMATS}")
         if self.dtype not in DTYPES:
             raise ValueError(f"unknown dtype {self.dtype!r}; choose one of {DTYPES}")
-        if self.load_format == "dummy" and not self.model_preset:
-            raise ValueError("--load-format dummy needs --model-preset (random weights of which shapes?)")
         if self.max_model_len is not None and self.max_model_len <= 0:
             raise ValueError(f"max_model_len must be positive, got {self.max_model_len}")
 

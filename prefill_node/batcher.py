@@ -13,6 +13,9 @@ last one may get a partial chunk. A queued request whose blocks do not fit waits
 (FIFO, no overtaking: a long prompt is never starved by short ones). Only the suffix after the cached prefix
 is computed; at least one token always is, since its logits give the first token.
 
+A colocated worker hands in requests whose blocks are preassigned: D's reserved blocks (its prefix-cache hits
+included), on which P took a reference of its own, so they outlive a D-side abort while P still writes them.
+
 Like the decode scheduler this is not thread-safe; the engine calls it under a lock and an abort of a request
 inside a forward only marks it (`update()` finishes it).
 """
@@ -125,6 +128,8 @@ class Batcher:
         done = []
         for chunk in plan.chunks:
             request = chunk.request
+            if request.state.finished:  # failed during the forward (its transfer broke)
+                continue
             request.num_computed_tokens = chunk.end
             if request.request_id in self.abort_requested:
                 self._move(request, PrefillState.ABORTED)
@@ -161,16 +166,23 @@ class Batcher:
                 self._move(request, PrefillState.FAILED)
                 plan.failed.append(request)
                 continue
-            lookup = request.block_hashes[: (request.num_prompt_tokens - 1) // self.block_size]
-            if not self.cache.can_allocate(lookup, needed):
+            if not request.blocks_preassigned and not self._allocate(request, needed):
                 return
-            blocks = self.cache.allocate(lookup, needed)
-            request.block_ids = list(blocks.block_ids)
-            request.num_cached_tokens = request.num_computed_tokens = blocks.num_cached_tokens
+            request.num_computed_tokens = request.num_cached_tokens
             self._move(request, PrefillState.PREFILLING)
             take = min(request.remaining, budget)
             plan.chunks.append(ScheduledChunk(request, request.num_computed_tokens, request.num_computed_tokens + take))
             budget -= take
+
+    def _allocate(self, request: PrefillRequest, needed: int) -> bool:
+        """Cached prefix + new blocks for the prompt, or False when they do not fit now."""
+        lookup = request.block_hashes[: (request.num_prompt_tokens - 1) // self.block_size]
+        if not self.cache.can_allocate(lookup, needed):
+            return False
+        blocks = self.cache.allocate(lookup, needed)
+        request.block_ids = list(blocks.block_ids)
+        request.num_cached_tokens = blocks.num_cached_tokens
+        return True
 
     # ---- the one place a state changes ----------------------------------------------------------
 

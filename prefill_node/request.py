@@ -9,6 +9,7 @@ import enum
 import time
 from dataclasses import dataclass, field
 
+from pdserve.cache_store.block_pool import blocks_needed
 from pdserve.engine.sampling import SamplingParams
 from pdserve.kv_transfer.target import TransferTarget
 
@@ -41,13 +42,11 @@ class PrefillRequest:
     cache_salt: str | None = None
     state: PrefillState = PrefillState.QUEUED
     block_ids: list[int] = field(default_factory=list)
+    blocks_preassigned: bool = False  # colocated: D's reserved blocks, with a reference of our own
     num_cached_tokens: int = 0  # found in the prefix cache, not computed
     num_computed_tokens: int = 0  # cached + computed so far
-    first_token_id: int | None = None
-    first_logprob: float | None = None
     error: str | None = None
     arrival: float = field(default_factory=time.monotonic)
-    started: float | None = None
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -56,3 +55,13 @@ class PrefillRequest:
     @property
     def remaining(self) -> int:
         return self.num_prompt_tokens - self.num_computed_tokens
+
+    @property
+    def num_uncarried_blocks(self) -> int:
+        """Leading blocks the receiver already has (colocated: the shared cached prefix), never sent."""
+        return blocks_needed(self.num_prompt_tokens, self.target.block_size) - len(self.target.block_ids)
+
+    @property
+    def num_carried_tokens(self) -> int:
+        """Tokens whose K/V the transfer carries (the "done" frame's num_tokens)."""
+        return self.num_prompt_tokens - self.num_uncarried_blocks * self.target.block_size

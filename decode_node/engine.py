@@ -1,0 +1,161 @@
+"""The decode engine: the scheduler, the step thread, and the per-request frame queues of the HTTP side.
+
+Threads (the event loop must never wait for the model; the step thread never touches asyncio objects):
+
+    event loop thread                                    step thread ("decode-steps")
+    ─────────────────                                    ────────────────────────────
+    reserve / abort / stream     ──state_lock──▶ Scheduler ◀──state_lock──  schedule() ... update()
+    receiver callbacks (KV done)                                              │
+    frame queues ◀──────────── loop.call_soon_threadsafe(deliver) ◀───────────┘  forward under model_lock
+
+`state_lock` guards the scheduler and the block pool (shared with the prefill side in a colocated worker);
+it is never held during a forward. `model_lock` serialises forwards of the runner (both roles use one runner
+when colocated). Frames produced on the loop thread (first token, aborts) are delivered directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+
+from pdserve.decode_node.request import StreamFrame
+from pdserve.decode_node.scheduler import DecodeBatch, RequestOutput, Scheduler
+from pdserve.engine.attention_metadata import DecodeInput, PrefillChunk
+from pdserve.engine.runner import ModelRunner
+from pdserve.engine.sampling import Sampler, TokenLogprobs
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class DecodeStats:
+    """Counters for /metrics, named for what they count."""
+
+    num_steps: int = 0
+    num_generated_tokens: int = 0
+    num_recomputed_tokens: int = 0
+    step_seconds: float = 0.0
+    finished: dict[str, int] = field(default_factory=dict)  # finish_reason -> requests
+
+
+class DecodeEngine:
+    def __init__(self, scheduler: Scheduler, runner: ModelRunner, sampler: Sampler,
+                 state_lock: threading.RLock, model_lock: threading.Lock) -> None:
+        self.scheduler = scheduler
+        self.runner = runner
+        self.sampler = sampler
+        self.state_lock = state_lock
+        self.model_lock = model_lock
+        self.stats = DecodeStats()
+        self.streams: dict[str, asyncio.Queue[StreamFrame]] = {}
+        self.attached: set[str] = set()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # ---- life -----------------------------------------------------------------------------------------
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._thread = threading.Thread(target=self._run, name="decode-steps", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    # ---- called on the event loop -------------------------------------------------------------------
+
+    def open_queue(self, request_id: str) -> None:
+        self.streams[request_id] = asyncio.Queue()
+
+    def deliver(self, outputs: list[RequestOutput]) -> None:
+        """Put frames on their queues (event loop thread)."""
+        for output in outputs:
+            queue = self.streams.get(output.request_id)
+            if queue is not None:
+                queue.put_nowait(output.frame)
+            if output.frame.finish_reason is not None:
+                reason = output.frame.finish_reason
+                self.stats.finished[reason] = self.stats.finished.get(reason, 0) + 1
+                if output.request_id not in self.attached and self._loop is not None:
+                    # nobody streams it (the router gave up before attaching): drop the queue later
+                    self._loop.call_later(60.0, self.streams.pop, output.request_id, None)
+
+    def kv_complete(self, request_id: str, first_token_id: int, first_logprob: float | None) -> None:
+        """Receiver callback: the KV and P's first token are here; the first frame goes out now."""
+        logprobs = None if first_logprob is None else TokenLogprobs(first_token_id, first_logprob, [])
+        with self.state_lock:
+            outputs = self.scheduler.kv_complete(request_id, first_token_id, logprobs=logprobs)
+        self.deliver(outputs)
+        self._wake.set()
+
+    def kv_failed(self, request_id: str, reason: str) -> None:
+        with self.state_lock:
+            outputs = self.scheduler.kv_failed(request_id, reason)
+        self.deliver(outputs)
+
+    def abort(self, request_id: str, reason: str) -> bool:
+        with self.state_lock:
+            known = request_id in self.scheduler.requests
+            outputs = self.scheduler.abort(request_id, reason)
+        self.deliver(outputs)
+        return known
+
+    # ---- the step thread ----------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.clear()  # before scheduling: a wake-up that arrives after it is not lost
+            with self.state_lock:
+                batch = self.scheduler.schedule()
+            if batch.outputs:
+                self._publish(batch.outputs)
+            if batch.empty:
+                self._wake.wait(timeout=0.5)
+                continue
+            self._publish(self._step(batch))
+
+    def _step(self, batch: DecodeBatch) -> list[RequestOutput]:
+        started = time.perf_counter()
+        try:
+            token_ids, logprobs = self._forward(batch)
+        except Exception as exc:  # a failed step must end its requests, not the worker
+            logger.exception("decode step of %d requests failed", len(batch.decode))
+            with self.state_lock:
+                return self.scheduler.fail_batch(batch, f"decode step failed: {exc!r}")
+        with self.state_lock:
+            outputs = self.scheduler.update(batch, token_ids, logprobs)
+        self.stats.num_steps += 1
+        self.stats.num_generated_tokens += len(token_ids)
+        self.stats.step_seconds += time.perf_counter() - started
+        return outputs
+
+    def _forward(self, batch: DecodeBatch) -> tuple[list[int], list[TokenLogprobs | None]]:
+        chunks = [PrefillChunk(item.token_ids, 0, item.block_ids, need_logits=False) for item in batch.recompute]
+        items = [DecodeInput(item.token_id, item.position, item.block_ids) for item in batch.decode]
+        requests = [item.request.sampling_request() for item in batch.decode]
+        with self.model_lock:
+            if chunks:
+                self.runner.prefill(chunks)
+                self.stats.num_recomputed_tokens += sum(len(c.token_ids) for c in chunks)
+            logits = self.runner.decode(items)
+        sampled = self.sampler(logits, requests)
+        return sampled.token_ids, sampled.logprobs
+
+    def _publish(self, outputs: list[RequestOutput]) -> None:
+        if outputs and self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self.deliver, outputs)
+
+    def wake(self) -> None:
+        self._wake.set()

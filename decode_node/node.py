@@ -1,0 +1,159 @@
+"""The decode role of a worker: turns `/internal/reserve` bodies into reservations, owns the engine and the
+KV receiver, and reports status and metrics. HTTP routes are in app.py; scheduling in scheduler.py."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from pdserve.cache_store.hashing import block_hashes
+from pdserve.decode_node.engine import DecodeEngine
+from pdserve.decode_node.request import DecodeRequest, RequestState
+from pdserve.decode_node.scheduler import Refusal, Scheduler
+from pdserve.engine.detokenizer import Decoder, IncrementalDetokenizer, StopChecker
+from pdserve.engine.sampling import SamplingParams
+from pdserve.kv_transfer.base import KVReceiver
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+
+class NoTextDecoder:
+    """For dummy weights, which come without a tokenizer: frames carry token ids and empty text."""
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        return ""
+
+
+@dataclass(frozen=True)
+class DecodeNodeConfig:
+    max_model_len: int
+    vocab_size: int
+    block_size: int
+    kv_lease_timeout_s: float
+    model_fingerprint: str
+
+
+@dataclass(frozen=True)
+class ReserveResult:
+    status: int
+    body: dict[str, Any]
+
+
+class DecodeNode:
+    def __init__(self, engine: DecodeEngine, receiver: KVReceiver, decoder: Decoder | None,
+                 config: DecodeNodeConfig) -> None:
+        self.engine = engine
+        self.receiver = receiver
+        self.decoder: Decoder = decoder if decoder is not None else NoTextDecoder()
+        self.config = config
+        self.started_at = time.time()
+
+    @property
+    def scheduler(self) -> Scheduler:
+        return self.engine.scheduler
+
+    @property
+    def state_lock(self) -> threading.RLock:
+        return self.engine.state_lock
+
+    async def start(self) -> None:
+        await self.receiver.start()
+        self.engine.start(asyncio.get_running_loop())
+
+    async def stop(self) -> None:
+        self.engine.stop()
+        await self.receiver.close()
+
+    # ---- reserve --------------------------------------------------------------------------------------
+
+    def reserve(self, request_id: str, prompt_token_ids: list[int], sampling: dict[str, Any],
+                cache_salt: str | None, arrival_time: float | None) -> ReserveResult:
+        """Validate, reserve blocks and register the expected transfer (event loop thread)."""
+        try:
+            request = self._build(request_id, prompt_token_ids, sampling, cache_salt, arrival_time)
+        except ValueError as exc:
+            return _error(400, str(exc), "invalid_request_error")
+        with self.state_lock:
+            refusal = self.scheduler.reserve(request)
+            if refusal is not None:
+                return _refused(refusal)
+            expected = self.scheduler.expected_block_ids(request)
+        self.engine.open_queue(request_id)
+        deadline = time.monotonic() + self.config.kv_lease_timeout_s
+        carried = len(prompt_token_ids) - request.cached_tokens
+        try:
+            target = self.receiver.expect(request_id, expected, deadline, num_tokens=carried)
+        except ValueError as exc:  # a bookkeeping bug: give the blocks back rather than leak them
+            self.engine.kv_failed(request_id, f"cannot expect the transfer: {exc}")
+            return _error(500, f"cannot expect the transfer of {request_id!r}: {exc}", "internal_error")
+        return ReserveResult(200, {"request_id": request_id, "transfer": target.to_dict()})
+
+    def _build(self, request_id: str, prompt: list[int], sampling: dict[str, Any], cache_salt: str | None,
+               arrival_time: float | None) -> DecodeRequest:
+        if not prompt:
+            raise ValueError("prompt_token_ids is empty")
+        bad = [t for t in prompt if not 0 <= t < self.config.vocab_size]
+        if bad:
+            raise ValueError(f"token ids {bad[:5]} outside the vocabulary [0, {self.config.vocab_size})")
+        if len(prompt) + 1 > self.config.max_model_len:
+            raise ValueError(f"prompt of {len(prompt)} tokens leaves no room for output: the model's limit is "
+                             f"{self.config.max_model_len} tokens")
+        params = SamplingParams.from_dict(sampling)
+        hashes = []
+        if self.scheduler.prefix_cache is not None:
+            hashes = block_hashes(prompt, self.config.block_size, self.config.model_fingerprint, cache_salt)
+        return DecodeRequest(
+            request_id, list(prompt), params, IncrementalDetokenizer(self.decoder, prompt),
+            StopChecker(params.stop), cache_salt=cache_salt, block_hashes=hashes,
+            arrival_time=arrival_time if arrival_time is not None else time.time(),
+        )
+
+    def waiting_reservation(self, request_id: str) -> tuple[list[int], int] | None:
+        """(block ids, cached tokens) of a reservation still waiting for its KV; call under `state_lock`.
+        The colocated prefill side computes straight into these blocks."""
+        request = self.scheduler.requests.get(request_id)
+        if request is None or request.state != RequestState.WAITING_FOR_KV or request.abort_requested:
+            return None
+        return list(request.block_ids), request.cached_tokens
+
+    # ---- status and metrics --------------------------------------------------------------------------
+
+    def status(self) -> dict[str, int]:
+        with self.state_lock:
+            sched = self.scheduler
+            return {"queue_len": sched.num_waiting_for_kv, "num_running": len(sched.running),
+                    "num_waiting": sched.num_waiting, "free_blocks": sched.pool.num_free,
+                    "total_blocks": sched.pool.num_total, "num_preempted": len(sched.preempted)}
+
+    def collect(self) -> Iterator[Metric]:
+        """Prometheus metrics (a custom collector: read at scrape time, no global registry)."""
+        status = self.status()
+        stats = self.engine.stats
+        for name in ("num_running", "num_waiting", "free_blocks", "total_blocks", "num_preempted"):
+            yield GaugeMetricFamily(f"pdserve_decode_{name}", f"decode {name.replace('_', ' ')}", status[name])
+        yield GaugeMetricFamily("pdserve_decode_kv_transfers_pending", "reservations waiting for their KV",
+                                self.receiver.num_pending)
+        yield CounterMetricFamily("pdserve_decode_steps", "decode steps run", stats.num_steps)
+        yield CounterMetricFamily("pdserve_decode_generated_tokens", "tokens sampled by decode steps",
+                                  stats.num_generated_tokens)
+        yield CounterMetricFamily("pdserve_decode_recomputed_tokens", "tokens prefilled again after preemption",
+                                  stats.num_recomputed_tokens)
+        yield CounterMetricFamily("pdserve_decode_preemptions", "requests preempted", self.scheduler.num_preemptions)
+        yield CounterMetricFamily("pdserve_decode_step_seconds", "time spent in decode steps", stats.step_seconds)
+        finished = CounterMetricFamily("pdserve_decode_requests_finished", "finished requests",
+                                       labels=["finish_reason"])
+        for reason, count in sorted(stats.finished.items()):
+            finished.add_metric([reason], count)
+        yield finished
+
+
+def _error(status: int, message: str, kind: str, **extra: Any) -> ReserveResult:
+    return ReserveResult(status, {"error": {"message": message, "type": kind, "code": status}, **extra})
+
+
+def _refused(refusal: Refusal) -> ReserveResult:
+    kind = "invalid_request_error" if refusal.status < 500 else "service_unavailable"
+    return _error(refusal.status, refusal.message, kind, retry_after=refusal.retry_after)

@@ -1,0 +1,313 @@
+"""The worker process: loads the engine once and serves the prefill role, the decode role, or both.
+
+    load_model ─▶ ModelRunner (weights + KV pool tensors) ─▶ BlockPool + PrefixCache
+        prefill role: Batcher ─ PrefillEngine ─ KV sender (tcp; `local` when colocated)
+        decode role:  Scheduler ─ DecodeEngine ─ KV receiver (tcp server on --transfer-port; `local`)
+    one FastAPI app: the roles' /internal routes, /internal/status, /health, /metrics
+    with --router URL: register, then heartbeat every interval (re-register on 404)
+
+A colocated worker (`--role both`) has ONE block pool, one prefix cache, one runner: the prefill side computes
+straight into the blocks the decode side reserved (backend `local`, nothing copied). Both step threads share
+`state_lock` (pool + schedulers) and `model_lock` (forwards).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hmac
+import logging
+import socket
+import threading
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import torch
+import uvicorn
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from prometheus_client import CollectorRegistry, generate_latest
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from pdserve.cache_store.block_pool import BlockPool
+from pdserve.cache_store.prefix_cache import PrefixCache
+from pdserve.decode_node.app import create_router as decode_router
+from pdserve.decode_node.engine import DecodeEngine
+from pdserve.decode_node.node import DecodeNode, DecodeNodeConfig
+from pdserve.decode_node.output import OutputProcessor
+from pdserve.decode_node.scheduler import Scheduler
+from pdserve.engine.config import CacheConfig, ModelConfig
+from pdserve.engine.runner import ModelRunner
+from pdserve.engine.sampling import Sampler
+from pdserve.engine.weights import LoadedModel, ModelSpec, load_model, parse_dtype, resolve_model
+from pdserve.kv_transfer.local import LocalKVReceiver, LocalKVSender
+from pdserve.kv_transfer.tcp_receiver import TcpKVReceiver
+from pdserve.kv_transfer.tcp_sender import TcpKVSender
+from pdserve.kv_transfer.wire import dtype_name
+from pdserve.prefill_node.app import create_router as prefill_router
+from pdserve.prefill_node.batcher import Batcher
+from pdserve.prefill_node.engine import PrefillEngine
+from pdserve.prefill_node.node import PrefillNode, PrefillNodeConfig
+from pdserve.settings import ModelSettings, WorkerSettings
+
+logger = logging.getLogger("pdserve.worker")
+
+
+def resolve_device(name: str) -> str:
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return name
+
+
+def served_model_name(settings: ModelSettings) -> str:
+    """The `model` name clients use: what the router and the workers agree on."""
+    if settings.load_format == "dummy":
+        return resolve_model(settings.model_preset or settings.model, "dummy").name
+    return resolve_model(settings.model, settings.load_format).name
+
+
+def load_engine_model(settings: ModelSettings, device: str, dtype: torch.dtype) -> LoadedModel:
+    dummy = settings.load_format == "dummy"
+    model = (settings.model_preset or settings.model) if dummy else settings.model
+    loaded = load_model(ModelSpec(model, settings.load_format, seed=settings.seed), dtype, device, settings.cache_dir)
+    if settings.max_model_len is not None:
+        limit = min(settings.max_model_len, loaded.config.max_model_len)
+        loaded.config = dataclasses.replace(loaded.config, max_model_len=limit)
+    return loaded
+
+
+@dataclass
+class Roles:
+    prefill: PrefillNode | None = None
+    decode: DecodeNode | None = None
+
+
+class Worker:
+    def __init__(self, settings: WorkerSettings) -> None:
+        self.settings = settings
+        self.worker_id = settings.server.worker_id or f"{settings.role_name}-{uuid.uuid4().hex[:8]}"
+        self.device = resolve_device(settings.model.device)
+        self.dtype = parse_dtype(None if settings.model.dtype == "auto" else settings.model.dtype, self.device)
+        self.model_name = served_model_name(settings.model)
+        self.loaded = load_engine_model(settings.model, self.device, self.dtype)
+        self.config: ModelConfig = self.loaded.config
+        self.cache_config = self._cache_config()
+        self.runner = ModelRunner(self.config, self.cache_config, self.loaded.weights, self.device, self.dtype,
+                                  max_num_seqs=settings.scheduler.max_num_seqs)
+        self.pool = BlockPool(self.cache_config.num_blocks)
+        self.prefix_cache = PrefixCache(self.pool, self.cache_config.block_size)
+        self.state_lock = threading.RLock()
+        self.model_lock = threading.Lock()
+        self.roles = Roles()
+        self._build_roles()
+        self.url = ""
+        self.registered = settings.server.router_url is None
+
+    def _cache_config(self) -> CacheConfig:
+        block_size = self.settings.cache.block_size
+        bytes_per_block = self.config.kv_bytes_per_token(torch.empty(0, dtype=self.dtype).element_size()) * block_size
+        return CacheConfig(self.settings.cache.resolve_num_blocks(bytes_per_block), block_size)
+
+    def _build_roles(self) -> None:
+        secret = self.settings.server.secret
+        decode_engine = None
+        if "decode" in self.settings.roles:
+            decode_engine = self._decode_engine()
+            receiver = self._receiver(decode_engine, secret)
+            node_config = DecodeNodeConfig(self.config.max_model_len, self.config.vocab_size,
+                                           self.cache_config.block_size, self.settings.scheduler.kv_lease_timeout_s,
+                                           self.loaded.fingerprint)
+            self.roles.decode = DecodeNode(decode_engine, receiver, self.loaded.tokenizer, node_config)
+        if "prefill" in self.settings.roles:
+            if self.settings.transfer.backend == "local":
+                assert self.roles.decode is not None
+                sender = LocalKVSender(self.roles.decode.receiver)
+            else:
+                sender = TcpKVSender(secret=secret)
+            batcher = Batcher(self.prefix_cache, self.settings.scheduler.max_num_batched_tokens,
+                              self.settings.scheduler.max_num_seqs)
+            engine = PrefillEngine(batcher, self.runner, Sampler(self.device), sender, self.state_lock, self.model_lock)
+            node_config = PrefillNodeConfig(self.config.max_model_len, self.config.vocab_size,
+                                            self.cache_config.block_size, self.config.num_layers,
+                                            dtype_name(self.dtype), self.loaded.fingerprint,
+                                            self.settings.transfer.backend)
+            lookup = self.roles.decode.waiting_reservation if self.roles.decode is not None else None
+            self.roles.prefill = PrefillNode(engine, node_config, lookup)
+
+    def _decode_engine(self) -> DecodeEngine:
+        eos = tuple(self.config.eos_token_ids)
+        if self.loaded.tokenizer is not None:
+            eos = tuple(dict.fromkeys(eos + tuple(self.loaded.tokenizer.eos_token_ids)))
+        output = OutputProcessor(eos, self.config.max_model_len)
+        shared_cache = self.prefix_cache if self.settings.colocated else None
+        scheduler = Scheduler(self.pool, self.cache_config.block_size, output, self.settings.scheduler.max_num_seqs,
+                              self.settings.scheduler.watermark_blocks, prefix_cache=shared_cache)
+        return DecodeEngine(scheduler, self.runner, Sampler(self.device), self.state_lock, self.model_lock)
+
+    def _receiver(self, engine: DecodeEngine, secret: str | None) -> LocalKVReceiver | TcpKVReceiver:
+        pools = self.runner.kv_caches
+        if self.settings.transfer.backend == "local":
+            return LocalKVReceiver(pools, engine.kv_complete, engine.kv_failed)
+        transfer = self.settings.transfer
+        return TcpKVReceiver(transfer.host, transfer.port, pools, engine.kv_complete, engine.kv_failed,
+                             secret=secret, advertise_host=advertised_host(transfer.host))
+
+    # ---- lifecycle ----------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        for node in (self.roles.decode, self.roles.prefill):
+            if node is not None:
+                await node.start()
+
+    async def stop(self) -> None:
+        for node in (self.roles.prefill, self.roles.decode):
+            if node is not None:
+                await node.stop()
+
+    @property
+    def alive(self) -> bool:
+        engines = [n.engine for n in (self.roles.prefill, self.roles.decode) if n is not None]
+        return all(engine.alive for engine in engines)
+
+    def status(self) -> dict[str, Any]:
+        """The heartbeat fields. Colocated: queue_len counts both queues, num_running is the decode batch."""
+        parts = [node.status() for node in (self.roles.prefill, self.roles.decode) if node is not None]
+        running = self.roles.decode.status() if self.roles.decode is not None else parts[0]
+        return {"worker_id": self.worker_id, "roles": list(self.settings.roles),
+                "queue_len": sum(p["queue_len"] for p in parts), "num_running": running["num_running"],
+                "num_waiting": sum(p["num_waiting"] for p in parts), "free_blocks": parts[0]["free_blocks"],
+                "total_blocks": parts[0]["total_blocks"], "draining": False}
+
+    def registration(self) -> dict[str, Any]:
+        transfer = self.settings.transfer
+        port = transfer.port
+        if self.roles.decode is not None and isinstance(self.roles.decode.receiver, TcpKVReceiver):
+            port = self.roles.decode.receiver.port
+        return {"worker_id": self.worker_id, "url": self.url, "roles": list(self.settings.roles),
+                "model": self.model_name, "max_model_len": self.config.max_model_len,
+                "block_size": self.cache_config.block_size, "num_blocks": self.cache_config.num_blocks,
+                "transfer": {"backend": transfer.backend, "host": advertised_host(transfer.host), "port": port}}
+
+
+def advertised_host(host: str) -> str:
+    """The address others reach a socket bound to `host` at (0.0.0.0 binds everywhere, names nothing)."""
+    if host in ("0.0.0.0", "::", ""):
+        return socket.gethostbyname(socket.gethostname())
+    return host
+
+
+class InternalSecret:
+    """ASGI middleware: /internal/* needs `X-PDServe-Secret` when a secret is configured (401 otherwise).
+    Pure ASGI (not BaseHTTPMiddleware) so streamed responses and disconnects pass through untouched."""
+
+    def __init__(self, app: ASGIApp, secret: str | None) -> None:
+        self.app = app
+        self.secret = secret.encode() if secret else None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.secret is not None and scope["type"] == "http" and scope["path"].startswith("/internal/"):
+            given = dict(scope["headers"]).get(b"x-pdserve-secret", b"")
+            if not hmac.compare_digest(given, self.secret):
+                body = {"error": {"message": "missing or wrong X-PDServe-Secret", "type": "authentication_error",
+                                  "code": 401}}
+                await JSONResponse(body, status_code=401)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+class _Collector:
+    def __init__(self, collect: Any) -> None:
+        self.collect = collect
+
+
+def create_app(worker: Worker) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await worker.start()
+        registration = asyncio.create_task(register_and_heartbeat(worker))
+        try:
+            yield
+        finally:
+            registration.cancel()
+            await worker.stop()
+
+    app = FastAPI(title=f"pdserve worker ({worker.settings.role_name})", lifespan=lifespan)
+    if worker.roles.decode is not None:
+        app.include_router(decode_router(worker.roles.decode))
+    if worker.roles.prefill is not None:
+        app.include_router(prefill_router(worker.roles.prefill))
+
+    @app.get("/internal/status")
+    async def status() -> dict[str, Any]:
+        return worker.status()
+
+    @app.get("/health")
+    async def health() -> Response:
+        if not worker.alive or not worker.registered:
+            return JSONResponse({"error": {"message": "worker not ready (engine starting or not registered)",
+                                           "type": "service_unavailable", "code": 503}}, status_code=503)
+        return JSONResponse({"status": "ok", "worker_id": worker.worker_id, "roles": list(worker.settings.roles)})
+
+    @app.get("/metrics")
+    async def metrics() -> PlainTextResponse:
+        registry = CollectorRegistry(auto_describe=False)
+        for node in (worker.roles.prefill, worker.roles.decode):
+            if node is not None:
+                registry.register(_Collector(node.collect))
+        return PlainTextResponse(generate_latest(registry).decode(), media_type="text/plain; version=0.0.4")
+
+    app.add_middleware(InternalSecret, secret=worker.settings.server.secret)
+    return app
+
+
+async def register_and_heartbeat(worker: Worker) -> None:
+    """Register with the router, then heartbeat; a 404 means the router forgot us: register again."""
+    router_url = worker.settings.server.router_url
+    if router_url is None:
+        return
+    headers = {"X-PDServe-Secret": worker.settings.server.secret} if worker.settings.server.secret else {}
+    interval = worker.settings.server.heartbeat_interval_s
+    async with httpx.AsyncClient(base_url=router_url, headers=headers, timeout=5.0) as client:
+        while True:
+            try:
+                if not worker.registered:
+                    reply = await client.post("/internal/workers/register", json=worker.registration())
+                    reply.raise_for_status()
+                    interval = float(reply.json().get("heartbeat_interval_s", interval))
+                    worker.registered = True
+                    logger.info("registered with %s as %s", router_url, worker.worker_id)
+                else:
+                    reply = await client.post("/internal/workers/heartbeat", json=worker.status())
+                    if reply.status_code == 404:
+                        worker.registered = False
+                        continue
+            except (httpx.HTTPError, ValueError) as exc:
+                logger.warning("router %s unreachable: %s", router_url, exc)
+            await asyncio.sleep(interval)
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.set_inheritable(True)
+    return sock
+
+
+def run_worker(settings: WorkerSettings) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    worker = Worker(settings)
+    sock = bind_socket(settings.server.host, settings.server.port)
+    port = sock.getsockname()[1]
+    worker.url = f"http://{advertised_host(settings.server.host)}:{port}"
+    app = create_app(worker)
+    config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=3, access_log=False)
+    logger.info("%s (%s) on %s: %s, %d KV blocks of %d tokens, %s on %s", worker.worker_id,
+                settings.role_name, worker.url, worker.model_name, worker.cache_config.num_blocks,
+                worker.cache_config.block_size, worker.dtype, worker.device)
+    uvicorn.Server(config).run(sockets=[sock])
+    return 0

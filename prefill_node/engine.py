@@ -1,0 +1,253 @@
+"""The prefill engine: batches from the batcher, forwards on a step thread, KV pushed layer by layer.
+
+    event loop thread                                step thread ("prefill-steps")
+    ─────────────────                                ─────────────────────────────
+    submit(): sender.begin, batcher.add ──wake──▶    plan = batcher.schedule()
+                                                     runner.prefill(chunks, layer_done)   (model_lock)
+                                                        └─ layer i done ─▶ sender.submit_layer(...) per chunk
+                                                           (blocks copied out now, written on the loop)
+                                                     sample first tokens; batcher.update / finish
+    _complete(): await sender.finish(done frame) ◀── run_coroutine_threadsafe
+                 resolve the HTTP handler's future
+
+Layer i of the whole packed batch goes out while layer i + 1 computes. A chunk carries the blocks its tokens
+touch (a block split between two chunks goes twice; the second copy is complete); a request's first chunk also
+carries its cached prefix blocks, which the receiver does not have (unless colocated: then it does).
+A failed send fails that request only; a failed forward fails the requests of that batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+from pdserve.cache_store.block_pool import blocks_needed
+from pdserve.engine.runner import ModelRunner
+from pdserve.engine.sampling import Sampler, SamplingRequest
+from pdserve.kv_transfer.base import KVSender, KVTransferError
+from pdserve.prefill_node.batcher import Batcher, PrefillPlan, ScheduledChunk
+from pdserve.prefill_node.request import PrefillRequest
+
+logger = logging.getLogger(__name__)
+
+
+class PrefillError(RuntimeError):
+    """A prefill that did not complete; `status` is the HTTP status to answer with."""
+
+    def __init__(self, message: str, status: int = 500) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class PrefillResult:
+    request_id: str
+    first_token_id: int
+    num_cached_tokens: int
+    num_computed_tokens: int
+    prefill_s: float
+
+    def to_dict(self) -> dict[str, object]:
+        return {"request_id": self.request_id, "first_token_id": self.first_token_id,
+                "num_cached_tokens": self.num_cached_tokens, "num_computed_tokens": self.num_computed_tokens,
+                "prefill_s": self.prefill_s}
+
+
+@dataclass(frozen=True)
+class _Send:
+    """What one chunk pushes after each layer: our blocks `src` into the receiver's blocks `dst`."""
+
+    request: PrefillRequest
+    src: list[int]
+    dst: list[int]
+
+
+@dataclass
+class PrefillStats:
+    num_forwards: int = 0
+    num_computed_tokens: int = 0
+    num_cached_tokens: int = 0
+    num_completed: int = 0
+    num_failed: int = 0
+    forward_seconds: float = 0.0
+
+
+def chunk_send(chunk: ScheduledChunk, block_size: int) -> _Send:
+    request = chunk.request
+    offset = request.num_uncarried_blocks
+    first = chunk.start == request.num_cached_tokens
+    lo = offset if first else chunk.start // block_size
+    hi = blocks_needed(chunk.end, block_size)
+    return _Send(request, request.block_ids[lo:hi], list(request.target.block_ids[lo - offset:hi - offset]))
+
+
+class PrefillEngine:
+    def __init__(self, batcher: Batcher, runner: ModelRunner, sampler: Sampler, sender: KVSender,
+                 state_lock: threading.RLock, model_lock: threading.Lock) -> None:
+        self.batcher = batcher
+        self.runner = runner
+        self.sampler = sampler
+        self.sender = sender
+        self.state_lock = state_lock
+        self.model_lock = model_lock
+        self.block_size = batcher.block_size
+        self.stats = PrefillStats()
+        self._futures: dict[str, asyncio.Future[PrefillResult]] = {}
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._thread = threading.Thread(target=self._run, name="prefill-steps", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    # ---- event loop thread ----------------------------------------------------------------------------
+
+    def submit(self, request: PrefillRequest) -> asyncio.Future[PrefillResult]:
+        """Queue a request; raises KVTransferError (nothing queued) when its target cannot be sent to."""
+        future: asyncio.Future[PrefillResult] = asyncio.get_running_loop().create_future()
+        self.sender.begin(request.target)
+        self._futures[request.request_id] = future
+        with self.state_lock:
+            self.batcher.add(request)
+        self._wake.set()
+        return future
+
+    def abort(self, request_id: str, reason: str) -> bool:
+        with self.state_lock:
+            known = request_id in self.batcher.requests
+            self.batcher.abort(request_id, reason)
+        if known:
+            self._resolve(request_id, error=PrefillError(f"aborted: {reason}", 499))
+            asyncio.get_running_loop().create_task(self.sender.abort(request_id, reason))
+        return known
+
+    def _resolve(self, request_id: str, result: PrefillResult | None = None,
+                 error: Exception | None = None) -> None:
+        future = self._futures.pop(request_id, None)
+        if future is None or future.done():
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+
+    async def _complete(self, request: PrefillRequest, token_id: int, logprob: float | None,
+                        result: PrefillResult) -> None:
+        try:
+            await self.sender.finish(request.request_id, token_id, logprob, request.num_carried_tokens)
+        except KVTransferError as exc:
+            self.stats.num_failed += 1
+            self._resolve(request.request_id, error=PrefillError(f"KV hand-off failed: {exc}", 502))
+            return
+        self.stats.num_completed += 1
+        self._resolve(request.request_id, result)
+
+    async def _fail(self, request: PrefillRequest, message: str, status: int) -> None:
+        self.stats.num_failed += 1
+        self._resolve(request.request_id, error=PrefillError(message, status))
+        await self.sender.abort(request.request_id, message)
+
+    # ---- step thread ----------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.clear()
+            with self.state_lock:
+                plan = self.batcher.schedule()
+            for request in plan.failed:
+                self._on_loop(self._fail(request, request.error or "refused", 400))
+            if plan.empty:
+                self._wake.wait(timeout=0.5)
+                continue
+            self._step(plan)
+
+    def _step(self, plan: PrefillPlan) -> None:
+        sends = [chunk_send(chunk, self.block_size) for chunk in plan.chunks]
+        broken: dict[str, str] = {}
+        started = time.perf_counter()
+        try:
+            first_tokens = self._forward(plan, sends, broken)
+        except Exception as exc:  # a failed forward ends its requests, not the worker
+            logger.exception("prefill forward of %d tokens failed", plan.num_tokens)
+            self._fail_all([c.request for c in plan.chunks], f"prefill forward failed: {exc!r}", 500)
+            return
+        self.stats.num_forwards += 1
+        self.stats.num_computed_tokens += plan.num_tokens
+        self.stats.forward_seconds += time.perf_counter() - started
+        failed = [c.request for c in plan.chunks if c.request.request_id in broken]
+        self._fail_all(failed, "; ".join(sorted(set(broken.values()))), 502)
+        with self.state_lock:
+            done = [r for r in self.batcher.update(plan) if r.request_id not in broken]
+            for request in done:
+                self.batcher.finish(request)
+        for request in done:
+            self._finish(request, *first_tokens[request.request_id])
+
+    def _forward(self, plan: PrefillPlan, sends: list[_Send],
+                 broken: dict[str, str]) -> dict[str, tuple[int, float | None]]:
+        """One packed forward; returns the first token (and its logprob) of requests whose prompt ended."""
+
+        def layer_done(layer: int) -> None:
+            kv_cache = self.runner.kv_caches[layer]
+            for send in sends:
+                rid = send.request.request_id
+                if rid in broken or not send.src:
+                    continue
+                try:
+                    self.sender.submit_layer(rid, layer, kv_cache, send.src, send.dst)
+                except KVTransferError as exc:
+                    broken[rid] = str(exc)
+
+        chunks = [c.engine_chunk(self.block_size) for c in plan.chunks]
+        with self.model_lock:
+            output = self.runner.prefill(chunks, layer_done=layer_done)
+        last = [plan.chunks[i].request for i in output.chunk_indices]
+        if not last:
+            return {}
+        sampled = self.sampler(output.logits, [SamplingRequest(r.sampling, r.prompt_token_ids, []) for r in last])
+        return {r.request_id: (token, None if lp is None else lp.logprob)
+                for r, token, lp in zip(last, sampled.token_ids, sampled.logprobs, strict=True)}
+
+    def _finish(self, request: PrefillRequest, token_id: int, logprob: float | None) -> None:
+        self.stats.num_cached_tokens += request.num_cached_tokens
+        result = PrefillResult(request.request_id, token_id, request.num_cached_tokens,
+                               request.num_prompt_tokens - request.num_cached_tokens,
+                               time.monotonic() - request.arrival)
+        self._on_loop(self._complete(request, token_id, logprob, result))
+
+    def _fail_all(self, requests: list[PrefillRequest], message: str, status: int) -> None:
+        if not requests:
+            return
+        with self.state_lock:
+            for request in requests:
+                self.batcher.fail(request, message)
+        for request in requests:
+            self._on_loop(self._fail(request, message, status))
+
+    def _on_loop(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        if self._loop is None or self._loop.is_closed():
+            coroutine.close()
+            return
+        asyncio.run_coroutine_threadsafe(coroutine, self._loop)
+
+    def wake(self) -> None:
+        self._wake.set()
+

@@ -1,0 +1,165 @@
+"""The prefill role of a worker: checks `/internal/prefill` bodies against this worker's KV layout, builds
+requests (prefix hashes, or D's blocks when colocated), owns the engine; status and metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from pdserve.cache_store.block_pool import blocks_needed
+from pdserve.cache_store.hashing import block_hashes
+from pdserve.engine.sampling import SamplingParams
+from pdserve.kv_transfer.base import KVTransferError
+from pdserve.kv_transfer.target import TransferTarget
+from pdserve.prefill_node.batcher import Batcher
+from pdserve.prefill_node.engine import PrefillEngine, PrefillError
+from pdserve.prefill_node.request import PrefillRequest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+# request_id -> (D's reserved block ids, tokens D found cached) of a reservation waiting for KV; colocated only
+LocalReservations = Callable[[str], tuple[list[int], int] | None]
+
+
+@dataclass(frozen=True)
+class PrefillNodeConfig:
+    max_model_len: int
+    vocab_size: int
+    block_size: int
+    num_layers: int
+    kv_dtype: str  # wire name, e.g. "float32"
+    model_fingerprint: str
+    transfer_backend: str
+
+
+@dataclass(frozen=True)
+class PrefillAnswer:
+    status: int
+    body: dict[str, Any]
+
+
+class PrefillNode:
+    def __init__(self, engine: PrefillEngine, config: PrefillNodeConfig,
+                 local_reservations: LocalReservations | None = None) -> None:
+        self.engine = engine
+        self.config = config
+        self.local_reservations = local_reservations
+
+    @property
+    def batcher(self) -> Batcher:
+        return self.engine.batcher
+
+    @property
+    def state_lock(self) -> threading.RLock:
+        return self.engine.state_lock
+
+    async def start(self) -> None:
+        self.engine.start(asyncio.get_running_loop())
+
+    async def stop(self) -> None:
+        self.engine.stop()
+        await self.engine.sender.close()
+
+    async def prefill(self, request_id: str, prompt: list[int], sampling: dict[str, Any], cache_salt: str | None,
+                      transfer: dict[str, Any]) -> PrefillAnswer:
+        try:
+            request = self._build(request_id, prompt, sampling, cache_salt, transfer)
+        except ValueError as exc:
+            return _error(400, str(exc), "invalid_request_error")
+        except PrefillError as exc:
+            return _error(exc.status, str(exc), "service_unavailable")
+        try:
+            future = self.engine.submit(request)
+        except KVTransferError as exc:
+            if request.blocks_preassigned:
+                with self.state_lock:
+                    self.batcher.pool.free(request.block_ids)
+            return _error(409, f"cannot send KV for {request_id!r}: {exc}", "invalid_request_error")
+        try:
+            result = await future
+        except PrefillError as exc:
+            return _error(exc.status, str(exc), "server_error" if exc.status >= 500 else "invalid_request_error")
+        return PrefillAnswer(200, result.to_dict())
+
+    def abort(self, request_id: str, reason: str) -> bool:
+        return self.engine.abort(request_id, reason)
+
+    def _build(self, request_id: str, prompt: list[int], sampling: dict[str, Any], cache_salt: str | None,
+               transfer: dict[str, Any]) -> PrefillRequest:
+        if not prompt:
+            raise ValueError("prompt_token_ids is empty")
+        bad = [t for t in prompt if not 0 <= t < self.config.vocab_size]
+        if bad:
+            raise ValueError(f"token ids {bad[:5]} outside the vocabulary [0, {self.config.vocab_size})")
+        if len(prompt) >= self.config.max_model_len:
+            raise ValueError(f"prompt of {len(prompt)} tokens reaches the model's limit of "
+                             f"{self.config.max_model_len} tokens")
+        params = SamplingParams.from_dict(sampling)
+        target = TransferTarget.from_dict(transfer)
+        self._check_target(target, request_id, len(prompt))
+        hashes = block_hashes(prompt, self.config.block_size, self.config.model_fingerprint, cache_salt)
+        request = PrefillRequest(request_id, list(prompt), params, target, hashes, cache_salt)
+        if target.backend == "local":
+            self._take_local_blocks(request)
+        return request
+
+    def _check_target(self, target: TransferTarget, request_id: str, num_tokens: int) -> None:
+        cfg = self.config
+        if target.request_id != request_id:
+            raise ValueError(f"transfer target is for {target.request_id!r}, not {request_id!r}")
+        if target.backend != cfg.transfer_backend:
+            raise ValueError(f"transfer backend {target.backend!r}: this worker sends with {cfg.transfer_backend!r}")
+        if (target.num_layers, target.block_size, target.dtype) != (cfg.num_layers, cfg.block_size, cfg.kv_dtype):
+            raise ValueError(f"decode worker's KV layout ({target.num_layers} layers, block_size {target.block_size}, "
+                             f"{target.dtype}) differs from ours ({cfg.num_layers}, {cfg.block_size}, {cfg.kv_dtype})")
+        needed = blocks_needed(num_tokens, cfg.block_size)
+        if target.backend != "local" and len(target.block_ids) != needed:
+            raise ValueError(f"transfer target has {len(target.block_ids)} blocks; a prompt of {num_tokens} tokens "
+                             f"fills {needed}")
+
+    def _take_local_blocks(self, request: PrefillRequest) -> None:
+        """Colocated: compute straight into D's reserved blocks, holding our own reference on them."""
+        if self.local_reservations is None:
+            raise ValueError("a local transfer target needs a colocated (--role both) worker")
+        with self.state_lock:
+            found = self.local_reservations(request.request_id)
+            if found is None:
+                raise PrefillError(f"no reservation {request.request_id!r} waiting for KV on this worker", 409)
+            block_ids, cached_tokens = found
+            block_ids = block_ids[: blocks_needed(request.num_prompt_tokens, self.config.block_size)]
+            self.batcher.pool.incref(block_ids)
+        request.block_ids = block_ids
+        request.blocks_preassigned = True
+        request.num_cached_tokens = cached_tokens
+
+    # ---- status and metrics --------------------------------------------------------------------------
+
+    def status(self) -> dict[str, int]:
+        with self.state_lock:
+            batcher = self.batcher
+            return {"queue_len": len(batcher.queue) + len(batcher.prefilling),
+                    "num_running": len(batcher.prefilling), "num_waiting": len(batcher.queue),
+                    "free_blocks": batcher.pool.num_free, "total_blocks": batcher.pool.num_total}
+
+    def collect(self) -> Iterator[Metric]:
+        status = self.status()
+        stats = self.engine.stats
+        for name in ("queue_len", "num_running", "num_waiting", "free_blocks", "total_blocks"):
+            yield GaugeMetricFamily(f"pdserve_prefill_{name}", f"prefill {name.replace('_', ' ')}", status[name])
+        cache = self.batcher.cache.stats
+        yield GaugeMetricFamily("pdserve_prefill_prefix_hit_rate", "prefix cache hit rate (blocks)", cache.hit_rate)
+        for name, value, text in [
+            ("forwards", stats.num_forwards, "packed prefill forwards"),
+            ("computed_tokens", stats.num_computed_tokens, "prompt tokens computed"),
+            ("cached_tokens", stats.num_cached_tokens, "prompt tokens found in the prefix cache"),
+            ("requests_completed", stats.num_completed, "prefills whose KV reached the decode worker"),
+            ("requests_failed", stats.num_failed, "prefills that failed"),
+            ("forward_seconds", stats.forward_seconds, "time spent in prefill forwards"),
+        ]:
+            yield CounterMetricFamily(f"pdserve_prefill_{name}", text, value)
+
+
+def _error(status: int, message: str, kind: str) -> PrefillAnswer:
+    return PrefillAnswer(status, {"error": {"message": message, "type": kind, "code": status}})
