@@ -18,7 +18,7 @@ from pdserve.router.app import create_app
 from pdserve.router.config import RouterConfig
 
 from fake_workers import FakeDecodeWorker, FakePrefillWorker
-from uvicorn_thread import ServerThread
+from uvicorn_thread import ServerThread, stop_all
 
 MODEL = "smollm2-135m-instruct"
 
@@ -54,28 +54,44 @@ class Cluster:
 ClusterFactory = Callable[..., Cluster]
 
 
+@contextlib.contextmanager
+def cluster_factory(tokenizer: Tokenizer) -> Iterator[ClusterFactory]:
+    """make(num_prefill=1, num_decode=1, static=True, **RouterConfig fields) -> a running Cluster; every
+    server started through it stops when the context ends."""
+    servers: list[ServerThread] = []
+
+    def serve(app: Any) -> ServerThread:
+        servers.append(ServerThread(app).start())
+        return servers[-1]
+
+    def make(num_prefill: int = 1, num_decode: int = 1, static: bool = True, **overrides: Any) -> Cluster:
+        prefill = [FakePrefillWorker(f"fake-p{i}") for i in range(num_prefill)]
+        decode = [FakeDecodeWorker(f"fake-d{i}") for i in range(num_decode)]
+        p_servers = [serve(p.app) for p in prefill]
+        d_servers = [serve(d.app) for d in decode]
+        for worker, server in zip(decode, d_servers, strict=True):
+            worker.url = server.url
+        config = RouterConfig(model=MODEL, prefill_urls=tuple(s.url for s in p_servers) if static else (),
+                              decode_urls=tuple(s.url for s in d_servers) if static else (),
+                              **{"max_model_len": 2048, "poll_interval_s": 0.2, **overrides})
+        app = create_app(config, tokenizer)
+        return Cluster(serve(app), app, prefill, decode, p_servers, d_servers)
+
+    try:
+        yield make
+    finally:
+        stop_all(servers)
+
+
 @pytest.fixture
 def make_cluster(tokenizer: Tokenizer) -> Iterator[ClusterFactory]:
-    """make_cluster(num_prefill=1, num_decode=1, static=True, **RouterConfig fields) -> a running Cluster."""
-    with contextlib.ExitStack() as stack:
-
-        def make(num_prefill: int = 1, num_decode: int = 1, static: bool = True, **overrides: Any) -> Cluster:
-            prefill = [FakePrefillWorker(f"fake-p{i}") for i in range(num_prefill)]
-            decode = [FakeDecodeWorker(f"fake-d{i}") for i in range(num_decode)]
-            p_servers = [stack.enter_context(ServerThread(p.app)) for p in prefill]
-            d_servers = [stack.enter_context(ServerThread(d.app)) for d in decode]
-            for worker, server in zip(decode, d_servers, strict=True):
-                worker.url = server.url
-            config = RouterConfig(model=MODEL, prefill_urls=tuple(s.url for s in p_servers) if static else (),
-                                  decode_urls=tuple(s.url for s in d_servers) if static else (),
-                                  **{"max_model_len": 2048, "poll_interval_s": 0.2, **overrides})
-            app = create_app(config, tokenizer)
-            router = stack.enter_context(ServerThread(app))
-            return Cluster(router, app, prefill, decode, p_servers, d_servers)
-
+    """A fresh cluster per test, for tests that turn the fake workers' knobs."""
+    with cluster_factory(tokenizer) as make:
         yield make
 
 
-@pytest.fixture
-def cluster(make_cluster: ClusterFactory) -> Cluster:
-    return make_cluster()
+@pytest.fixture(scope="module")
+def cluster(tokenizer: Tokenizer) -> Iterator[Cluster]:
+    """One router + one FAKE P + one FAKE D shared by a module's tests (which must not turn knobs)."""
+    with cluster_factory(tokenizer) as make:
+        yield make()

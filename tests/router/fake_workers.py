@@ -11,7 +11,9 @@ when unseeded), so tests can tell n samples apart and check seed + i.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -146,7 +148,13 @@ class FakePrefillWorker:
                 "num_waiting": 0, "free_blocks": 100, "total_blocks": 100, "draining": False}
 
     def _build_app(self) -> FastAPI:
-        app = FastAPI()
+        @contextlib.asynccontextmanager
+        async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+            async with httpx.AsyncClient() as client:  # one client: creating one costs ~50 ms (SSL context)
+                self._client = client
+                yield
+
+        app = FastAPI(lifespan=lifespan)
 
         @app.post("/internal/prefill")
         async def prefill(body: dict[str, Any]) -> JSONResponse:
@@ -155,9 +163,8 @@ class FakePrefillWorker:
             if self.fail:
                 return JSONResponse({"error": {"message": "prefill crashed", "type": "server_error",
                                                "code": None}}, 500)
-            async with httpx.AsyncClient() as client:
-                await client.post(f"{body['transfer']['url']}/fake/kv_done/{rid}",
-                                  json={"first_token_id": FIRST_TOKEN_ID})
+            await self._client.post(f"{body['transfer']['url']}/fake/kv_done/{rid}",
+                                    json={"first_token_id": FIRST_TOKEN_ID})
             n = len(body["prompt_token_ids"])
             return JSONResponse({"request_id": rid, "first_token_id": FIRST_TOKEN_ID, "num_cached_tokens": 0,
                                  "num_computed_tokens": n, "prefill_s": 0.001})
