@@ -1,0 +1,48 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pdserve.planner.profile import DecodeSample, PrefillSample, Profile, fit_decode, fit_prefill
+
+
+def _prefill_samples(rng: np.random.Generator, noise: float) -> list[PrefillSample]:
+    a, b, c = 2e-5, 3e-9, 4e-3
+    out = []
+    for n in (16, 64, 256, 1024, 2048):
+        for batch in (1, 2, 4):
+            t = a * n * batch + b * n * n * batch + c
+            out.append(PrefillSample((n,) * batch, t * (1 + noise * rng.standard_normal())))
+    return out
+
+
+def test_prefill_fit_recovers_the_coefficients() -> None:
+    fit = fit_prefill(_prefill_samples(np.random.default_rng(0), 0.0))
+    assert fit.coef == pytest.approx((2e-5, 3e-9, 4e-3), rel=1e-6)
+    assert fit.r2 == pytest.approx(1.0)
+    noisy_samples = _prefill_samples(np.random.default_rng(0), 0.03)
+    noisy = fit_prefill(noisy_samples)
+    exact = [fit.predict(s.features()) for s in noisy_samples]
+    assert [noisy.predict(s.features()) for s in noisy_samples] == pytest.approx(exact, rel=0.1)
+    assert noisy.r2 > 0.99
+
+
+def test_decode_fit_and_non_negative_coefficients() -> None:
+    samples = [DecodeSample(b, b * ctx, 1e-8 * b * ctx + 5e-5 * b + 0.01) for b in (1, 4, 16) for ctx in (64, 512)]
+    fit = fit_decode(samples)
+    assert fit.coef == pytest.approx((1e-8, 5e-5, 0.01), rel=1e-6)
+    flat = [DecodeSample(b, b * 100, 0.02 - 1e-4 * b) for b in (1, 2, 4, 8)]  # cost falls with batch: noise
+    assert all(c >= 0 for c in fit_decode(flat).coef)
+
+
+def test_profile_json_round_trip(tmp_path) -> None:
+    samples = _prefill_samples(np.random.default_rng(1), 0.0)
+    dsamples = [DecodeSample(b, b * 64, 0.01 + 1e-4 * b) for b in (1, 2, 4, 8)]
+    prof = Profile("m", "cpu", "float32", 1024, 16, fit_prefill(samples), fit_decode(dsamples), samples, dsamples)
+    loaded = Profile.load(prof.save(tmp_path / "p.json"))
+    assert loaded == prof
+    assert loaded.prefill_time([256, 256]) == pytest.approx(2 * (2e-5 * 256 + 3e-9 * 256**2) + 4e-3)
+    assert loaded.prefill_time([128], [128]) > loaded.prefill_time([128])  # a chunk after a cached prefix
+    assert loaded.decode_time(4, 256) == pytest.approx(0.01 + 4e-4, rel=1e-6)
+    with pytest.raises(ValueError, match="at least 3 samples"):
+        fit_decode(dsamples[:2])
