@@ -16,8 +16,12 @@ prod(shape) * itemsize and is within FrameLimits.max_payload_bytes. Any violatio
 Other connections are untouched.
 
 Scatter runs on the loop thread: on CPU it is one memcpy of the frame; on CUDA the host→device copy of a
-pageable buffer is synchronous. A zero-copy path (a BufferedProtocol reading into pinned memory) is the
-next step once measurements show the loop thread saturating.
+pageable buffer is synchronous. Measured on the H200 host (16 cores), sender and receiver in one process
+and one loop over loopback, 32 layers × 128 blocks of Llama-3-8B shape in bf16 (256 MiB): about
+0.7 GB/s for CPU and for CUDA pools, of which crc32 (3.4 GiB/s there) takes about 40 %; a 4 MiB stream
+buffer limit instead of the default 64 KiB changed nothing. Next steps, by measured cost: a faster
+checksum (xxh3: 6.7 GiB/s there), then a BufferedProtocol reading straight into (pinned) payload buffers,
+which removes two of the receive path's copies.
 """
 
 from __future__ import annotations
