@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
+
 from pdserve.kv_transfer.target import TransferTarget
 from pdserve.kv_transfer.transfer_table import TransferTable
 from pdserve.kv_transfer.wire import dtype_name

@@ -12,6 +12,7 @@ import concurrent.futures
 from collections.abc import Sequence
 
 import torch
+
 from pdserve.kernels.block_copy import gather_blocks, scatter_blocks
 from pdserve.kv_transfer.base import KVReceiver, KVSender, KVTransferError
 from pdserve.kv_transfer.target import TransferTarget

@@ -34,6 +34,7 @@ import os
 from collections.abc import Sequence
 
 import torch
+
 from pdserve.kernels.block_copy import scatter_blocks
 from pdserve.kv_transfer.base import KVReceiver, OnComplete, OnFailure
 from pdserve.kv_transfer.wire import (

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
+
 from pdserve.kernels.block_copy import gather_blocks
 from pdserve.kv_transfer.base import KVSender, KVTransferError
 from pdserve.kv_transfer.target import TransferTarget

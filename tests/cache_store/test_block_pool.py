@@ -3,6 +3,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+
 from pdserve.cache_store.block_pool import BlockPool, OutOfBlocksError, assert_no_leak, blocks_needed
 
 

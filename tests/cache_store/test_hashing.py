@@ -4,6 +4,7 @@ import subprocess
 import sys
 
 import pytest
+
 from pdserve.cache_store.hashing import DIGEST_SIZE, block_hashes, hash_block
 
 FP = "smollm2-135m:bf16"

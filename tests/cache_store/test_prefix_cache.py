@@ -3,6 +3,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+
 from pdserve.cache_store.block_pool import BlockPool, OutOfBlocksError, assert_no_leak, blocks_needed
 from pdserve.cache_store.hashing import block_hashes
 from pdserve.cache_store.prefix_cache import PrefixCache, PrefixCacheStats

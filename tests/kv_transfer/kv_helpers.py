@@ -6,6 +6,7 @@ import asyncio
 from dataclasses import dataclass, field
 
 import torch
+
 from pdserve.kv_transfer.tcp_receiver import TcpKVReceiver
 from pdserve.kv_transfer.wire import (
     Auth,

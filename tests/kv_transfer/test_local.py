@@ -7,6 +7,7 @@ import time
 import pytest
 import torch
 from kv_helpers import NUM_LAYERS, Outcomes, make_pools
+
 from pdserve.kv_transfer.base import KVTransferError
 from pdserve.kv_transfer.local import LocalKVReceiver, LocalKVSender
 from pdserve.kv_transfer.registry import get_backend

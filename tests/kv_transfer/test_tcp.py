@@ -7,10 +7,11 @@ import re
 import threading
 import time
 
-import pdserve.kv_transfer
 import pytest
 import torch
 from kv_helpers import NUM_LAYERS, Outcomes, make_pools, start_receiver
+
+import pdserve.kv_transfer
 from pdserve.kv_transfer.base import KVTransferError
 from pdserve.kv_transfer.target import TransferTarget
 from pdserve.kv_transfer.tcp_receiver import TcpKVReceiver

@@ -9,6 +9,7 @@ import threading
 import pytest
 import torch
 from kv_helpers import NUM_LAYERS, Outcomes, make_pools
+
 from pdserve.kv_transfer.tcp_receiver import TcpKVReceiver
 from pdserve.kv_transfer.tcp_sender import TcpKVSender
 

@@ -7,6 +7,7 @@ import zlib
 import msgpack
 import pytest
 import torch
+
 from pdserve.kv_transfer.wire import (
     Auth,
     Done,
