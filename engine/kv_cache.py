@@ -8,6 +8,7 @@ block belongs to which sequence is cache_store's business; the engine only reads
 from __future__ import annotations
 
 import torch
+
 from pdserve.engine.config import CacheConfig, ModelConfig
 
 

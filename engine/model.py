@@ -20,10 +20,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-from pdserve.engine.attention_metadata import DecodeBatch, PrefillBatch
-from pdserve.engine.config import ModelConfig
 
 from pdserve import kernels
+from pdserve.engine.attention_metadata import DecodeBatch, PrefillBatch
+from pdserve.engine.config import ModelConfig
 
 LayerDone = Callable[[int], None]
 Attend = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (q [T, Hq, D], kv_cache) -> [T, Hq, D]

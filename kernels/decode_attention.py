@@ -9,6 +9,7 @@ A sequence with seq_len 0 (a padded CUDA-graph slot) yields zeros.
 from __future__ import annotations
 
 import torch
+
 from pdserve.kernels.dispatch import use_triton
 
 

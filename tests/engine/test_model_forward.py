@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny_hf_models import KINDS, TinyModel, hf_last_logits, make_tiny
+
 from pdserve.engine.attention_metadata import DecodeInput, PrefillChunk
 from pdserve.engine.config import CacheConfig
 from pdserve.engine.model import fuse_weights
 from pdserve.engine.runner import ModelRunner
-from tiny_hf_models import KINDS, TinyModel, hf_last_logits, make_tiny
 
 BLOCK = 4
 TOL = 2e-5  # fp32, logits of magnitude ~1: summation order differs from HF's SDPA

@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+
 from pdserve.engine.sampling import (
     Sampler,
     SamplingParams,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from pdserve.kernels.decode_attention import decode_attention_ref
 from pdserve.kernels.paged import attend_ref, gather_sequence_kv
 
