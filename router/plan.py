@@ -5,6 +5,8 @@ model (404), unsupported features, counts, prompt, context length, sampling valu
 
 from __future__ import annotations
 
+import dataclasses
+import re
 import time
 import uuid
 from dataclasses import dataclass
@@ -147,5 +149,11 @@ def _sampling_params(req: SamplingFields, max_tokens: int, stop: tuple[str, ...]
             logprobs=logprobs,
         )
     except ValueError as exc:
-        param = str(exc).split(" ", 1)[0]
-        raise bad_request(str(exc), param=param if param.isidentifier() else None) from exc
+        raise bad_request(str(exc), param=_named_field(str(exc))) from exc
+
+
+def _named_field(message: str) -> str | None:
+    """The SamplingParams field a validation message is about (the longest name it mentions)."""
+    words = set(re.findall(r"[a-z_]+", message))
+    named = [f.name for f in dataclasses.fields(SamplingParams) if f.name in words]
+    return max(named, key=len) if named else None

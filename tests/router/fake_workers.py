@@ -56,6 +56,7 @@ class FakeDecodeWorker:
         self.free_blocks = total_blocks
         self.cached_tokens = 0
         self.reserved: list[str] = []
+        self.refused = 0  # reserve calls answered 503
         self.finished: list[str] = []
         self.closed_early: list[str] = []  # streams the router hung up on before the last frame
         self.aborted: list[str] = []
@@ -74,6 +75,7 @@ class FakeDecodeWorker:
         @app.post("/internal/reserve")
         async def reserve(body: dict[str, Any]) -> JSONResponse:
             if self.full:
+                self.refused += 1
                 return JSONResponse({"error": {"message": "no free KV blocks", "type": "service_unavailable_error",
                                                "code": "kv_full"}, "retry_after": self.retry_after}, 503)
             rid = body["request_id"]
