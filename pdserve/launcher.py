@@ -36,7 +36,8 @@ _PR_SET_PDEATHSIG = 1
 class ChildSpec:
     name: str
     argv: list[str]
-    health_url: str
+    health_url: str  # 200 once it can serve (the router: once it has a prefill and a decode worker)
+    up_url: str | None = None  # 200 once it listens (workers are started after the router is up)
 
 
 def free_port(host: str) -> int:
@@ -50,7 +51,7 @@ def plan_children(settings: LaunchSettings, python: str = sys.executable) -> lis
     base = [python, "-m", "pdserve.cli"]
     router_url = f"http://{settings.host}:{settings.port}"
     children = [ChildSpec("router", [*base, "router", "--host", settings.host, "--port", str(settings.port),
-                                     *settings.router_args], f"{router_url}/health")]
+                                     *settings.router_args], f"{router_url}/health", f"{router_url}/v1/models")]
     if settings.colocated:
         workers = [("decode", "both", 0)]
     else:
@@ -93,25 +94,26 @@ class Launcher:
             process = subprocess.Popen(spec.argv, preexec_fn=preexec)  # noqa: PLW1509
             self.children.append((spec, process))
             self.log(f"started {spec.name} (pid {process.pid}): {' '.join(spec.argv[3:])}")
-            if spec.name == "router":
-                self._wait_healthy([spec], self.settings.ready_timeout_s)
+            if spec.up_url is not None:
+                self._wait_for([spec.up_url], [spec.name], self.settings.ready_timeout_s)
 
     def wait_ready(self) -> None:
-        self._wait_healthy([spec for spec, _ in self.children], self.settings.ready_timeout_s)
+        specs = [spec for spec, _ in self.children]
+        self._wait_for([s.health_url for s in specs], [s.name for s in specs], self.settings.ready_timeout_s)
         self.log(f"pdserve ready: http://{self.settings.host}:{self.settings.port}/v1 "
                  f"({', '.join(spec.name for spec, _ in self.children)})")
 
-    def _wait_healthy(self, specs: list[ChildSpec], timeout_s: float) -> None:
+    def _wait_for(self, urls: list[str], names: list[str], timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
-        pending = list(specs)
-        with httpx.Client(timeout=2.0) as client:
+        pending = dict(zip(urls, names, strict=True))
+        with httpx.Client(timeout=2.0, trust_env=False) as client:
             while pending:
                 if self._stop.is_set():
                     raise InterruptedError("stopping before the deployment was ready")
                 self._check_alive()
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"not healthy after {timeout_s:g} s: {[s.name for s in pending]}")
-                pending = [s for s in pending if not _healthy(client, s.health_url)]
+                    raise TimeoutError(f"not ready after {timeout_s:g} s: {sorted(pending.values())}")
+                pending = {url: name for url, name in pending.items() if not _healthy(client, url)}
                 if pending:
                     self._stop.wait(0.2)
 

@@ -47,6 +47,7 @@ class ModelSettings:
     model: str = DEFAULT_MODEL
     load_format: str = "auto"
     model_preset: str | None = None
+    tokenizer: str | None = None  # a directory with tokenizer.json, overriding the model's
     device: str = "auto"  # auto: cuda when available, else cpu
     dtype: str = "auto"  # auto: bfloat16 on cuda, float32 on cpu
     cache_dir: str | None = None
@@ -207,6 +208,7 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
                        help=f"model name, .gguf file or Hugging Face directory (default {DEFAULT_MODEL})")
     group.add_argument("--load-format", default="auto", choices=LOAD_FORMATS)
     group.add_argument("--model-preset", default=None, help="shapes for --load-format dummy, e.g. llama3-8b")
+    group.add_argument("--tokenizer", default=None, help="directory with tokenizer.json (dummy weights have none)")
     group.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 ... (default: cuda if available)")
     group.add_argument("--dtype", default="auto", choices=DTYPES)
     group.add_argument("--max-model-len", type=int, default=None, help="cap on prompt + output tokens")
@@ -239,7 +241,7 @@ def add_worker_arguments(parser: argparse.ArgumentParser, role: str) -> None:
 
 def model_settings_from_args(args: argparse.Namespace, cache_dir: str | None) -> ModelSettings:
     return ModelSettings(model=args.model, load_format=args.load_format, model_preset=args.model_preset,
-                         device=args.device, dtype=args.dtype, cache_dir=cache_dir,
+                         tokenizer=args.tokenizer, device=args.device, dtype=args.dtype, cache_dir=cache_dir,
                          max_model_len=args.max_model_len)
 
 

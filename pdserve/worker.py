@@ -73,7 +73,8 @@ def served_model_name(settings: ModelSettings) -> str:
 def load_engine_model(settings: ModelSettings, device: str, dtype: torch.dtype) -> LoadedModel:
     dummy = settings.load_format == "dummy"
     model = (settings.model_preset or settings.model) if dummy else settings.model
-    loaded = load_model(ModelSpec(model, settings.load_format, seed=settings.seed), dtype, device, settings.cache_dir)
+    spec = ModelSpec(model, settings.load_format, tokenizer=settings.tokenizer, seed=settings.seed)
+    loaded = load_model(spec, dtype, device, settings.cache_dir)
     if settings.max_model_len is not None:
         limit = min(settings.max_model_len, loaded.config.max_model_len)
         loaded.config = dataclasses.replace(loaded.config, max_model_len=limit)
@@ -300,6 +301,7 @@ def bind_socket(host: str, port: int) -> socket.socket:
 
 def run_worker(settings: WorkerSettings) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per heartbeat otherwise
     worker = Worker(settings)
     sock = bind_socket(settings.server.host, settings.server.port)
     port = sock.getsockname()[1]

@@ -1,0 +1,91 @@
+"""`pdserve router`: the OpenAI-compatible front end. Workers register with it (`--router URL` on their side),
+or are listed statically with `--prefill URL` / `--decode URL` (repeatable).
+
+It loads the model's tokenizer and config only, never its weights. Reads PDSERVE_CACHE_DIR and PDSERVE_SECRET
+from the environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    from pdserve.settings import DEFAULT_MODEL, LOAD_FORMATS
+
+    parser = subparsers.add_parser("router", help="start the router (OpenAI API)", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--model", default=DEFAULT_MODEL)
+    parser.add_argument("--load-format", default="auto", choices=LOAD_FORMATS)
+    parser.add_argument("--model-preset", default=None, help="with --load-format dummy")
+    parser.add_argument("--tokenizer", default=None, help="directory with tokenizer.json (dummy weights have none)")
+    parser.add_argument("--max-model-len", type=int, default=None)
+    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--prefill", action="append", default=[], metavar="URL", help="a static prefill worker")
+    parser.add_argument("--decode", action="append", default=[], metavar="URL", help="a static decode worker")
+    parser.add_argument("--prefill-policy", default=None, help="how P is chosen (default: the router's)")
+    parser.add_argument("--decode-policy", default=None, help="how D is chosen (default: the router's)")
+    parser.add_argument("--heartbeat-interval", type=float, default=1.0)
+    parser.add_argument("--heartbeat-timeout", type=float, default=None, help="default: 3 x --heartbeat-interval")
+    parser.set_defaults(func=run)
+
+
+def model_facts(model: str, load_format: str, preset: str | None, tokenizer_dir: str | None,
+                cache_dir: Path | None) -> tuple[str, object, int]:
+    """(served name, tokenizer, max_model_len) without loading any weight."""
+    from pdserve.engine.presets import get_preset
+    from pdserve.engine.weights import KNOWN_MODELS, ModelSpec, resolve_model
+    from pdserve.engine.weights.convert import ensure_converted
+    from pdserve.engine.weights.fetch import converted_dir, default_cache_dir, fetch_model
+    from pdserve.engine.weights.fingerprint import file_digest
+    from pdserve.engine.weights.hf_dir import hf_config
+    from pdserve.engine.weights.loader import load_tokenizer
+    from pdserve.engine.weights.registry import ModelKind
+
+    name_or_preset = (preset or model) if load_format == "dummy" else model
+    resolved = resolve_model(name_or_preset, load_format)
+    tokenizer = load_tokenizer(ModelSpec(name_or_preset, load_format, tokenizer=tokenizer_dir), cache_dir)
+    if resolved.kind is ModelKind.DUMMY:
+        return resolved.name, tokenizer, get_preset(resolved.preset or "").max_model_len
+    cache = cache_dir or default_cache_dir()
+    if resolved.kind is ModelKind.EMBEDDED:
+        path = fetch_model(KNOWN_MODELS[resolved.name], cache)
+    elif resolved.kind is ModelKind.GGUF:
+        assert resolved.path is not None
+        path = ensure_converted(resolved.path, converted_dir(cache, resolved.name, file_digest(resolved.path)),
+                                resolved.name)
+    else:
+        assert resolved.path is not None
+        path = resolved.path
+    return resolved.name, tokenizer, hf_config(path, resolved.name).max_model_len
+
+
+def run(args: argparse.Namespace) -> int:
+    import logging
+
+    import uvicorn
+
+    from pdserve.router.app import create_app
+    from pdserve.router.config import RouterConfig
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    cache_dir = os.environ.get("PDSERVE_CACHE_DIR")
+    name, tokenizer, max_len = model_facts(args.model, args.load_format, args.model_preset, args.tokenizer,
+                                           Path(cache_dir) if cache_dir else None)
+    if tokenizer is None:
+        raise SystemExit(f"model {name!r} has no tokenizer: give --tokenizer DIR (a directory with tokenizer.json)")
+    policies = {key: value for key, value in (("prefill_policy", args.prefill_policy),
+                                               ("decode_policy", args.decode_policy)) if value is not None}
+    config = RouterConfig(
+        model=name, max_model_len=min(max_len, args.max_model_len or max_len), block_size=args.block_size,
+        prefill_urls=tuple(args.prefill), decode_urls=tuple(args.decode),
+        secret=os.environ.get("PDSERVE_SECRET") or None, heartbeat_interval_s=args.heartbeat_interval,
+        heartbeat_timeout_s=args.heartbeat_timeout, **policies,
+    )
+    logging.getLogger("pdserve.router").info("router for %s on http://%s:%d", name, args.host, args.port)
+    uvicorn.run(create_app(config, tokenizer), host=args.host, port=args.port, log_level="warning",
+                access_log=False, timeout_graceful_shutdown=3)
+    return 0
