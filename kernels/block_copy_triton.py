@@ -37,7 +37,7 @@ def _block_copy_kernel(
 def _check_blocks(t: torch.Tensor, name: str) -> None:
     if t.dim() != 5 or t.shape[0] != 2:
         raise ValueError(f"{name} must be [2, blocks, block_size, Hkv, D], got {tuple(t.shape)}")
-    _, _, bs, heads, dim = t.shape
+    heads, dim = t.shape[3:]
     if t.stride(4) != 1 or t.stride(3) != dim or t.stride(2) != heads * dim:
         raise ValueError(f"{name} needs contiguous blocks (strides {t.stride()}, shape {tuple(t.shape)})")
 

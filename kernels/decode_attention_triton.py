@@ -30,7 +30,7 @@ def _decode_split_kernel(
     stride_qb, stride_qh, stride_ob, stride_oh, stride_bt,
     stride_ckv, stride_cblk, stride_ctok, stride_ch,
     stride_pb, stride_ph, stride_ps, stride_lb, stride_lh,
-    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, SINGLE: tl.constexpr,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, SINGLE: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     # q: [B, Hq, D]; cache: [2, num_blocks, PAGE, Hkv, D]; block_tables: [B, max_blocks]
@@ -62,14 +62,14 @@ def _decode_split_kernel(
         rows = page * stride_cblk + (offs_n % PAGE) * stride_ctok  # [BLOCK_N]
         kv_mask = n_mask[:, None] & (d < HEAD_DIM)[None, :]
         k = tl.load(k_base + rows[:, None] + d[None, :], mask=kv_mask, other=0.0)  # [BLOCK_N, BLOCK_D]
-        s = tl.dot(q, tl.trans(k)) * qk_scale  # [BLOCK_G, BLOCK_N], log2 domain
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # [BLOCK_G, BLOCK_N], log2 domain
         s = tl.where(n_mask[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
         v = tl.load(v_base + rows[:, None] + d[None, :], mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
         m_i = m_new
 
     has_keys = l_i > 0
@@ -145,7 +145,8 @@ def _launch(q, kv_cache, seq_lens, block_tables, scale, num_splits=None, config=
         return out
     if num_splits is None:
         num_splits = num_splits_for(batch, kv_heads, block_tables.shape[1] * page, _sm_count(q.device))
-    block_n, num_warps, num_stages = config or (64, 4, 2)
+    # fp32 (tests only) runs its exact dots on the FMA units: a small tile keeps it out of local memory
+    block_n, num_warps, num_stages = config or ((64, 4, 2) if q.dtype != torch.float32 else (16, 4, 1))
     block_d = triton.next_power_of_2(dim)
     single = num_splits == 1
     part_out = out if single else torch.empty((batch, q_heads, num_splits, dim), dtype=torch.float32, device=q.device)
@@ -155,7 +156,7 @@ def _launch(q, kv_cache, seq_lens, block_tables, scale, num_splits=None, config=
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         *kv_cache.stride()[:4], part_out.stride(0), part_out.stride(1), part_out.stride(2),
         part_lse.stride(0), part_lse.stride(1),
-        GROUP=group, HEAD_DIM=dim, PAGE=page, SINGLE=single,
+        GROUP=group, HEAD_DIM=dim, PAGE=page, SINGLE=single, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n, BLOCK_D=block_d,
         num_warps=num_warps, num_stages=num_stages,
     )

@@ -32,11 +32,11 @@ class GemvConfig:
     num_stages: int = 4
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])  # one compiled kernel for every batch size up to BLOCK_M
 def _gemv_kernel(
     x_ptr, w_ptr, bias_ptr, out_ptr, part_ptr, M, N, K, k_per_split,
     stride_xm, stride_wn, stride_om, stride_ps,
-    HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, USE_DOT: tl.constexpr, EVEN: tl.constexpr,
+    HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, USE_DOT: tl.constexpr, EVEN: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     # x: [M, K]; w: [N, K]; out: [M, N]; part: [SPLIT_K, M, N] fp32; grid: (cdiv(N, BLOCK_N), SPLIT_K)
@@ -60,7 +60,7 @@ def _gemv_kernel(
             w = tl.load(w_ptrs, mask=(offs_n < N)[:, None] & k_ok, other=0.0, eviction_policy="evict_first")
             x = tl.load(x_ptrs, mask=(offs_m[:, None] < M) & k_ok, other=0.0)
         if USE_DOT:
-            acc = tl.dot(x.to(w.dtype), tl.trans(w), acc)
+            acc = tl.dot(x.to(w.dtype), tl.trans(w), acc, input_precision=PRECISION)
         else:
             acc += x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
         w_ptrs += BLOCK_K
@@ -87,7 +87,7 @@ def _split_k_reduce_kernel(
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < N
     acc = tl.zeros([BLOCK], tl.float32)
-    for s in range(0, split_k):
+    for s in range(split_k):
         acc += tl.load(part_ptr + s * stride_ps + m * N + offs, mask=mask, other=0.0)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs, mask=mask, other=0.0).to(tl.float32)
@@ -113,6 +113,7 @@ def gemv_triton(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
         x2, weight, bias_arg, out, part, m, n, k, k_per_split,
         x2.stride(0), weight.stride(0), out.stride(0), part.stride(0),
         HAS_BIAS=bias is not None, SPLIT=split_k > 1, USE_DOT=cfg.use_dot, EVEN=even,
+        PRECISION="ieee" if x2.dtype == torch.float32 else "tf32",
         BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )

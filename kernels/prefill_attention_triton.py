@@ -23,7 +23,7 @@ _LOG2E = 1.4426950408889634
 @triton.jit
 def _attend_block(
     acc, l_i, m_i, q, k_base, v_base, table, n0, pos, seq_len, qk_scale, stride_cblk, stride_ctok,
-    MASKED: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
+    MASKED: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     # q: [BLOCK_M, BLOCK_D]; keys n0 .. n0 + BLOCK_N; acc: [BLOCK_M, BLOCK_D]; l_i, m_i, pos: [BLOCK_M]
@@ -45,14 +45,17 @@ def _attend_block(
     else:
         k = tl.load(k_base + rows)
         v = tl.load(v_base + rows)
-    s = tl.dot(q, tl.trans(k)) * qk_scale  # [BLOCK_M, BLOCK_N], log2 domain
+    s = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # [BLOCK_M, BLOCK_N]
     if MASKED:
-        s = tl.where((offs_n[None, :] <= pos[:, None]) & n_ok[None, :], s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        s = tl.where((offs_n[None, :] <= pos[:, None]) & n_ok[None, :], s * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        p = tl.exp2(s - m_new[:, None])
+    else:  # scale folded into one FMA with the max subtraction (qk_scale > 0, so max commutes with it)
+        m_new = tl.maximum(m_i, tl.max(s, axis=1) * qk_scale)
+        p = tl.exp2(s * qk_scale - m_new[:, None])
     alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(s - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
     return acc, l_i, m_new
 
 
@@ -60,7 +63,7 @@ def _attend_block(
 def _prefill_attention_kernel(
     q_ptr, cache_ptr, cu_q_ptr, seq_lens_ptr, block_tables_ptr, out_ptr, qk_scale, num_seqs,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_bt, stride_ckv, stride_cblk, stride_ctok, stride_ch,
-    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, BLOCK_B: tl.constexpr,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, PRECISION: tl.constexpr, BLOCK_B: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     # q, out: [T, Hq, D]; cu_q: [B + 1]; seq_lens: [B]; block_tables: [B, max_blocks]
@@ -97,17 +100,22 @@ def _prefill_attention_kernel(
         for n0 in range(0, full_end, BLOCK_N):
             acc, l_i, m_i = _attend_block(
                 acc, l_i, m_i, q, k_base, v_base, table, n0, pos, seq_len, qk_scale, stride_cblk, stride_ctok,
-                False, HEAD_DIM, PAGE, BLOCK_N, BLOCK_D,
+                False, HEAD_DIM, PAGE, PRECISION, BLOCK_N, BLOCK_D,
             )
         last_key = tl.minimum(first_pos + BLOCK_M, seq_len)
         for n0 in range(full_end, last_key, BLOCK_N):
             acc, l_i, m_i = _attend_block(
                 acc, l_i, m_i, q, k_base, v_base, table, n0, pos, seq_len, qk_scale, stride_cblk, stride_ctok,
-                True, HEAD_DIM, PAGE, BLOCK_N, BLOCK_D,
+                True, HEAD_DIM, PAGE, PRECISION, BLOCK_N, BLOCK_D,
             )
         out = acc / l_i[:, None]
         o_ptrs = out_ptr + tokens * stride_ot + head * stride_oh + d[None, :]
         tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=md_mask)
+
+
+def _precision(dtype: torch.dtype) -> str:
+    """fp32 inputs get exact fp32 dots; tf32 would cost ~1e-2 relative error in the attention weights."""
+    return "ieee" if dtype == torch.float32 else "tf32"
 
 
 def _check(q, kv_cache, cu_seqlens_q, seq_lens, block_tables):
@@ -128,10 +136,12 @@ def _check(q, kv_cache, cu_seqlens_q, seq_lens, block_tables):
         raise ValueError("q, kv_cache and block_tables need unit stride in their last dim")
 
 
-def _default_config(dim: int, device: torch.device) -> tuple:
+def _default_config(dim: int, dtype: torch.dtype, device: torch.device) -> tuple:
     """(BLOCK_M, BLOCK_N, num_warps, num_stages)."""
     if device.type != "cuda":
         return 64, 32, 4, 1
+    if dtype == torch.float32:  # exact fp32 dots run on the FMA units: small tiles keep registers in check
+        return 32, 32, 4, 2
     return (128, 64, 8, 3) if dim <= 128 else (64, 32, 4, 2)
 
 
@@ -142,12 +152,12 @@ def _launch(q, kv_cache, cu_seqlens_q, seq_lens, block_tables, scale, config=Non
     out = torch.empty_like(q)
     if tokens == 0 or batch == 0:
         return out
-    block_m, block_n, num_warps, num_stages = config or _default_config(dim, q.device)
+    block_m, block_n, num_warps, num_stages = config or _default_config(dim, q.dtype, q.device)
     grid = (q_heads, triton.cdiv(tokens, block_m) + batch)  # >= sum_i cdiv(q_len_i, BLOCK_M); extras exit
     _prefill_attention_kernel[grid](
         q, kv_cache, cu_seqlens_q, seq_lens, block_tables, out, scale * _LOG2E, batch,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0), *kv_cache.stride()[:4],
-        GROUP=q_heads // kv_cache.shape[3], HEAD_DIM=dim, PAGE=kv_cache.shape[2],
+        GROUP=q_heads // kv_cache.shape[3], HEAD_DIM=dim, PAGE=kv_cache.shape[2], PRECISION=_precision(q.dtype),
         BLOCK_B=triton.next_power_of_2(batch), BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_D=triton.next_power_of_2(dim), num_warps=num_warps, num_stages=num_stages,
     )

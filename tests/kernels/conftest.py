@@ -15,14 +15,14 @@ import torch
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
-import pytest  # noqa: E402
+import pytest
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if DEVICE == "cuda" else [])
 
-# max |out - ref| / max(|ref|, 1) allowed: fp32 on CUDA goes through tf32 tensor-core dots (~1e-3);
-# fp16/bf16 outputs are rounded once more than the reference's
-TOLERANCE = {torch.float32: 2e-3 if DEVICE == "cuda" else 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+# max |out - ref| / max(|ref|, 1) allowed: fp32 kernels do exact fp32 math (the GPU's fp32 exp2/division
+# are not correctly rounded, hence 1e-4 there); fp16/bf16 outputs are rounded once more than the reference's
+TOLERANCE = {torch.float32: 1e-4 if DEVICE == "cuda" else 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 
 
 @pytest.fixture(params=DTYPES, ids=lambda d: str(d).removeprefix("torch."))

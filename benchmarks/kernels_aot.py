@@ -1,0 +1,126 @@
+# ruff: noqa: C408  (keyword dicts mirror the kernels' argument lists)
+"""Compile pdserve's Triton kernels for sm_90 (H100/H200) on a machine without a GPU, and print each
+variant's registers, spills and shared memory: errors and spills show up here at no device time.
+
+    .venv/bin/python benchmarks/kernels_aot.py
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from pdserve.kernels.activation_triton import _silu_and_mul_kernel
+from pdserve.kernels.decode_attention_triton import _decode_reduce_kernel, _decode_split_kernel
+from pdserve.kernels.linear_triton import _gemv_kernel
+from pdserve.kernels.prefill_attention_triton import _prefill_attention_kernel
+from pdserve.kernels.rms_norm_triton import _rms_norm_kernel
+from pdserve.kernels.rope_triton import _rope_kv_write_kernel
+
+TARGET = GPUTarget("cuda", 90, 32)
+CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+
+
+@dataclass(frozen=True)
+class C:
+    """A constexpr argument."""
+
+    value: object
+
+
+def compile_variant(fn, args: dict, num_warps: int, num_stages: int = 3):
+    """args: name -> C(value) | '*bf16'-style pointer type | int (i32, 16-divisible when it is) | float."""
+    sig, consts, attrs = {}, {}, {}
+    for i, name in enumerate(fn.arg_names):
+        v = args[name]
+        if isinstance(v, C) or (type(v) is int and v == 1):
+            sig[name], consts[name] = "constexpr", v.value if isinstance(v, C) else 1
+        elif isinstance(v, str):
+            sig[name], attrs[(i,)] = v, [["tt.divisibility", 16]]
+        elif isinstance(v, float):
+            sig[name] = "fp32"
+        else:
+            sig[name] = "i32"
+            if v % 16 == 0:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    src = ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
+    return triton.compile(src, target=TARGET, options={"num_warps": num_warps, "num_stages": num_stages})
+
+
+def resources(kernel) -> str:
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kernel.asm["cubin"])
+        f.flush()
+        text = subprocess.run([str(CUOBJDUMP), "--dump-resource-usage", f.name], capture_output=True, text=True, check=True).stdout
+    regs = re.search(r"REG:(\d+)", text)
+    stack = re.search(r"STACK:(\d+)", text)
+    return f"regs {regs.group(1) if regs else '?'} stack {stack.group(1) if stack else '?'} smem {kernel.metadata.shared}"
+
+
+def variants():
+    bf = "*bf16"
+    norm = dict(x_ptr=bf, res_ptr=bf, w_ptr=bf, out_ptr=bf, h_ptr=bf, num_rows=8192, hidden=4096, stride_x=4096,
+                stride_res=4096, stride_out=4096, stride_h=4096, eps=1e-5, HAS_RESIDUAL=C(True))
+    for rows, warps in ((1, 8), (2, 8), (4, 16)):
+        yield f"rms_norm rows{rows} w{warps}", _rms_norm_kernel, {**norm, "BLOCK_ROWS": C(rows), "BLOCK_H": C(4096)}, warps, 1
+    silu = dict(x_ptr=bf, out_ptr=bf, inter=14336, stride_x=28672, stride_out=14336, EVEN=C(True))
+    yield "silu_and_mul 1024", _silu_and_mul_kernel, {**silu, "BLOCK": C(1024)}, 4, 1
+    rope = dict(q_ptr=bf, k_ptr=bf, v_ptr=bf, pos_ptr="*i64", cos_sin_ptr="*fp32", cache_ptr=bf, slot_ptr="*i64",
+                stride_qt=6144, stride_qh=128, stride_kt=6144, stride_kh=128, stride_vt=6144, stride_vh=128,
+                stride_cs=128, stride_ckv=1 << 28, stride_cblk=16384, stride_ctok=1024, stride_ch=128,
+                NUM_Q_HEADS=C(32), NUM_KV_HEADS=C(8), HALF=C(64), PAGE=C(16), BLOCK_HQ=C(32), BLOCK_HKV=C(8),
+                BLOCK_HALF=C(64))
+    yield "rope_kv_write llama3-8b", _rope_kv_write_kernel, rope, 4, 1
+    yield from attention_variants(bf)
+    yield from gemv_variants(bf)
+
+
+def attention_variants(bf: str):
+    cache = dict(stride_ckv=1 << 28, stride_cblk=16384, stride_ctok=1024, stride_ch=128)
+    dec = dict(q_ptr=bf, cache_ptr=bf, seq_lens_ptr="*i32", block_tables_ptr="*i32", out_ptr=bf,
+               part_out_ptr="*fp32", part_lse_ptr="*fp32", qk_scale=0.127, num_splits=2, stride_qb=4096,
+               stride_qh=128, stride_ob=4096, stride_oh=128, stride_bt=256, **cache, stride_pb=8192,
+               stride_ph=256, stride_ps=128, stride_lb=64, stride_lh=2, GROUP=C(4), HEAD_DIM=C(128), PAGE=C(16),
+               SINGLE=C(False), PRECISION=C("tf32"), BLOCK_G=C(16), BLOCK_D=C(128))
+    for block_n, warps, stages in ((64, 4, 2), (64, 4, 3), (128, 4, 2), (32, 4, 3), (64, 8, 3)):
+        yield f"decode split n{block_n} w{warps} s{stages}", _decode_split_kernel, {**dec, "BLOCK_N": C(block_n)}, warps, stages
+    red = dict(part_out_ptr="*fp32", part_lse_ptr="*fp32", out_ptr=bf, num_splits=2, stride_pb=8192, stride_ph=256,
+               stride_ps=128, stride_lb=64, stride_lh=2, stride_ob=4096, stride_oh=128, HEAD_DIM=C(128),
+               BLOCK_S=C(2), BLOCK_D=C(128))
+    yield "decode reduce", _decode_reduce_kernel, red, 4, 1
+    pre = dict(q_ptr=bf, cache_ptr=bf, cu_q_ptr="*i32", seq_lens_ptr="*i32", block_tables_ptr="*i32", out_ptr=bf,
+               qk_scale=0.127, num_seqs=1, stride_qt=4096, stride_qh=128, stride_ot=4096, stride_oh=128,
+               stride_bt=256, **cache, GROUP=C(4), HEAD_DIM=C(128), PAGE=C(16), PRECISION=C("tf32"), BLOCK_B=C(1), BLOCK_D=C(128))
+    for bm, bn, warps, stages in ((128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 3), (128, 64, 4, 3)):
+        yield (f"prefill m{bm} n{bn} w{warps} s{stages}", _prefill_attention_kernel,
+               {**pre, "BLOCK_M": C(bm), "BLOCK_N": C(bn)}, warps, stages)
+
+
+def gemv_variants(bf: str):
+    base = dict(x_ptr=bf, w_ptr=bf, bias_ptr=bf, out_ptr=bf, part_ptr="*fp32", M=4, N=4096, K=14336,
+                k_per_split=3584, stride_xm=14336, stride_wn=14336, stride_om=4096, stride_ps=16384,
+                HAS_BIAS=C(False), SPLIT=C(True), EVEN=C(True), PRECISION=C("tf32"))
+    for dot, bm, bn, bk, warps, stages in ((True, 16, 16, 512, 4, 4), (True, 16, 32, 256, 4, 4),
+                                           (True, 16, 64, 128, 4, 3), (False, 1, 16, 512, 4, 4),
+                                           (False, 4, 16, 128, 4, 4)):
+        yield (f"gemv dot={dot} m{bm} n{bn} k{bk} w{warps} s{stages}", _gemv_kernel,
+               {**base, "USE_DOT": C(dot), "BLOCK_M": C(bm), "BLOCK_N": C(bn), "BLOCK_K": C(bk)}, warps, stages)
+
+
+def main() -> None:
+    for name, fn, args, warps, stages in variants():
+        try:
+            print(f"{name:40s} {resources(compile_variant(fn, args, warps, stages))}", flush=True)
+        except Exception as exc:  # noqa: BLE001 -- report every variant, not only the first failure
+            print(f"{name:40s} FAILED: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
