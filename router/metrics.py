@@ -78,7 +78,7 @@ class RouterMetrics:
 class StreamTimer:
     """Latencies of one sub-request as its frames arrive (times from time.perf_counter)."""
 
-    __slots__ = ("_metrics", "_arrival", "_first", "_last")
+    __slots__ = ("_arrival", "_first", "_last", "_metrics")
 
     def __init__(self, metrics: RouterMetrics, arrival: float) -> None:
         self._metrics = metrics

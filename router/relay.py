@@ -67,7 +67,7 @@ class DecodeStream:
         decoder = FrameDecoder()
         try:
             async for chunk in self._chunks:
-                for frame in decoder.feed(chunk):
+                for frame in self._decode(decoder, chunk):
                     if frame.finish_reason is not None:
                         self._finished = True
                     yield frame
@@ -78,6 +78,13 @@ class DecodeStream:
                                f"{self.sub.request_id}: {exc!r}") from exc
         raise WorkerFailed(f"decode worker {self.decode.worker_id} ended the stream of {self.sub.request_id} "
                            f"without a finish frame ({decoder.pending_bytes} bytes of a partial frame)")
+
+    def _decode(self, decoder: FrameDecoder, chunk: bytes) -> list[Frame]:
+        try:
+            return decoder.feed(chunk)
+        except ValueError as exc:  # msgpack's errors are ValueErrors too
+            raise WorkerFailed(f"decode worker {self.decode.worker_id} sent a corrupt frame for "
+                               f"{self.sub.request_id}: {exc}") from exc
 
     async def close(self) -> None:
         """After the finish frame: read the (empty) rest so the connection is reused. Before it: hang up,

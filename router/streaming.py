@@ -112,6 +112,9 @@ async def _frames(streams: list[DecodeStream], writer: ResponseWriter, metrics: 
             yield position, frame
     except WorkerFailed as exc:
         raise upstream_error(str(exc)) from exc
+    unfinished = [c.index for c in writer.choices if c.finish_reason is None]
+    if unfinished:  # DecodeStream.frames raises first; this guards the merge against any other ending
+        raise upstream_error(f"choices {unfinished} ended without a finish frame")
 
 
 async def _single(stream: DecodeStream) -> AsyncIterator[tuple[int, Frame]]:
@@ -124,13 +127,14 @@ async def _merged(streams: list[DecodeStream]) -> AsyncIterator[tuple[int, Frame
     queue: asyncio.Queue[tuple[int, Frame | None, BaseException | None]] = asyncio.Queue()
 
     async def pump(position: int, stream: DecodeStream) -> None:
+        error: WorkerFailed | None = None
         try:
             async for frame in stream.frames():
                 queue.put_nowait((position, frame, None))
-        except Exception as exc:  # handed to the consumer, which raises it
-            queue.put_nowait((position, None, exc))
-            return
-        queue.put_nowait((position, None, None))
+        except WorkerFailed as exc:  # handed to the consumer, which raises it
+            error = exc
+        finally:  # always tell the consumer this stream is over, or it would wait forever
+            queue.put_nowait((position, None, error))
 
     pumps = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
     try:

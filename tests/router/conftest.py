@@ -12,13 +12,13 @@ from typing import Any
 
 import openai
 import pytest
+from fake_workers import FakeDecodeWorker, FakePrefillWorker
+from uvicorn_thread import ServerThread, stop_all
+
 from pdserve.engine.tokenizer import Tokenizer
 from pdserve.engine.weights.fetch import default_cache_dir, fetch_default_model
 from pdserve.router.app import create_app
 from pdserve.router.config import RouterConfig
-
-from fake_workers import FakeDecodeWorker, FakePrefillWorker
-from uvicorn_thread import ServerThread, stop_all
 
 MODEL = "smollm2-135m-instruct"
 

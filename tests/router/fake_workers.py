@@ -13,13 +13,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 from fastapi.responses import JSONResponse, StreamingResponse
+
 from pdserve.router.frames import encode_frame
 
 FIRST_TOKEN_ID = 1000
@@ -52,6 +54,7 @@ class FakeDecodeWorker:
         self.retry_after = 2
         self.token_delay_s = 0.0
         self.break_after: int | None = None  # end the stream without a finish frame after this many frames
+        self.stamp_times = False  # text = time.perf_counter() at send, to time the relay
         self.total_blocks = total_blocks
         self.free_blocks = total_blocks
         self.cached_tokens = 0
@@ -129,6 +132,8 @@ class FakeDecodeWorker:
         k = r.sampling.get("logprobs")
         logprobs = None if k is None else [
             {"token_id": token_id, "logprob": -0.5, "top": [[token_id, -0.5], [token_id + 1, -1.5]][:k]}]
+        if self.stamp_times:
+            text = f"{time.perf_counter():.6f};"
         return {"token_ids": [token_id], "text": text, "finish_reason": finish, "logprobs": logprobs,
                 "prompt_tokens": len(r.prompt_token_ids), "completion_tokens": count,
                 "cached_tokens": self.cached_tokens, "error": None}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import struct
 
 import pytest
+
 from pdserve.router.frames import MAX_FRAME_BYTES, FrameDecoder, encode_frame
 
 

@@ -6,6 +6,7 @@ import time
 
 import httpx
 import pytest
+
 from pdserve.router.config import RouterConfig
 from pdserve.router.policies import (
     DECODE_POLICIES,

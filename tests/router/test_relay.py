@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import statistics
 import time
 
 import httpx
@@ -105,6 +107,23 @@ def test_n_is_all_or_nothing(make_cluster) -> None:
     assert _complete(cluster, max_tokens=1, n=3).status_code == 503
     decode = cluster.decode[0]
     assert sorted(decode.aborted) == sorted(decode.reserved) and len(decode.reserved) == 3  # no other P to try
+
+
+def test_relay_adds_under_2_ms_per_frame(make_cluster) -> None:
+    """Send time at D (in the frame's text) to arrival at the client, through the router: the relay's
+    per-frame cost. Measured p50 0.38 ms with this test's setup on a 2-core machine at load 5."""
+    cluster = make_cluster()
+    decode = cluster.decode[0]
+    decode.stamp_times, decode.token_delay_s = True, 0.005
+    delays = []
+    body = {"model": MODEL, "prompt": "Hi", "max_tokens": 200, "stream": True}
+    with httpx.stream("POST", f"{cluster.url}/v1/completions", json=body) as response:
+        for line in response.iter_lines():
+            if line.startswith("data: {"):
+                arrival = time.perf_counter()
+                delays.append(arrival - float(json.loads(line[6:])["choices"][0]["text"].rstrip(";")))
+    assert len(delays) == 200
+    assert statistics.median(delays) < 0.002, f"p50 {statistics.median(delays) * 1e3:.2f} ms"
 
 
 def _by_url(workers: list, servers: list) -> list:

@@ -6,6 +6,7 @@ import time
 
 import httpx
 import pytest
+
 from pdserve.router.registry import WorkerLoad, WorkerRegistry
 
 MODEL = "smollm2-135m-instruct"

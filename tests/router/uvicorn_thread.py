@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from typing import Self
 
 import uvicorn
 from fastapi import FastAPI
@@ -25,7 +26,7 @@ class ServerThread:
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True)
 
-    def start(self) -> ServerThread:
+    def start(self) -> Self:
         self._thread.start()
         deadline = time.monotonic() + 10
         while not self._server.started:
@@ -46,7 +47,7 @@ class ServerThread:
         self._thread.join(timeout=5)
         self._sock.close()
 
-    def __enter__(self) -> ServerThread:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
