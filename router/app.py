@@ -33,7 +33,7 @@ from pdserve.router.protocol import ChatCompletionRequest, CompletionRequest, Mo
 from pdserve.router.registry import WorkerRegistry
 from pdserve.router.relay import SECRET_HEADER, Relay
 from pdserve.router.responses import ResponseWriter
-from pdserve.router.streaming import RelayResponse, collect, sse_events
+from pdserve.router.streaming import RelayResponse, SSEStream, collect
 
 
 @dataclass
@@ -117,9 +117,7 @@ async def _serve(state: RouterState, plan: GenerationPlan, request: Request, arr
     streams = await state.relay.start_all(plan.subrequests)
     writer = ResponseWriter(plan, state.tokenizer)
     if plan.stream:
-        events = sse_events(streams, writer, state.metrics, arrival)
-        return RelayResponse(events, media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return RelayResponse(SSEStream(streams, writer, state.metrics, arrival))
     return JSONResponse(await collect(streams, writer, state.metrics, arrival, request))
 
 

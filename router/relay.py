@@ -118,13 +118,16 @@ class Relay:
         """Start every sub-request; all or none (the started ones are closed when one fails)."""
         if len(subs) == 1:
             return [await self.start(subs[0])]
-        results = await asyncio.gather(*(self.start(sub) for sub in subs), return_exceptions=True)
-        streams = [r for r in results if isinstance(r, DecodeStream)]
-        failures = [r for r in results if isinstance(r, BaseException)]
-        if failures:
-            await asyncio.gather(*(s.close() for s in streams))
-            raise failures[0]
-        return streams
+        tasks = [asyncio.create_task(self.start(sub)) for sub in subs]
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        failed = [t for t in tasks if t.done() and not t.cancelled() and t.exception() is not None]
+        if not failed:
+            return [t.result() for t in tasks]
+        for task in tasks:  # stop the others' prefills: they free what they hold as they unwind
+            task.cancel()
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*(r.close() for r in results if isinstance(r, DecodeStream)))
+        raise failed[0].exception()  # type: ignore[misc]
 
     async def start(self, sub: SubRequest) -> DecodeStream:
         failed: dict[str, str] = {}  # prefill worker id -> why

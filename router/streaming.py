@@ -25,8 +25,55 @@ CLIENT_CLOSED = 499  # nginx's status for "client closed the request", used in t
 _FAILED_FINISH = ("abort", "error")
 
 
+class SSEStream:
+    """The events of one streaming response. Closed exactly once, by whichever comes first: the end of the
+    events, or RelayResponse's finally (the client left, possibly before the first event was asked for)."""
+
+    def __init__(self, streams: list[DecodeStream], writer: ResponseWriter, metrics: RouterMetrics,
+                 arrival: float) -> None:
+        self._streams = streams
+        self._writer = writer
+        self._metrics = metrics
+        self._arrival = arrival
+        self._status = CLIENT_CLOSED
+        self._closed = False
+
+    async def events(self) -> AsyncIterator[bytes]:
+        writer = self._writer
+        try:
+            if writer.plan.chat:
+                yield writer.role_event()
+            async for position, frame in _frames(self._streams, writer, self._metrics, self._arrival):
+                event = writer.chunk_event(position, frame)
+                if event is not None:
+                    yield event
+            if writer.plan.include_usage:
+                yield writer.usage_event()
+            self._status = 200
+            yield DONE_EVENT
+        except APIError as exc:
+            self._status = exc.status
+            yield exc.sse_event()
+            yield DONE_EVENT
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.close()
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        await close_all(self._streams)
+        self._metrics.count_request(self._status)
+
+
 class RelayResponse(StreamingResponse):
-    """A StreamingResponse that always closes its generator, even when the client vanished mid-send."""
+    """Server-sent events of an SSEStream, which is closed however the response ends."""
+
+    def __init__(self, stream: SSEStream) -> None:
+        super().__init__(stream.events(), media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self._stream = stream
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -34,30 +81,7 @@ class RelayResponse(StreamingResponse):
         finally:
             with anyio.CancelScope(shield=True):
                 await self.body_iterator.aclose()  # type: ignore[attr-defined]
-
-
-async def sse_events(streams: list[DecodeStream], writer: ResponseWriter, metrics: RouterMetrics,
-                     arrival: float) -> AsyncIterator[bytes]:
-    status = CLIENT_CLOSED
-    try:
-        if writer.plan.chat:
-            yield writer.role_event()
-        async for position, frame in _frames(streams, writer, metrics, arrival):
-            event = writer.chunk_event(position, frame)
-            if event is not None:
-                yield event
-        if writer.plan.include_usage:
-            yield writer.usage_event()
-        status = 200
-        yield DONE_EVENT
-    except APIError as exc:
-        status = exc.status
-        yield exc.sse_event()
-        yield DONE_EVENT
-    finally:
-        with anyio.CancelScope(shield=True):
-            await close_all(streams)
-        metrics.count_request(status)
+                await self._stream.close()
 
 
 async def collect(streams: list[DecodeStream], writer: ResponseWriter, metrics: RouterMetrics,
