@@ -31,8 +31,8 @@ def _add_target_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--endpoint", default="/v1/completions", choices=["/v1/completions", "/v1/chat/completions"])
     g.add_argument("--model", default=None, help="model name sent in requests (default: the server's first model)")
     g.add_argument("--tokenizer", default=None,
-                   help="HF tokenizer directory to count tokens with (default: the pdserve default model's, "
-                        "when it is cached; 'none': use the server's usage numbers)")
+                   help="HF tokenizer directory to count tokens with (default: the pdserve default model's; "
+                        "'none': use the server's usage numbers)")
     g.add_argument("--ignore-eos", action="store_true", help="ask the server to generate max_tokens every time")
     g.add_argument("--temperature", type=float, default=0.0)
     g.add_argument("--request-timeout", type=float, default=3600.0, help="seconds per request")
@@ -115,15 +115,17 @@ def _tokenizer(args: argparse.Namespace) -> CountingTokenizer | None:
 
 
 def _default_model_tokenizer() -> CountingTokenizer | None:
-    """The default model's tokenizer when its converted copy is in the local cache (`pdserve serve` makes it)."""
-    try:
-        from pdserve.engine.loader import cached_tokenizer_dir  # type: ignore[attr-defined]
-    except ImportError:
-        return None
-    from pdserve.bench.tokenizer import load_tokenizer
+    """The default model's tokenizer (fetched and converted into the model cache on first use, as the server
+    does); None, with a note, when it cannot be had: token counts then come from the server's usage."""
+    from pdserve.engine.weights.loader import load_tokenizer as load_model_tokenizer
+    from pdserve.settings import DEFAULT_MODEL
 
-    path = cached_tokenizer_dir(os.environ.get("PDSERVE_CACHE_DIR"))
-    return load_tokenizer(path) if path is not None else None
+    try:
+        return load_model_tokenizer(DEFAULT_MODEL, os.environ.get("PDSERVE_CACHE_DIR"), progress=True)
+    except (OSError, ValueError) as exc:
+        print(f"no tokenizer for {DEFAULT_MODEL} ({exc}); counting with the server's usage numbers",
+              file=sys.stderr)
+        return None
 
 
 def _target(args: argparse.Namespace, base_url: str) -> Any:

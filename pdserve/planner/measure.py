@@ -12,9 +12,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+
 from pdserve.engine.attention_metadata import DecodeInput, PrefillChunk
 from pdserve.engine.runner import ModelRunner
-
 from pdserve.planner.profile import DecodeSample, PrefillSample, Profile, fit_decode, fit_prefill
 
 

@@ -1,0 +1,93 @@
+"""`pdserve plan`: from a profile (`pdserve profile`), a workload and SLOs, simulate router + P pool + D pool
+and recommend the P:D split and pool size with the most goodput per worker (pdserve/planner/plan.py)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("plan", help="choose prefill/decode pool sizes by simulation")
+    p.add_argument("--profile", required=True, help="profile JSON written by `pdserve profile`")
+    w = p.add_argument_group("workload")
+    w.add_argument("--request-rate", type=float, required=True, help="arrivals per second")
+    w.add_argument("--num-requests", type=int, default=5000, help="requests simulated per candidate")
+    w.add_argument("--input-len", type=int, default=1024)
+    w.add_argument("--output-len", type=int, default=128)
+    w.add_argument("--range-ratio", type=float, default=0.0, help="lengths uniform in [L(1-r), L(1+r)]")
+    w.add_argument("--length-dist", default="uniform", choices=["uniform", "normal"])
+    w.add_argument("--prefix-ratio", type=float, default=0.0, help="share of each prompt that is a group prefix")
+    w.add_argument("--num-prefix-groups", type=int, default=1)
+    w.add_argument("--burstiness", type=float, default=1.0)
+    w.add_argument("--seed", type=int, default=0)
+    s = p.add_argument_group("objective")
+    s.add_argument("--goodput", nargs="+", default=["ttft:1000", "tpot:50"], metavar="KEY:MS",
+                   help="SLOs in ms (default ttft:1000 tpot:50)")
+    s.add_argument("--target-attainment", type=float, default=0.9, help="share of requests within every SLO")
+    s.add_argument("--max-workers", type=int, default=512)
+    s.add_argument("--num-prefill", type=int, default=None, help="simulate this split only (with --num-decode)")
+    s.add_argument("--num-decode", type=int, default=None)
+    c = p.add_argument_group("cluster (as the workers are started)")
+    c.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    c.add_argument("--max-num-seqs", type=int, default=64)
+    c.add_argument("--num-blocks", type=int, default=2048, help="KV blocks per decode worker")
+    c.add_argument("--kv-bandwidth-gbps", type=float, default=10.0, help="P -> D transfer, GB/s")
+    c.add_argument("--kv-latency-ms", type=float, default=0.5)
+    c.add_argument("--router-overhead-ms", type=float, default=0.0)
+    c.add_argument("--prefill-overhead-ms", type=float, default=0.0, help="per prefill iteration")
+    c.add_argument("--decode-overhead-ms", type=float, default=0.0, help="per decode step")
+    p.add_argument("--output", default=None, help="write the candidates and the recommendation as JSON")
+    p.set_defaults(func=run)
+
+
+def cluster_from_args(args: argparse.Namespace, block_size: int, num_prefill: int = 1, num_decode: int = 1):
+    from pdserve.planner.simulator import ClusterSpec
+
+    return ClusterSpec(num_prefill, num_decode, args.max_num_batched_tokens, args.max_num_seqs, args.num_blocks,
+                       block_size, args.kv_bandwidth_gbps * 1e9, args.kv_latency_ms / 1e3,
+                       args.router_overhead_ms / 1e3, args.prefill_overhead_ms / 1e3, args.decode_overhead_ms / 1e3)
+
+
+def workload_from_args(args: argparse.Namespace):
+    from pdserve.bench.datasets import LengthSpec
+    from pdserve.planner.workload import WorkloadSpec
+
+    return WorkloadSpec(args.request_rate, args.num_requests,
+                        LengthSpec(args.input_len, args.range_ratio, args.length_dist),
+                        LengthSpec(args.output_len, args.range_ratio, args.length_dist),
+                        args.prefix_ratio, args.num_prefix_groups, args.burstiness, args.seed)
+
+
+def run(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
+    from pdserve.bench.metrics import SLOs
+    from pdserve.planner.plan import Planner, PlanResult, format_plan
+    from pdserve.planner.profile import Profile
+
+    profile = Profile.load(args.profile)
+    slos = SLOs.parse(args.goodput)
+    planner = Planner(profile, cluster_from_args(args, profile.block_size), workload_from_args(args), slos,
+                      args.target_attainment, args.max_workers)
+    start = time.perf_counter()
+    if args.num_prefill is not None or args.num_decode is not None:
+        if args.num_prefill is None or args.num_decode is None:
+            print("--num-prefill and --num-decode go together", file=sys.stderr)
+            return 2
+        only = planner.evaluate(args.num_prefill, args.num_decode)
+        result = PlanResult([only], None, planner.target, planner.cap_p, planner.cap_d)
+    else:
+        result = planner.search()
+    elapsed = time.perf_counter() - start
+    print(format_plan(result, slos))
+    print(f"{len(result.candidates)} clusters simulated ({args.num_requests} requests each) in {elapsed:.1f} s")
+    if args.output:
+        payload = {"profile": args.profile, "workload": vars(args) | {"func": None}, "slos_ms": slos.to_dict(),
+                   "candidates": [asdict(c) for c in result.candidates],
+                   "recommended": asdict(result.recommended) if result.recommended else None}
+        with open(args.output, "w") as f:
+            json.dump(payload, f, indent=1, default=str)
+    return 0 if result.recommended is not None or args.num_prefill is not None else 1

@@ -1,0 +1,212 @@
+"""The simulated prefill and decode workers: the same policies as prefill_node/batcher.py and
+decode_node/scheduler.py, with step times from a fitted Profile.
+
+Prefill: FIFO queue; one iteration packs at most max_num_batched_tokens prompt tokens, requests already
+prefilling first, then queued ones in arrival order, the last possibly a partial chunk. Only the suffix after
+a cached prefix is computed (a group's prefix is cached once the worker finished a prompt of that group).
+
+Decode: reserve blocks for prompt + 1 at routing time (refused if that would leave less than the watermark, or
+while a preempted request waits); a request whose KV arrived waits for a running slot (max_num_seqs); before
+each step every running request gets room for its next token, the newest being preempted (and later
+recomputed on D) when blocks run out.
+
+A decode step costs O(1) + O(finished) here, not O(batch): a request's block needs and its finishing step are
+arithmetic in the worker's step counter (see `DecodeWorker._blocks_due`), so clusters of hundreds of workers
+simulate in seconds.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from dataclasses import dataclass
+
+from pdserve.planner.profile import Profile
+
+
+def blocks_for(tokens: int, block_size: int) -> int:
+    return -(-tokens // block_size)
+
+
+@dataclass(frozen=True)
+class Chunk:
+    rid: int
+    start: int
+    end: int
+
+
+class PrefillWorker:
+    def __init__(self, max_num_batched_tokens: int, block_size: int) -> None:
+        self.budget = max_num_batched_tokens
+        self.block_size = block_size
+        self.queue: deque[int] = deque()
+        self.prefilling: dict[int, int] = {}  # rid -> tokens computed (insertion order = admission order)
+        self.cached_groups: set[int] = set()
+        self.busy = False
+        self.plan: list[Chunk] = []
+
+    @property
+    def load(self) -> int:
+        return len(self.queue) + len(self.prefilling)
+
+    def schedule(self, input_len: list[int], prefix_len: list[int], group: list[int]) -> list[Chunk]:
+        budget, plan = self.budget, []
+        for rid, done in self.prefilling.items():
+            if budget <= 0:
+                break
+            take = min(input_len[rid] - done, budget)
+            plan.append(Chunk(rid, done, done + take))
+            budget -= take
+        while self.queue and budget > 0:
+            rid = self.queue.popleft()
+            cached = self._cached_tokens(input_len[rid], prefix_len[rid], group[rid])
+            self.prefilling[rid] = cached
+            take = min(input_len[rid] - cached, budget)
+            plan.append(Chunk(rid, cached, cached + take))
+            budget -= take
+        self.plan = plan
+        return plan
+
+    def _cached_tokens(self, n: int, prefix: int, group: int) -> int:
+        """Full blocks of the group's prefix, never the prompt's last token (its logits give the first token)."""
+        if prefix <= 0 or group not in self.cached_groups:
+            return 0
+        return min(prefix, n - 1) // self.block_size * self.block_size
+
+    def finish_iteration(self, input_len: list[int], group: list[int], prefix_len: list[int]) -> list[int]:
+        """Advance the plan's requests; returns those whose whole prompt is now computed."""
+        done = []
+        for c in self.plan:
+            self.prefilling[c.rid] = c.end
+            if c.end == input_len[c.rid]:
+                del self.prefilling[c.rid]
+                if prefix_len[c.rid] >= self.block_size:
+                    self.cached_groups.add(group[c.rid])
+                done.append(c.rid)
+        self.plan = []
+        return done
+
+    def iteration_time(self, plan: list[Chunk], profile: Profile, overhead_s: float) -> float:
+        return profile.prefill_time([c.end - c.start for c in plan], [c.start for c in plan]) + overhead_s
+
+
+class DecodeWorker:
+    """Running requests are (ctx0, s0, last_step): ctx0 tokens before their first step s0 here, last step
+    index last_step. Before step j a request holds ctx0 + (j - s0) tokens and needs that many tokens of blocks;
+    a new block is due at step j > s0 when (ctx0 + j - s0 - 1) % block_size == 0, i.e. when
+    (ctx0 - s0 - 1) % block_size == (-j) % block_size: `due[r]` counts running requests of residue r."""
+
+    def __init__(self, num_blocks: int, block_size: int, max_num_seqs: int, watermark_blocks: int = 1) -> None:
+        self.total = num_blocks
+        self.free = num_blocks
+        self.block_size = block_size
+        self.max_num_seqs = max_num_seqs
+        self.watermark = watermark_blocks
+        self.waiting: deque[tuple[int, int, int]] = deque()  # (rid, ctx0, steps) with KV present
+        self.preempted: deque[tuple[int, int, int]] = deque()
+        self.running: dict[int, tuple[int, int, int]] = {}
+        self.finishing: list[tuple[int, int]] = []  # heap of (last_step, rid)
+        self.due = [0] * block_size
+        self.sum_ctx = 0
+        self.step = 0
+        self.busy = False
+        self.num_preemptions = 0
+        self.recompute_tokens: list[int] = []  # contexts recomputed in the step being run
+
+    @property
+    def kv_usage(self) -> float:
+        return 1.0 - self.free / self.total
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.running or self.waiting or self.preempted)
+
+    def reserve(self, prompt_len: int) -> bool:
+        needed = blocks_for(prompt_len + 1, self.block_size)
+        if self.preempted or self.free - needed < self.watermark:
+            return False
+        self.free -= needed
+        return True
+
+    def kv_arrived(self, rid: int, prompt_len: int, output_len: int) -> None:
+        self.waiting.append((rid, prompt_len + 1, output_len - 1))
+
+    def start_step(self) -> None:
+        """Resume preempted, admit waiting, then make room for this step's new blocks."""
+        self.recompute_tokens = []
+        joined: list[tuple[int, int, int]] = []
+        while self.preempted and len(self.running) + len(joined) < self.max_num_seqs:
+            rid, ctx0, steps = self.preempted[0]
+            needed = blocks_for(ctx0, self.block_size)
+            if self.free < needed + (self.watermark if self.running or joined else 0):
+                break
+            self.preempted.popleft()
+            self.free -= needed
+            self.recompute_tokens.append(ctx0 - 1)
+            joined.append((rid, ctx0, steps))
+        while self.waiting and len(self.running) + len(joined) < self.max_num_seqs:
+            joined.append(self.waiting.popleft())
+        self._grow()
+        for rid, ctx0, steps in joined:
+            self._join(rid, ctx0, steps)
+
+    def _grow(self) -> None:
+        need = self.due[(-self.step) % self.block_size]
+        while need > self.free and self.running:
+            need -= self._preempt_newest()
+        self.free -= need
+
+    def _join(self, rid: int, ctx0: int, steps: int) -> None:
+        s0 = self.step
+        self.running[rid] = (ctx0, s0, s0 + steps - 1)
+        heapq.heappush(self.finishing, (s0 + steps - 1, rid))
+        self.due[(ctx0 - s0 - 1) % self.block_size] += 1
+        self.sum_ctx += ctx0
+
+    def _leave(self, rid: int) -> tuple[int, int]:
+        """Remove a running request; returns (tokens it holds now, blocks it holds)."""
+        ctx0, s0, _ = self.running.pop(rid)
+        self.due[(ctx0 - s0 - 1) % self.block_size] -= 1
+        tokens = ctx0 + self.step - s0
+        self.sum_ctx -= tokens
+        return tokens, blocks_for(max(ctx0, tokens - 1), self.block_size)
+
+    def _preempt_newest(self) -> int:
+        """Free the newest request's blocks; returns how many of this step's due blocks it no longer needs."""
+        rid = next(reversed(self.running))
+        ctx0, s0, last = self.running[rid]
+        was_due = int(self.step > s0 and (ctx0 + self.step - s0 - 1) % self.block_size == 0)
+        tokens, held = self._leave(rid)
+        self.free += held  # this step's due block was not taken yet
+        self.preempted.append((rid, tokens, last - self.step + 1))
+        self.num_preemptions += 1
+        return was_due
+
+    def step_time(self, decode_coef: tuple[float, float, float], profile: Profile, overhead_s: float) -> float:
+        """decode_coef: the profile's (per context token, per sequence, constant), unpacked once by the caller."""
+        a, b, c = decode_coef
+        t = a * self.sum_ctx + b * len(self.running) + c + overhead_s
+        if self.recompute_tokens:
+            t += sum(profile.prefill_time([n]) for n in self.recompute_tokens)
+        return t
+
+    def finish_step(self) -> list[int]:
+        """The step ran: every running request gained a token; returns the requests that finished."""
+        self.sum_ctx += len(self.running)
+        done = []
+        while self.finishing and self.finishing[0][0] <= self.step:
+            last, rid = heapq.heappop(self.finishing)
+            entry = self.running.get(rid)
+            if entry is None or entry[2] != last:
+                continue  # preempted since: a stale entry
+            self.step += 1  # _leave counts the tokens after this step
+            _tokens, held = self._leave(rid)
+            self.step -= 1
+            self.free += held
+            done.append(rid)
+        self.step += 1
+        return done
+
+    def release_reservation(self, prompt_len: int) -> None:
+        """A request that finished at its first token (output_len 1) frees its reservation."""
+        self.free += blocks_for(prompt_len + 1, self.block_size)

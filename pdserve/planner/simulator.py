@@ -1,0 +1,208 @@
+"""Discrete-event simulation of a router with a prefill pool and a decode pool (see sim_workers.py for the
+workers' policies). Events, in a heap by time:
+
+  ARRIVAL  the router picks D (least KV usage, then fewest running: router/policies.py LeastKV) and reserves
+           prompt + 1 blocks there (no D with room: the request is refused, as the router answers 503), then
+           queues the prompt on P (fewest queued + prefilling: LeastLoaded)
+  P_DONE   a prefill iteration ended; finished prompts produce their first token and push their KV to D:
+           KV_DONE after latency + bytes / bandwidth
+  KV_DONE  D emits the first token (TTFT) and queues the request for a running slot
+  D_DONE   a decode step ended: every running request has one more token; finished ones leave
+
+TTFT = KV_DONE - arrival; TPOT = (finish - first token) / (output_len - 1), as `pdserve bench` measures them.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+import numpy as np
+
+from pdserve.bench.metrics import SLOs
+from pdserve.planner.profile import Profile
+from pdserve.planner.sim_workers import DecodeWorker, PrefillWorker
+from pdserve.planner.workload import Workload
+
+ARRIVAL, P_DONE, KV_DONE, D_DONE = 0, 1, 2, 3
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """A router, num_prefill P workers and num_decode D workers, with the serving limits of the real nodes."""
+
+    num_prefill: int
+    num_decode: int
+    max_num_batched_tokens: int = 2048
+    max_num_seqs: int = 64
+    num_blocks: int = 2048  # per decode worker
+    block_size: int = 16
+    kv_bandwidth: float = 10e9  # bytes/s, P -> D
+    kv_latency_s: float = 0.0005  # per transfer
+    router_overhead_s: float = 0.0  # per request, before it reaches P (tokenise, HTTP hops)
+    prefill_overhead_s: float = 0.0  # per P iteration, on top of the model (scheduling, sampling)
+    decode_overhead_s: float = 0.0  # per D step, on top of the model
+
+    def __post_init__(self) -> None:
+        if self.num_prefill <= 0 or self.num_decode <= 0:
+            raise ValueError(f"a cluster needs P and D workers, got P={self.num_prefill} D={self.num_decode}")
+        if self.max_num_batched_tokens <= 0 or self.max_num_seqs <= 0 or self.num_blocks <= 1:
+            raise ValueError(f"bad limits: max_num_batched_tokens={self.max_num_batched_tokens}, "
+                             f"max_num_seqs={self.max_num_seqs}, num_blocks={self.num_blocks}")
+
+    @property
+    def num_workers(self) -> int:
+        return self.num_prefill + self.num_decode
+
+
+@dataclass(frozen=True)
+class SimResult:
+    """Per-request times in s (NaN for refused requests) and counters."""
+
+    arrival: np.ndarray
+    ttft: np.ndarray
+    tpot: np.ndarray
+    e2e: np.ndarray
+    refused: np.ndarray  # bool
+    num_preemptions: int
+
+    @property
+    def duration(self) -> float:
+        finish = self.arrival + self.e2e
+        return float(np.nanmax(finish) - self.arrival.min()) if (~self.refused).any() else 0.0
+
+    def good(self, slos: SLOs) -> np.ndarray:
+        ok = ~self.refused
+        for slo, values in ((slos.ttft_ms, self.ttft), (slos.tpot_ms, self.tpot), (slos.e2el_ms, self.e2e)):
+            if slo is not None:
+                ok &= np.nan_to_num(values, nan=np.inf) * 1000.0 <= slo
+        return ok
+
+    def attainment(self, slos: SLOs) -> float:
+        return float(self.good(slos).mean())
+
+    def goodput(self, slos: SLOs) -> float:
+        return float(self.good(slos).sum()) / self.duration if self.duration > 0 else 0.0
+
+    def percentile_ms(self, metric: str, p: float) -> float:
+        values = {"ttft": self.ttft, "tpot": self.tpot, "e2el": self.e2e}[metric]
+        values = values[~self.refused]
+        if metric == "tpot":
+            values = values[values > 0]
+        return float(np.percentile(values, p) * 1000.0) if values.size else float("nan")
+
+
+class Simulation:
+    def __init__(self, profile: Profile, cluster: ClusterSpec, workload: Workload) -> None:
+        self.profile, self.cluster, self.w = profile, cluster, workload
+        self.inp, self.out = workload.input_len.tolist(), workload.output_len.tolist()
+        self.prefix, self.group = workload.prefix_len.tolist(), workload.group.tolist()
+        self.prefill = [PrefillWorker(cluster.max_num_batched_tokens, cluster.block_size)
+                        for _ in range(cluster.num_prefill)]
+        self.decode = [DecodeWorker(cluster.num_blocks, cluster.block_size, cluster.max_num_seqs)
+                       for _ in range(cluster.num_decode)]
+        self.p_load = np.zeros(cluster.num_prefill)
+        self.d_key = np.zeros(cluster.num_decode)  # kv usage + 1e-6 · (running + waiting): LeastKV's order
+        n = len(workload)
+        self.first, self.finish = np.full(n, np.nan), np.full(n, np.nan)
+        self.refused = np.zeros(n, dtype=bool)
+        self.d_of = np.zeros(n, dtype=np.int64)
+        a, b, c = profile.decode.coef
+        self.decode_coef = (a, b, c)
+        self.events: list[tuple[float, int, int, int]] = []
+        self.seq = 0
+
+    def push(self, t: float, kind: int, index: int) -> None:
+        self.seq += 1
+        heapq.heappush(self.events, (t, self.seq, kind, index))
+
+    def run(self) -> SimResult:
+        arrivals = (self.w.arrival + self.cluster.router_overhead_s).tolist()
+        handlers = {P_DONE: self._p_done, KV_DONE: self._kv_done, D_DONE: self._d_done}
+        next_arrival = 0
+        while next_arrival < len(arrivals) or self.events:
+            if next_arrival < len(arrivals) and (not self.events or arrivals[next_arrival] <= self.events[0][0]):
+                self._arrive(arrivals[next_arrival], next_arrival)
+                next_arrival += 1
+                continue
+            t, _, kind, index = heapq.heappop(self.events)
+            handlers[kind](t, index)
+        return self._result()
+
+    def _result(self) -> SimResult:
+        out = self.w.output_len
+        tpot = np.where(out > 1, (self.finish - self.first) / np.maximum(out - 1, 1), 0.0)
+        return SimResult(self.w.arrival, self.first - self.w.arrival, np.where(self.refused, np.nan, tpot),
+                         self.finish - self.w.arrival, self.refused, sum(d.num_preemptions for d in self.decode))
+
+    def _d_refresh(self, d: int) -> None:
+        worker = self.decode[d]
+        self.d_key[d] = worker.kv_usage + 1e-6 * (len(worker.running) + len(worker.waiting))
+
+    def _arrive(self, t: float, rid: int) -> None:
+        d = int(np.argmin(self.d_key))
+        if not self.decode[d].reserve(self.inp[rid]):
+            self.refused[rid] = True
+            return
+        self.d_of[rid] = d
+        self._d_refresh(d)
+        p = int(np.argmin(self.p_load))
+        self.prefill[p].queue.append(rid)
+        self.p_load[p] += 1
+        if not self.prefill[p].busy:
+            self._p_start(t, p)
+
+    def _p_start(self, t: float, p: int) -> None:
+        worker = self.prefill[p]
+        plan = worker.schedule(self.inp, self.prefix, self.group)
+        if not plan:
+            worker.busy = False
+            return
+        worker.busy = True
+        self.push(t + worker.iteration_time(plan, self.profile, self.cluster.prefill_overhead_s), P_DONE, p)
+
+    def _p_done(self, t: float, p: int) -> None:
+        worker = self.prefill[p]
+        per_token = self.profile.kv_bytes_per_token / self.cluster.kv_bandwidth
+        for rid in worker.finish_iteration(self.inp, self.group, self.prefix):
+            self.p_load[p] -= 1
+            self.push(t + self.cluster.kv_latency_s + self.inp[rid] * per_token, KV_DONE, rid)
+        self._p_start(t, p)
+
+    def _kv_done(self, t: float, rid: int) -> None:
+        self.first[rid] = t
+        d = int(self.d_of[rid])
+        worker = self.decode[d]
+        if self.out[rid] <= 1:
+            self.finish[rid] = t
+            worker.release_reservation(self.inp[rid])
+        else:
+            worker.kv_arrived(rid, self.inp[rid], self.out[rid])
+            if not worker.busy:
+                self._d_start(t, d)
+        self._d_refresh(d)
+
+    def _d_start(self, t: float, d: int) -> None:
+        worker = self.decode[d]
+        if not worker.has_work:
+            worker.busy = False
+            return
+        worker.start_step()
+        if not worker.running:  # everything is preempted and waits for blocks: nothing can run
+            worker.busy = False
+            return
+        worker.busy = True
+        self.push(t + worker.step_time(self.decode_coef, self.profile, self.cluster.decode_overhead_s), D_DONE, d)
+
+    def _d_done(self, t: float, d: int) -> None:
+        worker = self.decode[d]
+        free = worker.free
+        for rid in worker.finish_step():
+            self.finish[rid] = t
+        self._d_start(t, d)
+        if worker.free != free:  # the router's view of KV usage changes only with blocks
+            self._d_refresh(d)
+
+
+def simulate(profile: Profile, cluster: ClusterSpec, workload: Workload) -> SimResult:
+    return Simulation(profile, cluster, workload).run()

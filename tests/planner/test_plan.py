@@ -1,0 +1,62 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pdserve.bench.datasets import LengthSpec
+from pdserve.bench.metrics import SLOs
+from pdserve.cli import main
+from pdserve.planner.plan import Planner, capacity_estimates, format_plan
+from pdserve.planner.profile import Profile
+from pdserve.planner.simulator import ClusterSpec
+from pdserve.planner.workload import WorkloadSpec
+
+SLO = SLOs(ttft_ms=300, tpot_ms=30)
+
+
+def _spec(rate: float) -> WorkloadSpec:
+    return WorkloadSpec(rate, 1500, LengthSpec(1024, 0.5), LengthSpec(128, 0.5), seed=2)
+
+
+def test_capacity_estimates_follow_the_profile(gpu_like_profile: Profile) -> None:
+    cap_p, cap_d = capacity_estimates(gpu_like_profile, ClusterSpec(1, 1), _spec(10.0), SLO)
+    assert cap_p == pytest.approx(2 / gpu_like_profile.prefill_time([1024, 1024]))
+    assert 10 < cap_d < 64 / (0.006 * 127)  # at most max_num_seqs in flight, each 127 steps
+
+
+def test_plan_finds_the_smallest_cluster_within_slos(gpu_like_profile: Profile) -> None:
+    cluster = ClusterSpec(1, 1, num_blocks=8000)
+    planner = Planner(gpu_like_profile, cluster, _spec(60.0), SLO, target_attainment=0.9)
+    result = planner.search()
+    best = result.recommended
+    assert best is not None and best.attainment >= 0.9
+    smaller = [c for c in result.candidates if c.num_workers < best.num_workers]
+    assert smaller and all(c.attainment < 0.9 for c in smaller)
+    same = [c for c in result.candidates if c.num_workers == best.num_workers]
+    assert best.goodput_per_worker == max(c.goodput_per_worker for c in same if c.attainment >= 0.9)
+    table = format_plan(result, SLO)
+    assert "recommended" in table and f"{best.num_prefill} prefill + {best.num_decode} decode" in table
+
+
+def test_plan_reports_when_nothing_fits(gpu_like_profile: Profile) -> None:
+    planner = Planner(gpu_like_profile, ClusterSpec(1, 1), _spec(60.0), SLOs(ttft_ms=1), max_workers=4)
+    result = planner.search()
+    assert result.recommended is None and "no split" in format_plan(result, SLOs(ttft_ms=1))
+    with pytest.raises(ValueError, match="SLO"):
+        Planner(gpu_like_profile, ClusterSpec(1, 1), _spec(1.0), SLOs())
+
+
+def test_plan_command(gpu_like_profile: Profile, tmp_path: Path, capsys) -> None:
+    prof = gpu_like_profile.save(tmp_path / "profile.json")
+    out = tmp_path / "plan.json"
+    rc = main(["plan", "--profile", str(prof), "--request-rate", "20", "--num-requests", "800", "--input-len", "512",
+               "--output-len", "64", "--goodput", "ttft:300", "tpot:30", "--num-blocks", "4000", "--output", str(out)])
+    assert rc == 0
+    assert "recommended:" in capsys.readouterr().out
+    saved = json.loads(out.read_text())
+    assert saved["recommended"]["attainment"] >= 0.9 and saved["slos_ms"] == {"ttft": 300.0, "tpot": 30.0}
+    rc = main(["plan", "--profile", str(prof), "--request-rate", "5", "--num-requests", "200", "--num-prefill", "1",
+               "--num-decode", "2"])
+    assert rc == 0 and "   1    2     3" in capsys.readouterr().out

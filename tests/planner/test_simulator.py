@@ -1,0 +1,101 @@
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from pdserve.bench.datasets import LengthSpec
+from pdserve.bench.metrics import SLOs
+from pdserve.planner.profile import Profile
+from pdserve.planner.simulator import ClusterSpec, Simulation, simulate
+from pdserve.planner.workload import WorkloadSpec, make_workload, workload_from_lengths
+
+
+def _one(arrivals: list[float], ins: list[int], outs: list[int]):
+    return workload_from_lengths(np.array(arrivals), ins, outs)
+
+
+def test_single_request_times_follow_the_profile(gpu_like_profile: Profile) -> None:
+    p = gpu_like_profile
+    cluster = ClusterSpec(1, 1, kv_bandwidth=1e9, kv_latency_s=0.001, router_overhead_s=0.002)
+    r = simulate(p, cluster, _one([0.0], [300], [5]))
+    transfer = 0.001 + 300 * p.kv_bytes_per_token / 1e9
+    assert r.ttft[0] == pytest.approx(0.002 + p.prefill_time([300]) + transfer)
+    steps = [p.decode_time(1, 301 + j) for j in range(4)]  # tokens 2..5, context grows by one each step
+    assert r.tpot[0] == pytest.approx(np.mean(steps))
+    assert r.e2e[0] == pytest.approx(r.ttft[0] + sum(steps))
+
+
+def test_long_prompt_is_chunked_under_the_token_budget(gpu_like_profile: Profile) -> None:
+    p = gpu_like_profile
+    r = simulate(p, ClusterSpec(1, 1, max_num_batched_tokens=512, kv_latency_s=0.0, kv_bandwidth=1e30),
+                 _one([0.0], [1200], [2]))
+    chunks = p.prefill_time([512], [0]) + p.prefill_time([512], [512]) + p.prefill_time([176], [1024])
+    assert r.ttft[0] == pytest.approx(chunks)
+
+
+def test_prompts_queued_during_an_iteration_share_the_next(gpu_like_profile: Profile) -> None:
+    p = gpu_like_profile
+    cluster = ClusterSpec(1, 1, kv_latency_s=0.0, kv_bandwidth=1e30)
+    r = simulate(p, cluster, _one([0.0, 0.001, 0.001], [1000, 100, 200], [2, 3, 3]))
+    first = p.prefill_time([1000])
+    assert r.ttft[0] == pytest.approx(first)  # an idle worker starts on the first prompt at once
+    assert r.arrival[1] + r.ttft[1] == pytest.approx(first + p.prefill_time([100, 200]))
+    assert r.ttft[2] == pytest.approx(r.ttft[1])
+    # their KV arrives in two events: the first starts a decode step alone, the second joins the next one
+    assert r.tpot[1] == pytest.approx((p.decode_time(1, 101) + p.decode_time(2, 102 + 201)) / 2)
+
+
+def test_max_num_seqs_makes_requests_wait_for_a_slot(gpu_like_profile: Profile) -> None:
+    cluster = ClusterSpec(1, 1, max_num_seqs=1, kv_latency_s=0.0, kv_bandwidth=1e30)
+    r = simulate(gpu_like_profile, cluster, _one([0.0, 0.0001], [64, 64], [10, 10]))
+    finish = r.arrival + r.e2e
+    assert r.ttft[1] < r.e2e[0]  # the first token frame goes out when the KV arrives, not when a slot frees
+    assert finish[1] == pytest.approx(finish[0] + 9 * gpu_like_profile.decode_time(1, 70), rel=0.05)
+
+
+def test_kv_capacity_refuses_and_preempts_without_leaking(gpu_like_profile: Profile) -> None:
+    refuse = simulate(gpu_like_profile, ClusterSpec(1, 1, num_blocks=10), _one([0.0, 0.0], [100, 100], [4, 4]))
+    assert refuse.refused.tolist() == [False, True]  # 7 blocks + 1 watermark leave no room for the second
+    cluster = ClusterSpec(1, 1, num_blocks=40, max_num_seqs=8)
+    w = _one([0.0] * 4, [60] * 4, [200] * 4)  # 4 x 5 blocks reserved, then each grows to 17 blocks
+    sim = Simulation(gpu_like_profile, cluster, w)
+    r = sim.run()
+    assert r.num_preemptions > 0 and not r.refused.any()
+    assert np.isfinite(r.e2e).all() and (r.tpot > 0).all()
+    d = sim.decode[0]
+    assert d.free == d.total and not d.running and sum(d.due) == 0 and d.sum_ctx == 0
+
+
+def test_prefix_sharing_cuts_prefill(gpu_like_profile: Profile) -> None:
+    base = WorkloadSpec(2.0, 200, LengthSpec(2048), LengthSpec(8), seed=1)
+    shared = WorkloadSpec(2.0, 200, LengthSpec(2048), LengthSpec(8), prefix_ratio=0.75, num_prefix_groups=2, seed=1)
+    cluster = ClusterSpec(2, 2)
+    plain = simulate(gpu_like_profile, cluster, make_workload(base))
+    cached = simulate(gpu_like_profile, cluster, make_workload(shared))
+    assert cached.percentile_ms("ttft", 50) < 0.6 * plain.percentile_ms("ttft", 50)
+
+
+def test_router_spreads_over_decode_workers(gpu_like_profile: Profile) -> None:
+    sim = Simulation(gpu_like_profile, ClusterSpec(1, 2), _one([0.0, 0.0, 0.0, 0.0], [100] * 4, [3] * 4))
+    sim.run()
+    assert sorted(sim.d_of.tolist()) == [0, 0, 1, 1]
+    assert all(d.free == d.total for d in sim.decode)
+
+
+def test_slo_accounting(gpu_like_profile: Profile) -> None:
+    r = simulate(gpu_like_profile, ClusterSpec(1, 1), _one([0.0, 5.0], [100, 4000], [20, 20]))
+    slos = SLOs(ttft_ms=50, tpot_ms=50)
+    assert r.good(slos).tolist() == [True, False]  # 4,000 tokens take ~92 ms to prefill
+    assert r.attainment(slos) == 0.5 and r.goodput(slos) == pytest.approx(1 / r.duration)
+
+
+def test_two_hundred_workers_twenty_thousand_requests(gpu_like_profile: Profile) -> None:
+    """The planner's scale: report the time (not asserted: the test machine is shared)."""
+    w = make_workload(WorkloadSpec(400.0, 20_000, LengthSpec(1024, 0.5), LengthSpec(256, 0.5)))
+    start = time.perf_counter()
+    r = simulate(gpu_like_profile, ClusterSpec(60, 140, num_blocks=8000, max_num_seqs=128), w)
+    elapsed = time.perf_counter() - start
+    print(f"\n200 workers, 20,000 requests simulated in {elapsed:.2f} s")
+    assert np.isfinite(r.e2e).all() and r.attainment(SLOs(ttft_ms=500, tpot_ms=50)) > 0.95
