@@ -27,7 +27,7 @@ from pdserve.engine.runner import ModelRunner
 from pdserve.engine.sampling import Sampler, SamplingParams, SamplingRequest, TokenLogprobs
 from pdserve.engine.tokenizer import Tokenizer
 from pdserve.engine.weights import DEFAULT_MODEL, ModelSpec, load_model, parse_dtype
-from pdserve.offline_scheduler import OfflineScheduler, OfflineSequence, StepPlan
+from pdserve.offline_scheduler import OfflineScheduler, OfflineSequence, SchedulerStats, StepPlan
 
 
 @dataclass(frozen=True)
@@ -97,6 +97,7 @@ class LLM:
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.chunk_size = chunk_size or max_num_batched_tokens
+        self.stats = SchedulerStats()
 
     def generate(
         self,
@@ -111,7 +112,7 @@ class LLM:
         seqs = [self._new_sequence(i, ids, p) for i, (ids, p) in enumerate(zip(token_lists, params))]
         outputs = [self._new_output(s) for s in seqs]
         scheduler = OfflineScheduler(self.pool, self.prefix_cache, self.cache_config.block_size,
-                                     self.max_num_seqs, self.max_num_batched_tokens, self.chunk_size)
+                                     self.max_num_seqs, self.max_num_batched_tokens, self.chunk_size, self.stats)
         for seq in seqs:
             scheduler.add(seq)
         try:

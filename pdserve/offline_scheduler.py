@@ -56,6 +56,17 @@ class OfflineSequence:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
 
 
+@dataclass
+class SchedulerStats:
+    """Counted since the scheduler was made (an LLM keeps one for its lifetime)."""
+
+    num_steps: int = 0
+    num_prefill_tokens: int = 0  # computed, not read from the prefix cache
+    num_decode_tokens: int = 0
+    num_cached_tokens: int = 0  # prompt tokens found in the prefix cache at admission
+    num_preemptions: int = 0
+
+
 @dataclass(frozen=True)
 class ScheduledChunk:
     """Tokens [start, end) of seq's tokens to prefill; the model samples after it when end == num_tokens."""
@@ -81,13 +92,14 @@ class StepPlan:
 
 class OfflineScheduler:
     def __init__(self, pool: BlockPool, prefix_cache: PrefixCache | None, block_size: int, max_num_seqs: int,
-                 max_num_batched_tokens: int, chunk_size: int) -> None:
+                 max_num_batched_tokens: int, chunk_size: int, stats: SchedulerStats | None = None) -> None:
         self.pool = pool
         self.prefix_cache = prefix_cache
         self.block_size = block_size
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.chunk_size = chunk_size
+        self.stats = stats or SchedulerStats()
         self.waiting: deque[OfflineSequence] = deque()
         self.running: list[OfflineSequence] = []  # PREFILLING and DECODING, oldest admission first
 
@@ -114,10 +126,13 @@ class OfflineScheduler:
 
     def advance(self, plan: StepPlan) -> None:
         """The model computed the plan: K/V of those tokens are cached."""
+        self.stats.num_steps += 1
+        self.stats.num_decode_tokens += len(plan.decodes)
         for seq in plan.decodes:
             seq.num_computed += 1
         for chunk in plan.prefills:
             chunk.seq.num_computed = chunk.end
+            self.stats.num_prefill_tokens += chunk.end - chunk.start
             if chunk.samples:
                 chunk.seq.state = SeqState.DECODING
             self._commit(chunk.seq)
@@ -159,6 +174,7 @@ class OfflineScheduler:
             seq.block_ids = list(blocks.block_ids)
             seq.num_computed = seq.num_cached_tokens = blocks.num_cached_tokens
             seq.num_committed_blocks = blocks.num_cached_blocks
+            self.stats.num_cached_tokens += blocks.num_cached_tokens
         seq.state = SeqState.PREFILLING
         self.running.append(seq)
         return True
@@ -173,6 +189,7 @@ class OfflineScheduler:
         seq.block_ids = []
         seq.num_computed = seq.num_committed_blocks = 0
         seq.num_preemptions += 1
+        self.stats.num_preemptions += 1
         seq.state = SeqState.WAITING
         self.running.remove(seq)
         self.waiting.appendleft(seq)
