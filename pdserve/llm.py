@@ -12,6 +12,7 @@ prompt (in this call or the next) with the same prefix skips computing it.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -107,21 +108,44 @@ class LLM:
     ) -> list[GenerationOutput]:
         """One output per prompt, in order. A str prompt is tokenized (as one user message with use_chat);
         a list of ints is used as given."""
+        seqs, outputs, scheduler = self._start(prompts, sampling, use_chat)
+        for _ in self._steps(scheduler, outputs):
+            pass
+        return [self._result(s, o) for s, o in zip(seqs, outputs, strict=True)]
+
+    def stream(self, prompt: str | list[int], sampling: SamplingParams | None = None,
+               use_chat: bool = False) -> Iterator[str]:
+        """The continuation of one prompt as text deltas, each yielded as soon as it is final (an incomplete
+        character or a possible stop-string prefix is held back). Closing the iterator early frees the blocks."""
+        _, outputs, scheduler = self._start([prompt], sampling, use_chat)
+        emitted = 0
+        for _ in self._steps(scheduler, outputs):
+            text = outputs[0].text
+            if len(text) > emitted:
+                yield text[emitted:]
+                emitted = len(text)
+
+    def _start(self, prompts: list[str | list[int]], sampling: SamplingParams | list[SamplingParams] | None,
+               use_chat: bool) -> tuple[list[OfflineSequence], list[_Output], OfflineScheduler]:
         params = self._per_prompt(sampling, len(prompts))
         token_lists = [self._tokenize(p, use_chat) for p in prompts]
         seqs = [self._new_sequence(i, ids, p) for i, (ids, p) in enumerate(zip(token_lists, params))]
-        outputs = [self._new_output(s) for s in seqs]
         scheduler = OfflineScheduler(self.pool, self.prefix_cache, self.cache_config.block_size,
                                      self.max_num_seqs, self.max_num_batched_tokens, self.chunk_size, self.stats)
         for seq in seqs:
             scheduler.add(seq)
+        return seqs, [self._new_output(s) for s in seqs], scheduler
+
+    def _steps(self, scheduler: OfflineScheduler, outputs: list[_Output]) -> Iterator[None]:
+        """Run steps until every sequence finished, pausing after each; blocks are released however it ends
+        (an exception, or the caller closing the generator)."""
         try:
             while scheduler.has_work:
                 self._step(scheduler, outputs)
-        finally:  # an exception mid-way must not leak blocks
+                yield
+        finally:
             for seq in list(scheduler.running):
                 scheduler.finish(seq)
-        return [self._result(s, o) for s, o in zip(seqs, outputs, strict=True)]
 
     def _new_output(self, seq: OfflineSequence) -> _Output:
         detokenizer = IncrementalDetokenizer(self.tokenizer, seq.prompt_token_ids)

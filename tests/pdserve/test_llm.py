@@ -126,3 +126,13 @@ def test_prompt_too_long_names_both_numbers(llm: LLM) -> None:
         llm.generate([[7] * 1600], SamplingParams(max_tokens=5))
     with pytest.raises(ValueError, match="got 1 SamplingParams for 2 prompts"):
         llm.generate(["a", "b"], [GREEDY])
+
+
+def test_stream_yields_the_same_text_and_frees_blocks_when_closed(llm: LLM) -> None:
+    full = llm.generate([PROMPT], GREEDY)[0].text
+    assert "".join(llm.stream(PROMPT, GREEDY)) == full
+    deltas = llm.stream(PROMPT, GREEDY)
+    assert next(deltas)
+    assert llm.pool.num_used > 0
+    deltas.close()
+    assert llm.pool.num_used == 0

@@ -1,0 +1,79 @@
+"""`pdserve generate PROMPT`: run the offline engine on one prompt and stream the continuation to stdout.
+
+Only the generated text goes to stdout (anything else, such as download progress, goes to stderr), so
+`pdserve generate "..." > out.txt` captures exactly the continuation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("generate", help="generate a continuation of one prompt (offline, no server)")
+    parser.add_argument("prompt", help="the prompt text")
+    parser.add_argument("--max-tokens", type=int, default=128, help="tokens to generate at most (default 128)")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--top-k", type=int, default=-1)
+    parser.add_argument("--seed", type=int, default=None, help="seed for reproducible sampling")
+    parser.add_argument("--chat", action="store_true", help="send PROMPT as one user message (chat template)")
+    parser.add_argument("--model", default=None,
+                        help="embedded model name, .gguf file or HF directory (default: smollm2-135m-instruct)")
+    parser.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:1")
+    parser.add_argument("--dtype", default=None, help="float32 | float16 | bfloat16 (default: fp32 on CPU)")
+    parser.add_argument("--num-blocks", type=int, default=256, help="KV blocks of 16 tokens (default 256)")
+    parser.add_argument("--cache-dir", type=Path, default=None,
+                        help="model cache (default: $PDSERVE_CACHE_DIR or ~/.cache/pdserve)")
+    parser.set_defaults(func=run)
+
+
+@contextmanager
+def _stdout_to_stderr() -> Iterator[None]:
+    """Point file descriptor 1 at stderr (subprocesses included, e.g. pip fetching the model)."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from pdserve.engine.sampling import SamplingParams
+    from pdserve.engine.weights import DEFAULT_MODEL
+    from pdserve.llm import LLM
+
+    try:
+        params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+                                top_k=args.top_k, seed=args.seed)
+    except ValueError as exc:
+        print(f"pdserve generate: {exc}", file=sys.stderr)
+        return 2
+    env_cache = os.environ.get("PDSERVE_CACHE_DIR")
+    cache_dir = args.cache_dir or (Path(env_cache) if env_cache else None)
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+    with _stdout_to_stderr():
+        llm = LLM(args.model or DEFAULT_MODEL, dtype=args.dtype, device=device, num_blocks=args.num_blocks,
+                  max_num_seqs=1, cache_dir=cache_dir)
+    try:
+        for delta in llm.stream(args.prompt, params, use_chat=args.chat):
+            sys.stdout.write(delta)
+            sys.stdout.flush()
+    except ValueError as exc:
+        print(f"\npdserve generate: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    sys.stdout.write("\n")
+    return 0

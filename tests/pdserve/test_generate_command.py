@@ -1,0 +1,34 @@
+"""`pdserve generate` as a user runs it: a real subprocess; stdout holds exactly the continuation."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from pdserve.engine.sampling import SamplingParams
+from pdserve.llm import LLM
+
+
+def run_cli(args: list[str], cache_dir: Path) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PDSERVE_CACHE_DIR=str(cache_dir))
+    return subprocess.run([sys.executable, "-m", "pdserve.cli", "generate", *args], capture_output=True,
+                          text=True, env=env, timeout=300, check=False)
+
+
+def test_streams_the_greedy_continuation(model_cache_dir: Path) -> None:
+    llm = LLM(num_blocks=32, max_num_seqs=1, cache_dir=model_cache_dir, progress=False)
+    raw = llm.generate(["The capital of France is"], SamplingParams(max_tokens=8, temperature=0))[0]
+    chat = llm.generate(["Say hello."], SamplingParams(max_tokens=8, temperature=0), use_chat=True)[0]
+    result = run_cli(["The capital of France is", "--max-tokens", "8"], model_cache_dir)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == raw.text + "\n"
+    result = run_cli(["Say hello.", "--chat", "--max-tokens", "8"], model_cache_dir)
+    assert result.returncode == 0 and result.stdout == chat.text + "\n"
+
+
+def test_invalid_sampling_value_is_reported(model_cache_dir: Path) -> None:
+    result = run_cli(["x", "--top-p", "0"], model_cache_dir)
+    assert result.returncode == 2 and result.stdout == ""
+    assert "top_p must be in (0, 1], got 0.0" in result.stderr
