@@ -16,6 +16,7 @@ import argparse
 import datetime
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -32,6 +33,7 @@ from kernels_common import (
     format_table,
     rel_error,
     rotating,
+    timed,
 )
 from kernels_gemv import gemv_rows, tune
 
@@ -54,45 +56,44 @@ def measure_ceilings() -> dict:
     return {"copy_tbps": 2 * src.numel() * 2 / (copy_us * 1e-6) / 1e12, "gemm_tflops": 2 * 8192**3 / (gemm_us * 1e-6) / 1e12}
 
 
-def _row_with_target(row: Row, target_pct: float | None) -> Row:
-    if target_pct is not None:
-        row.target, row.target_met = f">={target_pct:.0f}% copy bw", row.pct_ceiling >= target_pct
-    return row
+def _bandwidth_check(pct: float) -> Callable[[Row, float], bool]:
+    return lambda row, us: row.pct(us) >= pct
 
 
-def norm_rows(config=None) -> list[Row]:
-    dt = SETTINGS.dtype
-    rows = []
+def norm_rows() -> list[Row]:
+    dt, rows = SETTINGS.dtype, []
     for tokens in NORM_TOKENS:
         sets = [tuple(torch.randn(tokens, HIDDEN, device=DEVICE, dtype=dt) for _ in range(2)) for _ in range(4)]
         w = torch.randn(HIDDEN, device=DEVICE, dtype=dt)
-        out, _ = rms_norm_triton._launch(*sets[0], w, 1e-5, config)
+        out, _ = rms_norm_triton.fused_add_rms_norm_triton(*sets[0], w, 1e-5)
         err = rel_error(out, F.rms_norm(sets[0][0] + sets[0][1], (HIDDEN,), w, 1e-5))
-        t = bench_us(rotating([lambda s=s, w=w: rms_norm_triton._launch(*s, w, 1e-5, config) for s in sets]))
-        base = bench_us(rotating([lambda s=s, w=w: F.rms_norm(s[0] + s[1], (HIDDEN,), w, 1e-5) for s in sets]))
-        row = Row("add_rms_norm", f"{tokens}x{HIDDEN}", t, "torch add+F.rms_norm", base, bytes=4 * tokens * HIDDEN * 2,
-                  rel_err=err)
-        rows.append(_row_with_target(row, 80 if tokens >= 4096 else None))
+        big = tokens >= 4096
+        row = Row("add_rms_norm", f"{tokens}x{HIDDEN}", 0, "torch add+F.rms_norm", 0, bytes=4 * tokens * HIDDEN * 2,
+                  rel_err=err, target=">=80% copy bw" if big else "")
+        rows.append(timed(row, rotating([lambda s=s, w=w: rms_norm_triton.fused_add_rms_norm_triton(*s, w, 1e-5)
+                                         for s in sets]),
+                          rotating([lambda s=s, w=w: F.rms_norm(s[0] + s[1], (HIDDEN,), w, 1e-5) for s in sets]),
+                          _bandwidth_check(80) if big else None))
     return rows
 
 
-def silu_rows(config=None) -> list[Row]:
-    dt = SETTINGS.dtype
-    rows = []
+def silu_rows() -> list[Row]:
+    dt, rows = SETTINGS.dtype, []
     for tokens in SILU_TOKENS:
         sets = [torch.randn(tokens, 2 * INTER, device=DEVICE, dtype=dt) for _ in range(2 if tokens > 1024 else 8)]
         ref = F.silu(sets[0][:, :INTER]) * sets[0][:, INTER:]
-        err = rel_error(activation_triton._launch(sets[0], config), ref)
-        t = bench_us(rotating([lambda x=x: activation_triton._launch(x, config) for x in sets]))
-        base = bench_us(rotating([lambda x=x: F.silu(x[:, :INTER]) * x[:, INTER:] for x in sets]))
-        row = Row("silu_and_mul", f"{tokens}x{INTER}", t, "torch silu*mul", base, bytes=3 * tokens * INTER * 2, rel_err=err)
-        rows.append(_row_with_target(row, 80 if tokens >= 1024 else None))
+        err = rel_error(activation_triton.silu_and_mul_triton(sets[0]), ref)
+        big = tokens >= 1024
+        row = Row("silu_and_mul", f"{tokens}x{INTER}", 0, "torch silu*mul", 0, bytes=3 * tokens * INTER * 2,
+                  rel_err=err, target=">=80% copy bw" if big else "")
+        rows.append(timed(row, rotating([lambda x=x: activation_triton.silu_and_mul_triton(x) for x in sets]),
+                          rotating([lambda x=x: F.silu(x[:, :INTER]) * x[:, INTER:] for x in sets]),
+                          _bandwidth_check(80) if big else None))
     return rows
 
 
 def rope_rows() -> list[Row]:
-    dt = SETTINGS.dtype
-    tokens = ROPE_TOKENS
+    dt, tokens = SETTINGS.dtype, ROPE_TOKENS
     cos_sin = build_cos_sin_cache(DIM, 8192, 500000.0).to(DEVICE)
     num_blocks = -(-tokens // PAGE)
     sets = []
@@ -102,29 +103,27 @@ def rope_rows() -> list[Row]:
         cache = torch.randn(2, num_blocks, PAGE, HKV, DIM, device=DEVICE, dtype=dt)
         sets.append((q, k, v, torch.arange(tokens, device=DEVICE), cos_sin, cache,
                      torch.randperm(tokens, device=DEVICE)))
-    q0 = sets[0][0].clone()
-    ref = rope_kv_write_ref(q0, *sets[0][1:])
+    ref = rope_kv_write_ref(sets[0][0].clone(), *sets[0][1:])
     err = rel_error(rope_triton.rope_kv_write_triton(sets[0][0].clone(), *sets[0][1:]), ref)
-    t = bench_us(rotating([lambda s=s: rope_triton.rope_kv_write_triton(*s) for s in sets]))
-    base = bench_us(rotating([lambda s=s: rope_kv_write_ref(*s) for s in sets]))
     nbytes = tokens * (2 * HQ * DIM * 2 + 2 * HKV * DIM * 2 * 2 + DIM * 4 + 16)
-    return [Row("rope_kv_write", f"{tokens} tok 32q/8kv", t, "torch ops (ref)", base, bytes=nbytes, rel_err=err)]
+    row = Row("rope_kv_write", f"{tokens} tok 32q/8kv", 0, "torch ops (ref)", 0, bytes=nbytes, rel_err=err)
+    return [timed(row, rotating([lambda s=s: rope_triton.rope_kv_write_triton(*s) for s in sets]),
+                  rotating([lambda s=s: rope_kv_write_ref(*s) for s in sets]))]
 
 
 def block_copy_rows() -> list[Row]:
-    dt = SETTINGS.dtype
     num = COPY_BLOCKS
-    cache = torch.randn(2, 2 * num, PAGE, HKV, DIM, device=DEVICE, dtype=dt)
+    cache = torch.randn(2, 2 * num, PAGE, HKV, DIM, device=DEVICE, dtype=SETTINGS.dtype)
     ids = [torch.randperm(2 * num, device=DEVICE)[:num] for _ in range(4)]
     nbytes = 2 * 2 * num * PAGE * HKV * DIM * 2
-    err = rel_error(block_copy_triton.gather_blocks_triton(cache, ids[0]), gather_blocks_ref(cache, ids[0]))
-    t = bench_us(rotating([lambda i=i: block_copy_triton.gather_blocks_triton(cache, i) for i in ids]))
-    base = bench_us(rotating([lambda i=i: gather_blocks_ref(cache, i) for i in ids]))
     blocks = block_copy_triton.gather_blocks_triton(cache, ids[0])
-    ts = bench_us(rotating([lambda i=i: block_copy_triton.scatter_blocks_triton(cache, i, blocks) for i in ids]))
-    bs = bench_us(rotating([lambda i=i: scatter_blocks_ref(cache, i, blocks) for i in ids]))
-    return [Row("gather_blocks", f"{num} blocks 16x8x128", t, "torch index", base, bytes=nbytes, rel_err=err),
-            Row("scatter_blocks", f"{num} blocks 16x8x128", ts, "torch index_put", bs, bytes=nbytes)]
+    err = rel_error(blocks, gather_blocks_ref(cache, ids[0]))
+    gather = Row("gather_blocks", f"{num} blocks 16x8x128", 0, "torch index", 0, bytes=nbytes, rel_err=err)
+    scatter = Row("scatter_blocks", f"{num} blocks 16x8x128", 0, "torch index_put", 0, bytes=nbytes)
+    return [timed(gather, rotating([lambda i=i: block_copy_triton.gather_blocks_triton(cache, i) for i in ids]),
+                  rotating([lambda i=i: gather_blocks_ref(cache, i) for i in ids])),
+            timed(scatter, rotating([lambda i=i: block_copy_triton.scatter_blocks_triton(cache, i, blocks) for i in ids]),
+                  rotating([lambda i=i: scatter_blocks_ref(cache, i, blocks) for i in ids]))]
 
 
 def small_sweeps() -> dict:
@@ -136,13 +135,13 @@ def small_sweeps() -> dict:
         w = torch.randn(HIDDEN, device=DEVICE, dtype=dt)
         variants = {f"rows{rows} w{warps}": (lambda c=(rows, HIDDEN, warps), x=x, r=r, w=w: rms_norm_triton._launch(x, r, w, 1e-5, c))
                     for rows in (1, 2, 4) for warps in (4, 8, 16)}
-        best, us, times = best_of(variants, rep_ms=20)
+        best, us, times = best_of(variants, graph=True)
         out[f"add_rms_norm {tokens}"] = {"best": best, "best_tbps": 4 * tokens * HIDDEN * 2 / us / 1e6, "times_us": times}
     for tokens in SILU_TOKENS:
         x = torch.randn(tokens, 2 * INTER, device=DEVICE, dtype=dt)
         variants = {f"block{b} w{warps}": (lambda c=(b, warps), x=x: activation_triton._launch(x, c))
                     for b in (512, 1024, 2048, 4096) for warps in (4, 8)}
-        best, us, times = best_of(variants, rep_ms=20)
+        best, us, times = best_of(variants, graph=True)
         out[f"silu_and_mul {tokens}"] = {"best": best, "best_tbps": 3 * tokens * INTER * 2 / us / 1e6, "times_us": times}
     for name, entry in out.items():
         print(f"sweep {name}: best {entry['best']} {entry['best_tbps']:.2f} TB/s", flush=True)

@@ -12,6 +12,7 @@ split kernel writes the output directly and the reduce kernel is skipped. Splits
 (lse = -inf); seq_len 0 gives zeros.
 """
 
+import functools
 import math
 
 import torch
@@ -107,6 +108,7 @@ def _decode_reduce_kernel(
     tl.store(out_ptr + b * stride_ob + h * stride_oh + d, out.to(out_ptr.dtype.element_ty), mask=d < HEAD_DIM)
 
 
+@functools.cache
 def _sm_count(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count

@@ -11,6 +11,7 @@ recorded in linear_configs.json (kernels/tuning.py) and used here, elsewhere tor
 "choose the kernel by shape" idea).
 """
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -135,6 +136,7 @@ def heuristic_config(m: int, n: int, k: int, dtype: torch.dtype) -> GemvConfig:
     return GemvConfig(split_k=split_k)
 
 
+@functools.lru_cache(maxsize=1024)  # the launch path runs per layer per step: look each shape up once
 def choose_config(m: int, n: int, k: int, dtype: torch.dtype, device: torch.device) -> GemvConfig | None:
     """The Triton config for this shape, or None where torch.matmul (cuBLAS) is the faster choice."""
     if m == 0 or m > MAX_TRITON_BATCH:

@@ -136,13 +136,19 @@ def _check(q, kv_cache, cu_seqlens_q, seq_lens, block_tables):
         raise ValueError("q, kv_cache and block_tables need unit stride in their last dim")
 
 
-def _default_config(dim: int, dtype: torch.dtype, device: torch.device) -> tuple:
-    """(BLOCK_M, BLOCK_N, num_warps, num_stages)."""
+def _default_config(dim: int, dtype: torch.dtype, device: torch.device, tokens: int, q_heads: int) -> tuple:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages). 128-row tiles once they make >= 4 waves of programs, else
+    64 to fill the SMs. H200, bf16, 32/8 heads, d 128: 4096 tokens m128/n128/8 warps 373 us (m128/n64/8 warps
+    419, m64 378); 1024 tokens m64/n64/4 warps 40.7 us (m128 45-69)."""
     if device.type != "cuda":
         return 64, 32, 4, 1
     if dtype == torch.float32:  # exact fp32 dots run on the FMA units: small tiles keep registers in check
         return 32, 32, 4, 2
-    return (128, 64, 8, 3) if dim <= 128 else (64, 32, 4, 2)
+    if dim > 128:
+        return 64, 32, 4, 2
+    if triton.cdiv(tokens, 128) * q_heads >= 4 * 132:
+        return 128, 128, 8, 3
+    return 64, 64, 4, 3
 
 
 def _launch(q, kv_cache, cu_seqlens_q, seq_lens, block_tables, scale, config=None):
@@ -152,7 +158,7 @@ def _launch(q, kv_cache, cu_seqlens_q, seq_lens, block_tables, scale, config=Non
     out = torch.empty_like(q)
     if tokens == 0 or batch == 0:
         return out
-    block_m, block_n, num_warps, num_stages = config or _default_config(dim, q.dtype, q.device)
+    block_m, block_n, num_warps, num_stages = config or _default_config(dim, q.dtype, q.device, tokens, q_heads)
     grid = (q_heads, triton.cdiv(tokens, block_m) + batch)  # >= sum_i cdiv(q_len_i, BLOCK_M); extras exit
     _prefill_attention_kernel[grid](
         q, kv_cache, cu_seqlens_q, seq_lens, block_tables, out, scale * _LOG2E, batch,
