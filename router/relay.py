@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -153,8 +153,8 @@ class Relay:
             result = await self._prefill(prefill, sub, request_id, transfer)
             response = await opening
         except BaseException:
-            await asyncio.shield(self._undo(opening, request_id, prefill, decode))
             decode.inflight -= 1
+            await finish_despite_cancel(self._undo(opening, request_id, prefill, decode))
             raise
         self._metrics.prefill.observe(result.prefill_s)
         return DecodeStream(sub, response, decode, result)
@@ -189,6 +189,9 @@ class Relay:
         for decode in ordered:
             try:
                 response = await self._post(decode, "/internal/reserve", body, self._config.control_timeout_s)
+            except asyncio.CancelledError:  # the reservation may be made as we leave: free it
+                await finish_despite_cancel(self._abort(decode, request_id))
+                raise
             except WorkerFailed as exc:
                 if isinstance(exc.__cause__, httpx.TimeoutException):  # it may have reserved after all
                     await self._abort(decode, request_id)
@@ -258,6 +261,22 @@ class Relay:
             await self._post(worker, f"/internal/abort/{request_id}", {}, self._config.control_timeout_s)
         except WorkerFailed as exc:
             log.warning("abort of %s on %s failed: %s", request_id, worker.worker_id, exc)
+
+
+async def finish_despite_cancel(cleanup: Coroutine[Any, Any, None]) -> None:
+    """Run `cleanup` to its end even if the caller is cancelled meanwhile (then re-raise the cancellation).
+
+    asyncio.shield alone is not enough: a cancelled caller stops waiting while the cleanup runs on, so the
+    client could be answered before the workers were told to free what they hold."""
+    task = asyncio.ensure_future(cleanup)
+    cancelled = False
+    while not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            cancelled = True
+    if cancelled:
+        raise asyncio.CancelledError
 
 
 def _error_of(response: httpx.Response) -> dict[str, Any]:

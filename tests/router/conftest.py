@@ -4,10 +4,8 @@ front of FAKE prefill/decode workers (tests/router/fake_workers.py) until the re
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import openai
@@ -16,7 +14,6 @@ from fake_workers import FakeDecodeWorker, FakePrefillWorker
 from uvicorn_thread import ServerThread, stop_all
 
 from pdserve.engine.tokenizer import Tokenizer
-from pdserve.engine.weights.fetch import default_cache_dir, fetch_default_model
 from pdserve.router.app import create_app
 from pdserve.router.config import RouterConfig
 
@@ -24,10 +21,9 @@ MODEL = "smollm2-135m-instruct"
 
 
 @pytest.fixture(scope="session")
-def tokenizer() -> Tokenizer:
-    env = os.environ.get("PDSERVE_CACHE_DIR")
-    cache = Path(env) if env else default_cache_dir()
-    return Tokenizer.from_dir(fetch_default_model(cache, progress=False))
+def tokenizer(default_tokenizer: Tokenizer) -> Tokenizer:
+    """The default model's real tokenizer (tests/conftest.py)."""
+    return default_tokenizer
 
 
 @dataclass
