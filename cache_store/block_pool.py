@@ -10,7 +10,11 @@ Every block is in exactly one of three states:
     allocate ──▶ IN USE ──free (last ref)──▶ FREE        (no hash)
                    ▲                    └──▶ EVICTABLE   (hash committed: kept for prefix hits)
                    └──── incref (prefix hit) ◀── EVICTABLE
-    allocate takes FREE blocks first, then evicts the least recently freed EVICTABLE ones.
+    allocate takes FREE blocks first, then evicts EVICTABLE ones: by default the least recently freed
+    (`lru`); with `set_eviction("lfu")` the one with the fewest prefix hits (`note_hits`), oldest first.
+
+`on_evict`, when set, sees every batch of evicted (block id, hash) pairs inside `allocate`, before the
+blocks are handed out: their KV is still intact, so a write-back cache tier can copy it out first.
 
 The pool knows nothing about tokens or models: `PrefixCache` (prefix_cache.py) maps chained block hashes
 to these blocks. Not thread-safe: one scheduler thread owns a pool.
@@ -19,9 +23,13 @@ to these blocks. Not thread-safe: one scheduler thread owns a pool.
 from __future__ import annotations
 
 import operator
-from collections import Counter, OrderedDict, deque
-from collections.abc import Iterable
+from collections import Counter, deque
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+
+from pdserve.cache_store.eviction import Evictor, convert, make_evictor
+
+EvictHook = Callable[[list[tuple[int, bytes]]], None]
 
 
 class OutOfBlocksError(RuntimeError):
@@ -52,15 +60,30 @@ def blocks_needed(num_tokens: int, block_size: int) -> int:
 class BlockPool:
     """`num_blocks` KV blocks with ids 0..num_blocks-1."""
 
-    def __init__(self, num_blocks: int) -> None:
+    def __init__(self, num_blocks: int, eviction: str = "lru") -> None:
         if num_blocks <= 0:
             raise ValueError(f"num_blocks must be positive, got {num_blocks}")
         self._ref_counts = [0] * num_blocks
         self._hashes: list[bytes | None] = [None] * num_blocks
+        self._hits = [0] * num_blocks  # prefix hits on the block's current hash (lfu order)
         self._free: deque[int] = deque(range(num_blocks))
-        self._evictable: OrderedDict[int, None] = OrderedDict()  # oldest first
+        self._evictable: Evictor = make_evictor(eviction)
         self._hash_to_block: dict[bytes, int] = {}
         self.num_evictions = 0
+        self.on_evict: EvictHook | None = None
+
+    @property
+    def eviction(self) -> str:
+        return self._evictable.kind
+
+    def set_eviction(self, kind: str) -> None:
+        """Switch between `lru` and `lfu` at run time; evictable blocks keep their hit counts."""
+        self._evictable = convert(self._evictable, kind)
+
+    def note_hits(self, block_ids: Iterable[int]) -> None:
+        """Count a prefix hit on each block (the `lfu` order)."""
+        for block_id in block_ids:
+            self._hits[self._checked(block_id)] += 1
 
     # ---- counters -------------------------------------------------------------------------------
 
@@ -110,7 +133,10 @@ class BlockPool:
             raise ValueError(f"cannot allocate a negative number of blocks ({num_blocks})")
         if not self.can_allocate(num_blocks):
             raise OutOfBlocksError(num_blocks, self.num_free, self.num_total)
-        block_ids = tuple(self._take_one() for _ in range(num_blocks))
+        evicted: list[tuple[int, bytes]] = []
+        block_ids = tuple(self._take_one(evicted) for _ in range(num_blocks))
+        if evicted and self.on_evict is not None:
+            self.on_evict(evicted)
         return Allocation(block_ids)
 
     def free(self, block_ids: Iterable[int]) -> None:
@@ -138,7 +164,7 @@ class BlockPool:
                 raise ValueError(f"incref of free block {block_id}: allocate it first")
         for block_id in block_ids:
             if self._ref_counts[block_id] == 0:
-                del self._evictable[block_id]
+                self._evictable.remove(block_id)
             self._ref_counts[block_id] += 1
 
     # ---- prefix hashes (used by PrefixCache) ----------------------------------------------------
@@ -167,18 +193,21 @@ class BlockPool:
         """Forget every evictable cached block (e.g. after a weight reload); returns how many."""
         count = len(self._evictable)
         while self._evictable:
-            block_id, _ = self._evictable.popitem(last=False)
+            block_id = self._evictable.pop()
             self._forget_hash(block_id)
             self._free.append(block_id)
         return count
 
     # ---- internals ------------------------------------------------------------------------------
 
-    def _take_one(self) -> int:
+    def _take_one(self, evicted: list[tuple[int, bytes]]) -> int:
         if self._free:
             block_id = self._free.popleft()
         else:
-            block_id, _ = self._evictable.popitem(last=False)
+            block_id = self._evictable.pop()
+            block_hash = self._hashes[block_id]
+            assert block_hash is not None, f"evictable block {block_id} has no hash"
+            evicted.append((block_id, block_hash))
             self._forget_hash(block_id)
             self.num_evictions += 1
         self._ref_counts[block_id] = 1
@@ -188,13 +217,14 @@ class BlockPool:
         if self._hashes[block_id] is None:
             self._free.append(block_id)
         else:
-            self._evictable[block_id] = None
+            self._evictable.push(block_id, self._hits[block_id])
 
     def _forget_hash(self, block_id: int) -> None:
         block_hash = self._hashes[block_id]
         if block_hash is not None:
             del self._hash_to_block[block_hash]
             self._hashes[block_id] = None
+        self._hits[block_id] = 0
 
     def _checked(self, block_id: int) -> int:
         try:

@@ -85,7 +85,7 @@ class PrefixCache:
         """Longest cached prefix, acquired (ref count +1 each): the caller must `pool.free` its block_ids."""
         found = self.peek(hashes)
         self.pool.incref(found.block_ids)
-        self._count(found.num_blocks, len(hashes))
+        self._count(found, len(hashes))
         return found
 
     def can_allocate(self, hashes: Sequence[bytes], num_blocks: int) -> bool:
@@ -104,7 +104,7 @@ class PrefixCache:
             raise OutOfBlocksError(needed, self.pool.num_free, self.pool.num_total)
         self.pool.incref(found.block_ids)
         fresh = self.pool.allocate(num_blocks - found.num_blocks)
-        self._count(found.num_blocks, len(hashes))
+        self._count(found, len(hashes))
         return SequenceBlocks(found.block_ids + fresh.block_ids, found.num_blocks, found.num_tokens)
 
     def commit(self, hashes: Sequence[bytes], block_ids: Sequence[int]) -> int:
@@ -126,7 +126,9 @@ class PrefixCache:
         revived = sum(1 for b in found.block_ids if self.pool.ref_count(b) == 0)
         return num_blocks - found.num_blocks + revived
 
-    def _count(self, hits: int, looked_up: int) -> None:
+    def _count(self, found: PrefixMatch, looked_up: int) -> None:
+        self.pool.note_hits(found.block_ids)
+        hits = found.num_blocks
         self.stats.num_queries += 1
         self.stats.num_hit_blocks += hits
         self.stats.num_miss_blocks += looked_up - hits

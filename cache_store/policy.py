@@ -1,0 +1,163 @@
+"""How the KV cache tiers behave: a deployment's fixed `TierConfig` and its run-time `CachePolicy`.
+
+    TierConfig   sizes and endpoints, fixed for the worker's life: host capacity, Redis URL, I/O limits
+    CachePolicy  behaviour, changeable at run time through `TieredKVCache.update(policy)` (the router's
+                 `PUT /admin/cache-policy` forwards a JSON object of CachePolicy fields to every worker)
+
+Both come from command-line flags (`add_cache_arguments` / `cache_settings_from_args`) or from a JSON or
+TOML file of the same names (`--cache-policy-file`); flags given explicitly win over the file.
+
+Write policies (when newly computed full blocks reach the host and Redis tiers):
+
+    write_through  right after prefill (or a decode node's `commit_sequence`), on a background thread
+    write_back     only when the device evicts them (to host), and when the host evicts them (to Redis)
+    none           never: the lower tiers are only read (filled by other workers, or not at all)
+
+Admission: a block goes to Redis only once it was hit `redis_admission_hits` times in any tier (0: at once),
+so one-off prompts do not flood a shared Redis.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pdserve.cache_store.eviction import EVICTION_KINDS
+
+WritePolicy = Literal["write_through", "write_back", "none"]
+WRITE_POLICIES: tuple[str, ...] = ("write_through", "write_back", "none")
+GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class CachePolicy:
+    device_eviction: str = "lru"
+    host_eviction: str = "lru"
+    write: str = "write_through"
+    redis_admission_hits: int = 0
+    lookup_timeout_s: float = 0.5  # per request: host + Redis lookup gives up (misses) after this
+    redis_ttl_s: int | None = 24 * 3600  # None: keys never expire (Redis's maxmemory-policy evicts)
+
+    def __post_init__(self) -> None:
+        for name in ("device_eviction", "host_eviction"):
+            if getattr(self, name) not in EVICTION_KINDS:
+                raise ValueError(f"{name} must be one of {EVICTION_KINDS}, got {getattr(self, name)!r}")
+        if self.write not in WRITE_POLICIES:
+            raise ValueError(f"write must be one of {WRITE_POLICIES}, got {self.write!r}")
+        if not isinstance(self.redis_admission_hits, int) or self.redis_admission_hits < 0:
+            raise ValueError(f"redis_admission_hits must be an integer >= 0, got {self.redis_admission_hits!r}")
+        if not _positive_number(self.lookup_timeout_s):
+            raise ValueError(f"lookup_timeout_s must be a positive number, got {self.lookup_timeout_s!r}")
+        if self.redis_ttl_s is not None and (not isinstance(self.redis_ttl_s, int) or self.redis_ttl_s <= 0):
+            raise ValueError(f"redis_ttl_s must be a positive integer or None, got {self.redis_ttl_s!r}")
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> CachePolicy:
+        return cls(**_known_fields(cls, data, "cache policy"))
+
+    def merged(self, changes: dict[str, Any]) -> CachePolicy:
+        """This policy with some fields changed (a partial admin update), validated."""
+        return dataclasses.replace(self, **_known_fields(CachePolicy, changes, "cache policy"))
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class TierConfig:
+    host_capacity_gb: float = 0.0  # 0: no host tier
+    redis_url: str | None = None  # redis://, rediss://, unix://, redis+cluster://, redis+sentinel://
+    pin_host_memory: bool = False  # page-locked host tier (set when the KV pool is on CUDA)
+    redis_socket_timeout_s: float = 2.0  # one Redis call; a lookup's own deadline is the policy's
+    redis_retry_interval_s: float = 1.0  # after an error, Redis is skipped (misses) for this long
+    redis_batch_blocks: int = 16  # blocks per pipelined round trip (see benchmarks/redis_granularity.py)
+    redis_io_threads: int = 4
+    max_pending_write_bytes: int = 1 * GIB  # queued write-through/write-back copies; beyond: dropped
+    max_fetch_blocks: int = 4096  # blocks staged in host memory by one request's lookup
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.host_capacity_gb, (int, float)) and self.host_capacity_gb >= 0):
+            raise ValueError(f"host_capacity_gb must be >= 0, got {self.host_capacity_gb!r}")
+        for name in ("redis_socket_timeout_s", "redis_retry_interval_s"):
+            if not _positive_number(getattr(self, name)):
+                raise ValueError(f"{name} must be a positive number, got {getattr(self, name)!r}")
+        for name in ("redis_batch_blocks", "redis_io_threads", "max_pending_write_bytes", "max_fetch_blocks"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+
+    @property
+    def host_capacity_bytes(self) -> int:
+        return int(self.host_capacity_gb * GIB)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TierConfig:
+        return cls(**_known_fields(cls, data, "cache tier config"))
+
+
+def _positive_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+
+def _known_fields(cls: type, data: dict[str, Any], what: str) -> dict[str, Any]:
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ValueError(f"unknown {what} fields {unknown}; known: {sorted(names)}")
+    return dict(data)
+
+
+def load_cache_file(path: str | Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A JSON or TOML file → (TierConfig fields, CachePolicy fields); the two share one flat namespace."""
+    path = Path(path)
+    text = path.read_text()
+    data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+    if not isinstance(data, dict):
+        raise TypeError(f"{path}: expected an object of cache settings, got {type(data).__name__}")
+    tier_names = {f.name for f in dataclasses.fields(TierConfig)}
+    policy_names = {f.name for f in dataclasses.fields(CachePolicy)}
+    unknown = sorted(set(data) - tier_names - policy_names)
+    if unknown:
+        raise ValueError(f"{path}: unknown cache settings {unknown}")
+    return ({k: v for k, v in data.items() if k in tier_names}, {k: v for k, v in data.items() if k in policy_names})
+
+
+# ---- command line ---------------------------------------------------------------------------------------
+
+_FLAGS: dict[str, tuple[str, type | None, str]] = {  # dest -> (flag, type, help)
+    "host_capacity_gb": ("--host-cache-gb", float, "host (pinned RAM) KV tier size in GiB; 0: none"),
+    "redis_url": ("--redis-url", str, ("Redis KV tier: redis://, rediss://, unix://, redis+cluster://h:p, "
+                                       "redis+sentinel://h:p[,h:p]/service[/db]")),
+    "redis_ttl_s": ("--redis-ttl", int, "seconds a block stays in Redis, refreshed on each hit; 0: no expiry"),
+    "device_eviction": ("--device-eviction", str, "device tier eviction: lru | lfu"),
+    "host_eviction": ("--host-eviction", str, "host tier eviction: lru | lfu"),
+    "write": ("--cache-write-policy", str, "write_through | write_back | none"),
+    "redis_admission_hits": ("--redis-admission-hits", int, "hits before a block is written to Redis"),
+    "lookup_timeout_s": ("--cache-timeout", float, "seconds a request waits for host/Redis lookups"),
+}
+
+
+def add_cache_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("KV cache tiers (host RAM, Redis)")
+    for dest, (flag, kind, text) in _FLAGS.items():
+        group.add_argument(flag, dest=dest, type=kind, default=None, help=text)
+    group.add_argument("--cache-policy-file", default=None, help="JSON or TOML file of the settings above")
+
+
+def cache_settings_from_args(args: argparse.Namespace, pin_host_memory: bool) -> tuple[TierConfig, CachePolicy]:
+    """File first, then explicit flags on top; `pin_host_memory` comes from the worker's device."""
+    tier, policy = load_cache_file(args.cache_policy_file) if args.cache_policy_file else ({}, {})
+    tier_names = {f.name for f in dataclasses.fields(TierConfig)}
+    for dest in _FLAGS:
+        value = getattr(args, dest, None)
+        if dest == "redis_ttl_s" and value == 0:
+            policy[dest] = None
+        elif value is not None:
+            (tier if dest in tier_names else policy)[dest] = value
+    tier.setdefault("pin_host_memory", pin_host_memory)
+    return TierConfig.from_dict(tier), CachePolicy.from_dict(policy)
