@@ -18,7 +18,7 @@ from starlette.types import Receive, Scope, Send
 from pdserve.router.errors import APIError
 from pdserve.router.frames import Frame
 from pdserve.router.metrics import RouterMetrics, StreamTimer
-from pdserve.router.relay import DecodeStream, WorkerFailed, upstream_error
+from pdserve.router.relay import DecodeStream, WorkerFailed, finish_despite_cancel, upstream_error
 from pdserve.router.responses import DONE_EVENT, ResponseWriter
 
 CLIENT_CLOSED = 499  # nginx's status for "client closed the request", used in the request counter
@@ -95,7 +95,7 @@ async def collect(streams: list[DecodeStream], writer: ResponseWriter, metrics: 
         for task in (relay, watch):
             task.cancel()
         await asyncio.gather(relay, watch, return_exceptions=True)
-        await asyncio.shield(close_all(streams))
+        await finish_despite_cancel(close_all(streams))
     if relay.cancelled():
         raise APIError(CLIENT_CLOSED, "client closed the request")
     if relay.exception() is not None:
