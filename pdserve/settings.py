@@ -53,6 +53,7 @@ class ModelSettings:
     cache_dir: str | None = None
     max_model_len: int | None = None
     seed: int = 0  # dummy weights
+    torch_threads: int | None = None
 
     def __post_init__(self) -> None:
         if self.load_format not in LOAD_FORMATS:
@@ -211,6 +212,9 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--tokenizer", default=None, help="directory with tokenizer.json (dummy weights have none)")
     group.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 ... (default: cuda if available)")
     group.add_argument("--dtype", default="auto", choices=DTYPES)
+    group.add_argument("--torch-threads", type=int, default=None,
+                       help="CPU threads per worker (default: torch's, one per core; use 1 when several "
+                            "workers share few cores)")
     group.add_argument("--max-model-len", type=int, default=None, help="cap on prompt + output tokens")
 
 
@@ -242,7 +246,7 @@ def add_worker_arguments(parser: argparse.ArgumentParser, role: str) -> None:
 def model_settings_from_args(args: argparse.Namespace, cache_dir: str | None) -> ModelSettings:
     return ModelSettings(model=args.model, load_format=args.load_format, model_preset=args.model_preset,
                          tokenizer=args.tokenizer, device=args.device, dtype=args.dtype, cache_dir=cache_dir,
-                         max_model_len=args.max_model_len)
+                         max_model_len=args.max_model_len, torch_threads=args.torch_threads)
 
 
 def worker_settings_from_args(args: argparse.Namespace, cache_dir: str | None,

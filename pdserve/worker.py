@@ -302,6 +302,8 @@ def bind_socket(host: str, port: int) -> socket.socket:
 def run_worker(settings: WorkerSettings) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per heartbeat otherwise
+    if settings.model.torch_threads is not None:
+        torch.set_num_threads(settings.model.torch_threads)
     worker = Worker(settings)
     sock = bind_socket(settings.server.host, settings.server.port)
     port = sock.getsockname()[1]

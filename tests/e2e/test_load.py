@@ -1,0 +1,88 @@
+"""Many concurrent streams through the disaggregated deployment; a client that disconnects mid-stream."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+
+import openai
+
+from tests.e2e.conftest import MODEL, Deployment
+
+NUM_REQUESTS = 32
+
+
+def prompt_lengths() -> list[int]:
+    """32 distinct lengths from 1 to 1,000 tokens, roughly geometric (5,200 prompt tokens in all)."""
+    geometric = {round(1000 ** (i / (NUM_REQUESTS - 1))) for i in range(NUM_REQUESTS)}  # 29 distinct
+    return sorted(geometric | {10, 50, 150})
+
+
+async def stream_one(api: openai.AsyncOpenAI, prompt: list[int], max_tokens: int) -> dict:
+    stream = await api.completions.create(model=MODEL, prompt=prompt, max_tokens=max_tokens, temperature=0.0,
+                                          stream=True, stream_options={"include_usage": True},
+                                          extra_body={"ignore_eos": True})
+    text, chunks, usage, finish = "", 0, None, None
+    async for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for choice in chunk.choices:
+            text += choice.text
+            chunks += 1
+            finish = choice.finish_reason or finish
+    return {"text": text, "chunks": chunks, "usage": usage, "finish": finish}
+
+
+def test_32_concurrent_streams_finish_with_correct_counts(disaggregated: Deployment) -> None:
+    rng = random.Random(0)
+    lengths = prompt_lengths()
+    assert len(lengths) == NUM_REQUESTS and min(lengths) == 1 and max(lengths) == 1000
+    prompts = [[rng.randrange(100, 40000) for _ in range(n)] for n in lengths]
+    max_tokens = [4 + i % 5 for i in range(NUM_REQUESTS)]
+    free_before = {role: disaggregated.status(role)["free_blocks"] for role in ("prefill", "decode")}
+
+    async def run() -> list[dict]:
+        async with openai.AsyncOpenAI(base_url=f"{disaggregated.url}/v1", api_key="unused", max_retries=0,
+                                      timeout=180) as api:
+            return await asyncio.gather(*(stream_one(api, p, m) for p, m in zip(prompts, max_tokens, strict=True)))
+
+    results = asyncio.run(run())
+    for prompt, wanted, result in zip(prompts, max_tokens, results, strict=True):
+        assert result["finish"] == "length", result
+        assert result["usage"].prompt_tokens == len(prompt)
+        assert result["usage"].completion_tokens == wanted
+        assert result["usage"].total_tokens == len(prompt) + wanted
+    assert wait_for_free_blocks(disaggregated, free_before) == free_before
+
+
+def test_client_disconnect_frees_blocks_on_both_workers(disaggregated: Deployment) -> None:
+    free_before = {role: disaggregated.status(role)["free_blocks"] for role in ("prefill", "decode")}
+
+    async def run() -> int:
+        async with openai.AsyncOpenAI(base_url=f"{disaggregated.url}/v1", api_key="unused", max_retries=0,
+                                      timeout=60) as api:
+            stream = await api.completions.create(model=MODEL, prompt="Tell me a long story about a dragon.",
+                                                  max_tokens=2000, temperature=0.0, stream=True,
+                                                  extra_body={"ignore_eos": True})
+            received = 0
+            async for _ in stream:
+                received += 1
+                if received == 3:
+                    break
+            busy = disaggregated.status("decode")["free_blocks"]
+            await stream.close()
+            return busy
+
+    assert asyncio.run(run()) < free_before["decode"]  # the request held blocks while streaming
+    assert wait_for_free_blocks(disaggregated, free_before) == free_before
+
+
+def wait_for_free_blocks(deployment: Deployment, expected: dict[str, int], timeout_s: float = 10.0) -> dict:
+    """Free block counts of P and D, polled until they are back to `expected` (or the timeout)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        free = {role: deployment.status(role)["free_blocks"] for role in expected}
+        if free == expected or time.monotonic() > deadline:
+            return free
+        time.sleep(0.1)
