@@ -65,3 +65,87 @@ def hf_tokenizer(default_model_path: Path):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(default_model_path.parent), gguf_file=default_model_path.name)
+
+
+# ---- a real redis-server (cache_store's Redis tier) ----------------------------------------------------
+
+
+class RedisServerProcess:
+    """`redis-server` on a free loopback port: no persistence, DEBUG allowed from localhost (for DEBUG SLEEP).
+
+    `stop()` terminates the process (tests kill it mid-run); `start()` brings it back on the same port.
+    """
+
+    def __init__(self, binary: str, extra_args: tuple[str, ...] = ()) -> None:
+        import socket
+
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port: int = probe.getsockname()[1]
+        self.binary = binary
+        self.extra_args = extra_args
+        self.process = None
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self, timeout_s: float = 10.0) -> None:
+        import subprocess
+        import time
+
+        import redis
+
+        args = [self.binary, *self.extra_args, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                "--enable-debug-command", "local"]
+        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        client = redis.Redis(port=self.port, socket_connect_timeout=0.2)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                if self.process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"redis-server on port {self.port} did not start "
+                                       f"(exit code {self.process.poll()})") from None
+                time.sleep(0.01)
+        client.close()
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(timeout=10)
+        self.process = None
+
+
+def _redis_binary() -> str:
+    import shutil
+
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.skip("redis-server is not installed (apt-get install redis-server): Redis tier tests need a real one")
+    return binary
+
+
+@pytest.fixture(scope="session")
+def redis_server():
+    """One redis-server for the whole session (tests share it: use distinct keys or flush)."""
+    server = RedisServerProcess(_redis_binary())
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_server_factory():
+    """Starts extra redis-servers that a test may kill, restart or slow down; all stopped at session end."""
+    servers: list[RedisServerProcess] = []
+    binary = _redis_binary()
+
+    def start(*extra_args: str) -> RedisServerProcess:
+        server = RedisServerProcess(binary, extra_args)
+        servers.append(server)
+        server.start()
+        return server
+
+    yield start
+    for server in servers:
+        server.stop()

@@ -1,0 +1,257 @@
+"""The Redis tier: one key per KV block, read and written in pipelined batches, never on the model thread.
+
+    key    pdserve:{model fingerprint}:{block size}:{cache salt}:{block hash hex}
+    value  msgpack header + raw block bytes (kv_codec.encode_block)
+
+The block hash already chains the fingerprint, the salt and every earlier token, so the key's other parts
+only make keys readable and let an operator drop one model's or one tenant's blocks (`SCAN MATCH
+pdserve:{fp}:*`); the fingerprint and salt are percent-quoted so a ':' or '*' in them cannot blur that.
+
+Granularity: one block per value, `batch_blocks` blocks per pipelined round trip. Measured with
+benchmarks/redis_granularity.py (results in benchmarks/results/redis_granularity.json): pipelining 16
+one-block GETs moves as many bytes per second as 16-block values, since a block is already 0.1 to 2 MB, so
+bigger values buy nothing and cost prefix precision (a chunk of 16 blocks is only usable whole, and a
+prompt's partial tail chunk would not be stored at all) and head-of-line blocking in the single-threaded
+server.
+
+Failures never reach a request: every call catches Redis and socket errors, counts them, and returns a miss
+(or writes nothing). After an error Redis is skipped for `retry_interval_s` (counted as skipped), then
+tried again: the client reconnects by itself, so a restarted server is used again.
+
+URL forms: redis://, rediss://, unix:// (redis-py's own), redis+cluster:// or rediss+cluster:// (a
+RedisCluster from one or more seed nodes) and redis+sentinel://[:password@]host:port[,host:port]/service[/db].
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import urllib.parse
+from collections.abc import Sequence
+from typing import Any
+
+import redis
+import torch
+from redis.backoff import NoBackoff
+from redis.cluster import ClusterNode, RedisCluster
+from redis.retry import Retry
+from redis.sentinel import Sentinel
+
+from pdserve.cache_store.kv_codec import BlockLayout, CorruptValueError, decode_block, encode_block
+from pdserve.cache_store.tier_stats import TieredCacheStats
+
+_ERRORS = (redis.RedisError, OSError)
+
+
+def connect_redis(url: str, socket_timeout_s: float, max_connections: int = 32) -> Any:
+    """A redis-py client for any supported URL; nothing is contacted until the first command."""
+    # One immediate retry: the first command on a pooled connection to a restarted server fails once.
+    options: dict[str, Any] = {"socket_timeout": socket_timeout_s, "socket_connect_timeout": socket_timeout_s,
+                               "retry": Retry(NoBackoff(), 1)}
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        raise ValueError(f"Redis URL {url!r} has no scheme (redis://host:port)")
+    if scheme in ("redis+cluster", "rediss+cluster"):
+        return _cluster(scheme.split("+")[0], rest, options)
+    if scheme in ("redis+sentinel", "rediss+sentinel"):
+        return _sentinel(scheme.split("+")[0], rest, options)
+    if scheme not in ("redis", "rediss", "unix"):
+        raise ValueError(f"unsupported Redis URL scheme {scheme!r} in {url!r}")
+    return redis.Redis.from_url(url, max_connections=max_connections, **options)
+
+
+def _host_ports(netloc: str, default_port: int) -> list[tuple[str, int]]:
+    nodes = []
+    for item in netloc.split(","):
+        host, _, port = item.rpartition(":") if ":" in item else (item, "", str(default_port))
+        nodes.append((host, int(port)))
+    return nodes
+
+
+def _cluster(scheme: str, rest: str, options: dict[str, Any]) -> RedisCluster:
+    """redis+cluster://[:password@]host:port[,host:port] → RedisCluster seeded with those nodes."""
+    auth, _, hosts = rest.rpartition("@")
+    hosts = hosts.split("/")[0]
+    password = urllib.parse.unquote(auth.partition(":")[2]) if auth else None
+    nodes = [ClusterNode(h, p) for h, p in _host_ports(hosts, 6379)]
+    return RedisCluster(startup_nodes=nodes, password=password, ssl=scheme == "rediss", **options)
+
+
+def _sentinel(scheme: str, rest: str, options: dict[str, Any]) -> redis.Redis:
+    """redis+sentinel://[:password@]h:p[,h:p]/service[/db] → the service's current master (follows failover)."""
+    auth, _, location = rest.rpartition("@")
+    hosts, _, path = location.partition("/")
+    service, _, db = path.partition("/")
+    if not service:
+        raise ValueError(f"Sentinel URL needs a service name: redis+sentinel://host:port/service, got {rest!r}")
+    password = urllib.parse.unquote(auth.partition(":")[2]) if auth else None
+    sentinel = Sentinel(_host_ports(hosts, 26379), sentinel_kwargs=dict(options), **options)
+    return sentinel.master_for(service, password=password, db=int(db or 0), ssl=scheme == "rediss")
+
+
+class PrefixSink:
+    """Where an I/O thread leaves the blocks it found, so a caller that stops waiting keeps what arrived."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._chunks: list[tuple[tuple[bytes, ...], torch.Tensor]] = []
+        self._closed = False
+
+    def add(self, hashes: Sequence[bytes], blocks: torch.Tensor) -> bool:
+        with self._lock:
+            if self._closed:
+                return False
+            self._chunks.append((tuple(hashes), blocks))
+            return True
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> list[tuple[tuple[bytes, ...], torch.Tensor]]:
+        """Stop accepting blocks; returns those accepted."""
+        with self._lock:
+            self._closed = True
+            return list(self._chunks)
+
+
+class RedisTier:
+    def __init__(self, client: Any, layout: BlockLayout, stats: TieredCacheStats, retry_interval_s: float = 1.0,
+                 batch_blocks: int = 16, pin_memory: bool = False) -> None:
+        self.client = client
+        self.pin_memory = pin_memory
+        self.layout = layout
+        self.stats = stats
+        self.retry_interval_s = retry_interval_s
+        self.batch_blocks = batch_blocks
+        self._prefix = (f"pdserve:{urllib.parse.quote(layout.model_fingerprint, safe='')}:"
+                        f"{layout.block_size}:")
+        self._down_until = 0.0
+
+    def key(self, block_hash: bytes, salt: str | None) -> str:
+        return f"{self._prefix}{urllib.parse.quote(salt or '', safe='')}:{block_hash.hex()}"
+
+    @property
+    def backing_off(self) -> bool:
+        return time.monotonic() < self._down_until
+
+    def mark_failed(self, timed_out: bool = False) -> None:
+        """Count one failed call and skip Redis for `retry_interval_s`."""
+        self.stats.count(redis_errors=1, redis_timeouts=int(timed_out))
+        self._down_until = time.monotonic() + self.retry_interval_s
+
+    def _usable(self) -> bool:
+        if self.backing_off:
+            self.stats.count(redis_skipped=1)
+            return False
+        return True
+
+    # ---- reads --------------------------------------------------------------------------------------
+
+    def fetch_prefix(self, hashes: Sequence[bytes], salt: str | None, sink: PrefixSink, deadline: float,
+                     ttl_s: int | None) -> None:
+        """Leading blocks of `hashes` found in Redis → `sink`, batch by batch, until a miss or the deadline.
+
+        A hit's TTL is refreshed (GETEX), so blocks in use stay while one-off blocks expire.
+        """
+        if not hashes or not self._usable():
+            return
+        for start in range(0, len(hashes), self.batch_blocks):
+            if sink.closed or time.monotonic() >= deadline:
+                return
+            batch = hashes[start:start + self.batch_blocks]
+            keys = [self.key(h, salt) for h in batch]
+            try:
+                values = self._get_many(keys, ttl_s)
+            except _ERRORS:
+                if not sink.closed:  # a closed sink's caller already counted the timeout
+                    self.mark_failed()
+                return
+            found = self._decode_prefix(batch, keys, values)
+            if found.shape[0]:
+                self.stats.count(redis_read_bytes=sum(len(v) for v in values[:found.shape[0]]))
+                if not sink.add(batch[:found.shape[0]], found):
+                    return
+            if found.shape[0] < len(batch):
+                return
+
+    def _get_many(self, keys: list[str], ttl_s: int | None) -> list[bytes | None]:
+        pipe = self.client.pipeline(transaction=False)
+        for key in keys:
+            if ttl_s is None:
+                pipe.get(key)
+            else:
+                pipe.getex(key, ex=ttl_s)
+        return pipe.execute()
+
+    def _decode_prefix(self, hashes: Sequence[bytes], keys: list[str], values: list[bytes | None]) -> torch.Tensor:
+        """Decode the leading present values; a corrupt one ends the prefix and is deleted."""
+        count = 0
+        for value in values:
+            if value is None:
+                break
+            count += 1
+        out = self.layout.empty(count, pin_memory=self.pin_memory and count > 0)
+        for i in range(count):
+            try:
+                decode_block(self.layout, hashes[i], values[i], out[i])
+            except CorruptValueError:
+                self.stats.count(redis_corrupt_values=1)
+                self._delete([keys[i]])
+                return out[:i]
+        return out
+
+    def _delete(self, keys: list[str]) -> None:
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            for key in keys:
+                pipe.delete(key)
+            pipe.execute()
+        except _ERRORS:
+            self.mark_failed()
+
+    # ---- writes -------------------------------------------------------------------------------------
+
+    def store(self, hashes: Sequence[bytes], salts: Sequence[str | None], blocks: torch.Tensor,
+              ttl_s: int | None, only_missing: bool = False) -> int:
+        """SET blocks [n, layers, 2, block_size, Hkv, D] in pipelined batches; returns how many were written.
+
+        `only_missing` first asks which keys exist (one small round trip) and skips those.
+        """
+        if not hashes or not self._usable():
+            return 0
+        keys = [self.key(h, s) for h, s in zip(hashes, salts, strict=True)]
+        todo = list(range(len(keys)))
+        written = 0
+        try:
+            if only_missing:
+                todo = self._missing(keys)
+            for start in range(0, len(todo), self.batch_blocks):
+                batch = todo[start:start + self.batch_blocks]
+                written += self._set_batch([(keys[i], hashes[i], blocks[i]) for i in batch], ttl_s)
+        except _ERRORS:
+            self.mark_failed()
+        return written
+
+    def _missing(self, keys: list[str]) -> list[int]:
+        pipe = self.client.pipeline(transaction=False)
+        for key in keys:
+            pipe.exists(key)
+        return [i for i, present in enumerate(pipe.execute()) if not present]
+
+    def _set_batch(self, items: list[tuple[str, bytes, torch.Tensor]], ttl_s: int | None) -> int:
+        pipe = self.client.pipeline(transaction=False)
+        size = 0
+        for key, block_hash, block in items:
+            value = encode_block(self.layout, block_hash, block)
+            size += len(value)
+            pipe.set(key, value, ex=ttl_s)
+        pipe.execute()
+        self.stats.count(redis_written_bytes=size, redis_written_blocks=len(items))
+        return len(items)
+
+    def close(self) -> None:
+        try:
+            self.client.close()
+        except _ERRORS:
+            pass

@@ -1,0 +1,349 @@
+"""The tiered KV cache: device blocks (the pool's prefix cache) → host RAM → Redis, for one worker.
+
+A prompt's life with it on a prefill worker (`hashes` = its full blocks' chained hashes, salt included):
+
+    event loop / any thread          fetched = await cache.fetch_async(lookup, salt)
+      device peek, then host copy, then Redis (I/O thread, per-request deadline): blocks staged in host RAM
+    step thread (pool lock)          seq = cache.allocate(lookup, num_blocks, fetched)
+      device hits acquired, new blocks allocated; the fetched blocks that continue the device prefix are
+      copied into the first new blocks and named, so seq.num_cached_tokens covers device + host + Redis
+    ... compute tokens seq.num_cached_tokens .. n ...
+    step thread (pool lock)          cache.commit(hashes, seq.block_ids, seq.num_cached_blocks, salt)
+      names the full blocks; write_through copies the newly computed ones to host and Redis (writer thread)
+    pool.free(seq.block_ids)
+
+    hashes:   h0  h1  h2  h3  h4  h5  h6 | h7 (last full block: not looked up, >= 1 token is computed)
+    device    ✓   ✓   ✗
+    host              ✓   ✓   ✗                   fetched.start_block = 2, fetched.hashes = h2 h3 h4
+    redis                     ✓   ✗               allocate: blocks 0-1 shared, 2-4 loaded, 5-7 computed
+
+A decode worker commits a finished sequence (prompt + generated tokens) with `commit_sequence` before
+freeing its blocks, so the next turn of the conversation finds the whole history (on any prefill worker,
+through Redis). `update(policy)` changes eviction, write and admission policies and the timeouts at run time.
+
+Threads: `fetch` runs anywhere except the step thread (it waits for Redis up to the deadline);
+`allocate`, `commit`, `commit_sequence` run on the step thread and take `lock` (pass the worker's pool
+lock). Redis I/O never runs on the step thread; copies to host and Redis go through the writer thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
+
+import torch
+
+from pdserve.cache_store.admission import HitCounter
+from pdserve.cache_store.hashing import block_hashes
+from pdserve.cache_store.host_tier import HostTier
+from pdserve.cache_store.kv_codec import BlockLayout, gather_to_host, scatter_from_host
+from pdserve.cache_store.policy import CachePolicy, TierConfig
+from pdserve.cache_store.prefix_cache import PrefixCache, SequenceBlocks
+from pdserve.cache_store.redis_tier import PrefixSink, RedisTier, connect_redis
+from pdserve.cache_store.tier_stats import TieredCacheStats
+from pdserve.cache_store.tier_writer import RedisTarget, TierWriter, WriteJob
+
+
+@dataclass(frozen=True)
+class FetchedPrefix:
+    """Blocks found in host RAM and Redis, staged in host memory; they continue the device prefix.
+
+    hashes[i] names block start_block + i of the prompt; the first `num_host_blocks` came from the host
+    tier, the rest from Redis. Holds no pool blocks: dropping it unused leaks nothing.
+    """
+
+    start_block: int
+    hashes: tuple[bytes, ...]
+    chunks: tuple[torch.Tensor, ...]  # concatenated: [len(hashes), layers, 2, block_size, Hkv, D]
+    num_host_blocks: int
+    salt: str | None
+    seconds: float
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.hashes)
+
+    def blocks(self, lo: int, hi: int) -> torch.Tensor:
+        """Blocks lo..hi (indices into `hashes`) as one tensor."""
+        parts, offset = [], 0
+        for chunk in self.chunks:
+            a, b = max(lo - offset, 0), min(hi - offset, chunk.shape[0])
+            if a < b:
+                parts.append(chunk[a:b])
+            offset += chunk.shape[0]
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+class TieredKVCache:
+    def __init__(self, prefix_cache: PrefixCache, kv_caches: list[torch.Tensor], model_fingerprint: str,
+                 config: TierConfig, policy: CachePolicy, lock: threading.RLock | None = None) -> None:
+        self.prefix_cache = prefix_cache
+        self.pool = prefix_cache.pool
+        self.kv_caches = kv_caches
+        self.config = config
+        self.layout = BlockLayout.of_pool(kv_caches, model_fingerprint)
+        if self.layout.block_size != prefix_cache.block_size:
+            raise ValueError(f"KV pool blocks hold {self.layout.block_size} tokens, the prefix cache "
+                             f"{prefix_cache.block_size}")
+        self.lock = lock or threading.RLock()
+        self.stats = TieredCacheStats()
+        self._policy = policy
+        self.host = HostTier(self.layout, config.host_capacity_bytes, policy.host_eviction, config.pin_host_memory)
+        self.redis = self._connect(config)
+        self._io = ThreadPoolExecutor(config.redis_io_threads, thread_name_prefix="kv-redis-io")
+        self._writer = TierWriter(self._process, self.stats, config.max_pending_write_bytes)
+        self._hits = HitCounter(4 * (self.pool.num_total + self.host.num_slots) + 1024)
+        self._salts: OrderedDict[bytes, str | None] = OrderedDict()  # device blocks' salts, for write-back keys
+        with self.lock:
+            self.pool.set_eviction(policy.device_eviction)
+            self.pool.on_evict = self._on_device_evict
+
+    def _connect(self, config: TierConfig) -> RedisTier | None:
+        if config.redis_url is None:
+            return None
+        client = connect_redis(config.redis_url, config.redis_socket_timeout_s, 4 * config.redis_io_threads)
+        return RedisTier(client, self.layout, self.stats, config.redis_retry_interval_s, config.redis_batch_blocks,
+                         config.pin_host_memory)
+
+    @property
+    def policy(self) -> CachePolicy:
+        return self._policy
+
+    @property
+    def block_size(self) -> int:
+        return self.layout.block_size
+
+    @property
+    def has_lower_tiers(self) -> bool:
+        return self.host.num_slots > 0 or self.redis is not None
+
+    def update(self, policy: CachePolicy) -> None:
+        """Apply a new policy now: eviction orders are converted in place, the rest applies to later calls."""
+        if not isinstance(policy, CachePolicy):
+            raise TypeError(f"expected a CachePolicy, got {type(policy).__name__}")
+        with self.lock:
+            self.pool.set_eviction(policy.device_eviction)
+        self.host.set_eviction(policy.host_eviction)
+        self._policy = policy
+
+    def sequence_hashes(self, token_ids: Sequence[int], salt: str | None) -> list[bytes]:
+        return block_hashes(token_ids, self.block_size, self.layout.model_fingerprint, salt)
+
+    # ---- lookup: any thread but the step thread ------------------------------------------------------
+
+    def fetch(self, hashes: Sequence[bytes], salt: str | None, timeout_s: float | None = None) -> FetchedPrefix:
+        """The blocks after the device prefix of `hashes` found in host RAM, then Redis, until the first miss.
+
+        Returns within `timeout_s` (default: the policy's lookup timeout) plus the host copy: Redis batches
+        still in flight then are given up (misses). Redis hits are promoted to the host tier.
+        """
+        started = time.monotonic()
+        deadline = started + (timeout_s if timeout_s is not None else self._policy.lookup_timeout_s)
+        with self.lock:
+            start = self.prefix_cache.peek(hashes).num_blocks
+        rest = list(hashes[start:start + self.config.max_fetch_blocks])
+        host_blocks = self.host.read_prefix(rest, self.config.pin_host_memory) if rest else self.layout.empty(0)
+        num_host = host_blocks.shape[0]
+        redis_chunks = [blocks for _, blocks in self._fetch_redis(rest[num_host:], salt, deadline)]
+        num_redis = sum(blocks.shape[0] for blocks in redis_chunks)
+        chunks = ([host_blocks] if num_host else []) + redis_chunks
+        found = rest[:num_host + num_redis]
+        fetched = FetchedPrefix(start, tuple(found), tuple(chunks), num_host, salt, time.monotonic() - started)
+        self._after_fetch(rest, fetched)
+        return fetched
+
+    async def fetch_async(self, hashes: Sequence[bytes], salt: str | None,
+                          timeout_s: float | None = None) -> FetchedPrefix:
+        return await asyncio.to_thread(self.fetch, hashes, salt, timeout_s)
+
+    def _fetch_redis(self, hashes: list[bytes], salt: str | None,
+                     deadline: float) -> list[tuple[tuple[bytes, ...], torch.Tensor]]:
+        if self.redis is None or not hashes:
+            return []
+        sink = PrefixSink()
+        try:
+            future = self._io.submit(self.redis.fetch_prefix, hashes, salt, sink, deadline, self._policy.redis_ttl_s)
+        except RuntimeError:  # closed
+            return []
+        try:
+            future.result(timeout=max(deadline - time.monotonic(), 0.0))
+        except FutureTimeout:
+            self.redis.mark_failed(timed_out=True)
+        return sink.close()
+
+    def _after_fetch(self, rest: list[bytes], fetched: FetchedPrefix) -> None:
+        """Counters, admission by hits, and promotion of Redis hits to the host tier."""
+        num_host, num_redis = fetched.num_host_blocks, fetched.num_blocks - fetched.num_host_blocks
+        redis_queried = len(rest) - num_host if self.redis is not None else 0
+        self.stats.count(lookups=1, host_queried_blocks=len(rest) if self.host.num_slots else 0,
+                         host_hit_blocks=num_host, redis_queried_blocks=redis_queried, redis_hit_blocks=num_redis)
+        self.stats.observe_load(fetched.seconds)
+        crossed = set(self._hits.hit(fetched.hashes, self._policy.redis_admission_hits))
+        host_crossed = [i for i in range(num_host) if fetched.hashes[i] in crossed]
+        if host_crossed and self._policy.write == "write_through" and self.redis is not None:
+            blocks = torch.stack([fetched.blocks(i, i + 1)[0] for i in host_crossed])
+            self._submit([fetched.hashes[i] for i in host_crossed], [fetched.salt] * len(host_crossed), blocks,
+                         to_host=False, redis="all", only_missing=True)
+        if num_redis and self.host.num_slots:
+            self._submit(fetched.hashes[num_host:], [fetched.salt] * num_redis,
+                         fetched.blocks(num_host, fetched.num_blocks), to_host=True, redis="none")
+
+    # ---- step thread ---------------------------------------------------------------------------------
+
+    def can_allocate(self, hashes: Sequence[bytes], num_blocks: int) -> bool:
+        with self.lock:
+            return self.prefix_cache.can_allocate(hashes, num_blocks)
+
+    def allocate(self, hashes: Sequence[bytes], num_blocks: int, fetched: FetchedPrefix | None = None) -> SequenceBlocks:
+        """Device hits + new blocks (all or nothing, as PrefixCache.allocate), with `fetched` blocks loaded.
+
+        Only the first `num_blocks` hashes are used. The fetched blocks that continue the device prefix as it
+        is now are copied into the first new blocks and named; the rest of `fetched` is dropped (counted).
+        """
+        with self.lock:
+            hashes = list(hashes[:num_blocks])
+            seq = self.prefix_cache.allocate(hashes, num_blocks)
+            on_device = seq.num_cached_blocks
+            loaded = self._load(seq, hashes, fetched) if fetched is not None else 0
+            self.stats.count(device_queried_blocks=len(hashes), device_hit_blocks=on_device,
+                             device_reused_tokens=on_device * self.block_size)
+            self._admit_device_hits(hashes[:on_device], seq.block_ids[:on_device])
+        cached = on_device + loaded
+        return SequenceBlocks(seq.block_ids, cached, cached * self.block_size)
+
+    def _load(self, seq: SequenceBlocks, hashes: list[bytes], fetched: FetchedPrefix) -> int:
+        on_device = seq.num_cached_blocks
+        lo = on_device - fetched.start_block
+        count = min(fetched.num_blocks - lo, len(hashes) - on_device) if lo >= 0 else 0
+        if count <= 0 or fetched.hashes[lo] != hashes[on_device]:
+            self.stats.count(fetched_unused_blocks=fetched.num_blocks)
+            return 0
+        blocks = fetched.blocks(lo, lo + count)
+        targets = list(seq.block_ids[on_device:on_device + count])
+        scatter_from_host(self.kv_caches, targets, blocks)
+        self.prefix_cache.commit(hashes[on_device:on_device + count], targets)
+        self._remember_salts(hashes[on_device:on_device + count], fetched.salt)
+        from_host = max(min(fetched.num_host_blocks - lo, count), 0)
+        self.stats.count(host_to_device_bytes=count * self.layout.nbytes,
+                         host_reused_tokens=from_host * self.block_size,
+                         redis_reused_tokens=(count - from_host) * self.block_size,
+                         fetched_unused_blocks=fetched.num_blocks - count)
+        return count
+
+    def _admit_device_hits(self, hashes: list[bytes], block_ids: Sequence[int]) -> None:
+        crossed = set(self._hits.hit(hashes, self._policy.redis_admission_hits))
+        if not crossed or self._policy.write != "write_through" or self.redis is None:
+            return
+        picked = [(h, b) for h, b in zip(hashes, block_ids) if h in crossed]
+        self._copy_down([h for h, _ in picked], [b for _, b in picked], to_host=False, redis="all", only_missing=True)
+
+    def commit(self, hashes: Sequence[bytes], block_ids: Sequence[int], num_cached_blocks: int,
+               salt: str | None) -> int:
+        """Name a prompt's full blocks (device tier); with write_through, copy the computed ones down.
+
+        Blocks before `num_cached_blocks` came from a tier and are not written again. Returns how many
+        blocks were newly named on the device.
+        """
+        with self.lock:
+            newly = self.prefix_cache.commit(hashes, block_ids)
+            self._remember_salts(hashes, salt)
+            computed = slice(num_cached_blocks, min(len(hashes), len(block_ids)))
+            if self._policy.write == "write_through" and hashes[computed]:
+                self._copy_down(list(hashes[computed]), list(block_ids[computed]), to_host=True, redis="admitted")
+        return newly
+
+    def commit_sequence(self, token_ids: Sequence[int], num_kv_tokens: int, block_ids: Sequence[int],
+                        salt: str | None) -> int:
+        """A decode worker's finished sequence: name its full blocks and send them to host and Redis now.
+
+        `num_kv_tokens` tokens have KV in `block_ids` (the last sampled token has none). Unless the write
+        policy is `none`, the blocks go down at once, admission aside: a finished sequence's blocks are what
+        the conversation's next turn needs, from any prefill worker. Blocks Redis has already (the prompt's,
+        written by the prefill worker) are skipped. Returns the number of full blocks committed.
+        """
+        hashes = self.sequence_hashes(token_ids[:num_kv_tokens], salt)
+        if len(hashes) > len(block_ids):
+            raise ValueError(f"{num_kv_tokens} tokens fill {len(hashes)} blocks; the sequence holds {len(block_ids)}")
+        with self.lock:
+            self.prefix_cache.commit(hashes, block_ids)
+            self._remember_salts(hashes, salt)
+            if self._policy.write != "none" and hashes:
+                self._copy_down(hashes, list(block_ids[:len(hashes)]), to_host=True, redis="all", only_missing=True)
+        return len(hashes)
+
+    def _on_device_evict(self, victims: list[tuple[int, bytes]]) -> None:
+        """Pool hook (inside allocate, pool lock held): write-back copies evicted blocks before reuse."""
+        known = [(b, h) for b, h in victims if h in self._salts]  # unknown salt: committed around this cache
+        salts = [self._salts.pop(h) for _, h in known]
+        if known and self._policy.write == "write_back":
+            self._copy_down([h for _, h in known], [b for b, _ in known], to_host=True, redis="none", salts=salts)
+
+    def _copy_down(self, hashes: list[bytes], block_ids: list[int], to_host: bool, redis: RedisTarget,
+                   only_missing: bool = False, salts: list[str | None] | None = None) -> None:
+        """Copy pool blocks to host staging (queued on the stream) and hand them to the writer thread."""
+        spills_to_redis = to_host and self._policy.write == "write_back"
+        useful_for_redis = self.redis is not None and (redis != "none" or spills_to_redis)
+        if not (to_host and self.host.num_slots) and not useful_for_redis:
+            return
+        staging = self.layout.empty(len(hashes), pin_memory=self.config.pin_host_memory)
+        ready = gather_to_host(self.kv_caches, block_ids, staging)
+        self.stats.count(device_to_host_bytes=staging.numel() * staging.element_size())
+        if salts is None:
+            salts = [self._salts.get(h) for h in hashes]
+        self._submit(hashes, salts, staging, to_host, redis, only_missing, ready)
+
+    def _submit(self, hashes: Sequence[bytes], salts: Sequence[str | None], blocks: torch.Tensor, to_host: bool,
+                redis: RedisTarget, only_missing: bool = False, ready: torch.cuda.Event | None = None) -> None:
+        self._writer.submit(WriteJob(tuple(hashes), tuple(salts), blocks, to_host, redis, only_missing, ready))
+
+    def _remember_salts(self, hashes: Sequence[bytes], salt: str | None) -> None:
+        for block_hash in hashes:
+            self._salts[block_hash] = salt
+            self._salts.move_to_end(block_hash)
+        while len(self._salts) > 2 * self.pool.num_total:
+            self._salts.popitem(last=False)
+
+    # ---- writer thread -------------------------------------------------------------------------------
+
+    def _process(self, job: WriteJob) -> None:
+        policy = self._policy
+        spilled_hashes, spilled_salts, spilled = job.hashes, job.salts, job.blocks
+        if job.to_host and self.host.num_slots:
+            out = self.host.put(job.hashes, job.salts, job.blocks)
+            self.stats.count(host_written_blocks=len(job.hashes))
+            spilled_hashes, spilled_salts, spilled = out.hashes, out.salts, out.blocks
+        if self.redis is None:
+            return
+        if job.redis != "none":
+            keep = [i for i, h in enumerate(job.hashes)
+                    if job.redis == "all" or self._hits.admitted(h, policy.redis_admission_hits)]
+            self._store(job.hashes, job.salts, job.blocks, keep, job.only_missing)
+        elif policy.write == "write_back" and job.to_host:
+            keep = [i for i, h in enumerate(spilled_hashes) if self._hits.admitted(h, policy.redis_admission_hits)]
+            self._store(spilled_hashes, spilled_salts, spilled, keep, only_missing=True)
+
+    def _store(self, hashes: Sequence[bytes], salts: Sequence[str | None], blocks: torch.Tensor, keep: list[int],
+               only_missing: bool) -> None:
+        if keep and self.redis is not None:
+            self.redis.store([hashes[i] for i in keep], [salts[i] for i in keep], blocks[keep],
+                             self._policy.redis_ttl_s, only_missing)
+
+    # ---- control ---------------------------------------------------------------------------------------
+
+    def flush(self, timeout_s: float = 10.0) -> bool:
+        """Wait for queued host/Redis writes (tests, shutdown); False on timeout."""
+        return self._writer.flush(timeout_s)
+
+    def close(self) -> None:
+        with self.lock:
+            self.pool.on_evict = None
+        self._writer.close()
+        self._io.shutdown(wait=False, cancel_futures=True)
+        if self.redis is not None:
+            self.redis.close()
