@@ -42,6 +42,7 @@ class ClusterSpec:
     router_overhead_s: float = 0.0  # per request, before it reaches P (tokenise, HTTP hops)
     prefill_overhead_s: float = 0.0  # per P iteration, on top of the model (scheduling, sampling)
     decode_overhead_s: float = 0.0  # per D step, on top of the model
+    decode_overhead_per_seq_s: float = 0.0  # per sequence in a D step (sampling, detokenising, streaming)
 
     def __post_init__(self) -> None:
         if self.num_prefill <= 0 or self.num_decode <= 0:
@@ -108,7 +109,7 @@ class Simulation:
         self.refused = np.zeros(n, dtype=bool)
         self.d_of = np.zeros(n, dtype=np.int64)
         a, b, c = profile.decode.coef
-        self.decode_coef = (a, b, c)
+        self.decode_coef = (a, b + cluster.decode_overhead_per_seq_s, c)
         self.events: list[tuple[float, int, int, int]] = []
         self.seq = 0
 

@@ -1,0 +1,67 @@
+"""`pdserve bench` against a real `pdserve serve` (router + 1 prefill + 1 decode worker, the default model on
+CPU): every request completes, the token counts are the server's, and the timings are consistent."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from pdserve.cli import main
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory, model_cache_dir: Path, default_model_dir: Path) -> Iterator[str]:
+    port, log = _free_port(), tmp_path_factory.mktemp("serve") / "serve.log"
+    argv = [sys.executable, "-m", "pdserve.cli", "serve", "--port", str(port), "--num-blocks", "256",
+            "--max-num-seqs", "8", "--max-num-batched-tokens", "512", "--torch-threads", "1"]
+    with log.open("wb") as out:
+        proc = subprocess.Popen(argv, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                env={**os.environ, "PDSERVE_CACHE_DIR": str(model_cache_dir)})
+    try:
+        deadline = time.monotonic() + 240
+        while "pdserve ready" not in log.read_text(errors="replace"):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"pdserve serve did not start:\n{log.read_text(errors='replace')[-3000:]}")
+            time.sleep(0.2)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("endpoint", ["/v1/completions", "/v1/chat/completions"])
+def test_bench_against_pdserve(served: str, default_model_dir: Path, tmp_path: Path, endpoint: str) -> None:
+    rc = main(["bench", "--base-url", served, "--endpoint", endpoint, "--num-prompts", "4", "--random-input-len",
+               "24", "--random-output-len", "6", "--ignore-eos", "--request-rate", "inf", "--tokenizer",
+               str(default_model_dir), "--goodput", "ttft:60000", "--save-result", "--result-dir", str(tmp_path),
+               "--result-filename", "r.json", "--disable-tqdm"])
+    assert rc == 0
+    result = json.loads((tmp_path / "r.json").read_text())
+    assert result["completed"] == 4 and result["failed"] == 0
+    assert result["output_lens"] == [6, 6, 6, 6]  # --ignore-eos: exactly max_tokens, as the server counts them
+    assert result["input_lens"] == [24] * 4 or endpoint.endswith("chat/completions")
+    assert all(0 < t < r / 1000 for t, r in zip(result["ttfts"], [result["mean_e2el_ms"] * 4] * 4))
+    assert result["mean_tpot_ms"] > 0 and result["request_goodput"] == pytest.approx(result["request_throughput"])
+    models = httpx.get(served + "/v1/models", timeout=10).json()["data"]
+    assert result["model_id"] == models[0]["id"]
