@@ -7,12 +7,21 @@ The block hash already chains the fingerprint, the salt and every earlier token,
 only make keys readable and let an operator drop one model's or one tenant's blocks (`SCAN MATCH
 pdserve:{fp}:*`); the fingerprint and salt are percent-quoted so a ':' or '*' in them cannot blur that.
 
-Granularity: one block per value, `batch_blocks` blocks per pipelined round trip. Measured with
-benchmarks/redis_granularity.py (results in benchmarks/results/redis_granularity.json): pipelining 16
-one-block GETs moves as many bytes per second as 16-block values, since a block is already 0.1 to 2 MB, so
-bigger values buy nothing and cost prefix precision (a chunk of 16 blocks is only usable whole, and a
-prompt's partial tail chunk would not be stored at all) and head-of-line blocking in the single-threaded
-server.
+Granularity: one block per value, `batch_blocks` (16) blocks pipelined per round trip. Measured with
+`python benchmarks/redis_granularity.py` (redis-py + hiredis, loopback redis-server 7.0, 64-block prefix,
+16 blocks' worth of values per round trip; benchmarks/results/redis_granularity.json, 16-core H200 host):
+
+    block size                 1 block/value    4 blocks/value   16 blocks/value   (GET GB/s; server ms per value)
+    64 KiB                     1.51  (0.04)     1.77  (0.15)     1.50  (0.70)
+    360 KiB (SmolLM2, bf16)    2.01  (0.18)     1.05  (1.41)     0.85  (6.96)
+    2 MiB (Llama-3-8B, bf16)   0.62  (3.38)     0.52  (16.0)     0.39  (86.7)
+
+Bigger values never pay for themselves once a block is 360 KiB or more, and at 64 KiB chunks of 4 gain only
+~15%. They would cost: a chunk is usable only whole, so chunks of 4 and 16 could hold only 94% and 77% of
+the full blocks of prompts of 1..128 blocks (tails shorter than a chunk are never stored), a miss anywhere
+in a chunk loses all of it, and the single-threaded server is held for the whole value (87 ms for a 16-block
+Llama-3-8B chunk, blocking every other worker's lookups). On the loaded 2-core dev box the same runs vary 2x
+between repeats with no consistent winner (results/redis_granularity_devbox_2cpu.json).
 
 Failures never reach a request: every call catches Redis and socket errors, counts them, and returns a miss
 (or writes nothing). After an error Redis is skipped for `retry_interval_s` (counted as skipped), then

@@ -69,14 +69,19 @@ class FetchedPrefix:
     def num_blocks(self) -> int:
         return len(self.hashes)
 
-    def blocks(self, lo: int, hi: int) -> torch.Tensor:
-        """Blocks lo..hi (indices into `hashes`) as one tensor."""
+    def pieces(self, lo: int, hi: int) -> list[torch.Tensor]:
+        """Blocks lo..hi (indices into `hashes`) as views of the staged chunks, in order (no copy)."""
         parts, offset = [], 0
         for chunk in self.chunks:
             a, b = max(lo - offset, 0), min(hi - offset, chunk.shape[0])
             if a < b:
                 parts.append(chunk[a:b])
             offset += chunk.shape[0]
+        return parts
+
+    def blocks(self, lo: int, hi: int) -> torch.Tensor:
+        """Blocks lo..hi as one tensor (a copy when they span chunks)."""
+        parts = self.pieces(lo, hi)
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
@@ -224,9 +229,11 @@ class TieredKVCache:
         if count <= 0 or fetched.hashes[lo] != hashes[on_device]:
             self.stats.count(fetched_unused_blocks=fetched.num_blocks)
             return 0
-        blocks = fetched.blocks(lo, lo + count)
         targets = list(seq.block_ids[on_device:on_device + count])
-        scatter_from_host(self.kv_caches, targets, blocks)
+        done = 0
+        for piece in fetched.pieces(lo, lo + count):  # pinned chunks go straight to the device, uncopied
+            scatter_from_host(self.kv_caches, targets[done:done + piece.shape[0]], piece)
+            done += piece.shape[0]
         self.prefix_cache.commit(hashes[on_device:on_device + count], targets)
         self._remember_salts(hashes[on_device:on_device + count], fetched.salt)
         from_host = max(min(fetched.num_host_blocks - lo, count), 0)

@@ -22,10 +22,10 @@ def make_worker() -> Iterator[Callable[..., Worker]]:
     workers: list[Worker] = []
 
     def make(config: TierConfig | None = None, policy: CachePolicy | None = None, num_blocks: int = NUM_BLOCKS,
-             dtype: torch.dtype = torch.float32, fingerprint: str = FP) -> Worker:
+             dtype: torch.dtype = torch.float32, fingerprint: str = FP, device: str = "cpu") -> Worker:
         pool = BlockPool(num_blocks)
         prefix_cache = PrefixCache(pool, BS)
-        kv_caches = [torch.zeros((2, num_blocks, BS, HEADS, DIM), dtype=dtype) for _ in range(LAYERS)]
+        kv_caches = [torch.zeros((2, num_blocks, BS, HEADS, DIM), dtype=dtype, device=device) for _ in range(LAYERS)]
         cache = TieredKVCache(prefix_cache, kv_caches, fingerprint, config or TierConfig(), policy or CachePolicy())
         workers.append(Worker(pool, prefix_cache, kv_caches, cache))
         return workers[-1]

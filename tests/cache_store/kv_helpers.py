@@ -41,11 +41,12 @@ class Worker:
         """'Compute' KV into blocks: random values; returns them as [n, layers, 2, BS, HEADS, DIM]."""
         blocks = random_blocks(len(block_ids), self.kv_caches[0].dtype, seed)
         for layer, kv in enumerate(self.kv_caches):
-            kv[:, list(block_ids)] = blocks[:, layer].transpose(0, 1)
+            kv[:, list(block_ids)] = blocks[:, layer].transpose(0, 1).to(kv.device)
         return blocks
 
     def read(self, block_ids: tuple[int, ...] | list[int]) -> torch.Tensor:
-        return torch.stack([kv[:, list(block_ids)] for kv in self.kv_caches]).permute(2, 0, 1, 3, 4, 5)
+        """KV of blocks, on the CPU: [n, layers, 2, BS, HEADS, DIM]."""
+        return torch.stack([kv[:, list(block_ids)] for kv in self.kv_caches]).permute(2, 0, 1, 3, 4, 5).cpu()
 
 
 CORRUPTIONS = ("bad checksum", "truncated", "extra bytes", "wrong shape", "nbytes lies", "another model",
