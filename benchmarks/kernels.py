@@ -108,7 +108,7 @@ def rope_rows() -> list[Row]:
     nbytes = tokens * (2 * HQ * DIM * 2 + 2 * HKV * DIM * 2 * 2 + DIM * 4 + 16)
     row = Row("rope_kv_write", f"{tokens} tok 32q/8kv", 0, "torch ops (ref)", 0, bytes=nbytes, rel_err=err)
     return [timed(row, rotating([lambda s=s: rope_triton.rope_kv_write_triton(*s) for s in sets]),
-                  rotating([lambda s=s: rope_kv_write_ref(*s) for s in sets]))]
+                  rotating([lambda s=s: rope_kv_write_ref(*s) for s in sets]), base_graph=False)]
 
 
 def block_copy_rows() -> list[Row]:
@@ -123,7 +123,7 @@ def block_copy_rows() -> list[Row]:
     return [timed(gather, rotating([lambda i=i: block_copy_triton.gather_blocks_triton(cache, i) for i in ids]),
                   rotating([lambda i=i: gather_blocks_ref(cache, i) for i in ids])),
             timed(scatter, rotating([lambda i=i: block_copy_triton.scatter_blocks_triton(cache, i, blocks) for i in ids]),
-                  rotating([lambda i=i: scatter_blocks_ref(cache, i, blocks) for i in ids]))]
+                  rotating([lambda i=i: scatter_blocks_ref(cache, i, blocks) for i in ids]), base_graph=False)]
 
 
 def small_sweeps() -> dict:
@@ -172,6 +172,7 @@ def run(args: argparse.Namespace) -> dict:
             result["sweeps"]["prefill"] = prefill_sweep({k: PREFILL_CASES[k] for k in SWEEP_PREFILL})
     if args.tune_linear and wanted("gemv"):
         tune(Path(args.tune_linear))
+    _save(args, result)  # the sweeps survive a failure further on
     rows: list[Row] = []
     for name, fn in (("small", lambda: norm_rows() + silu_rows() + rope_rows() + block_copy_rows()),
                      ("decode", lambda: decode_rows(DECODE_SHAPES)), ("prefill", lambda: prefill_rows(PREFILL_CASES)),
@@ -179,6 +180,7 @@ def run(args: argparse.Namespace) -> dict:
         if wanted(name):
             rows += fn()
     result["rows"] = [r.as_dict() for r in rows]
+    _save(args, result)
     if not SETTINGS.compile_only:
         print(format_table(rows), flush=True)
     return result
@@ -197,8 +199,11 @@ def main() -> None:
         sys.exit("benchmarks/kernels.py needs a CUDA device")
     SETTINGS.compile_only = args.compile_only
     SETTINGS.dtype = getattr(torch, args.dtype)
-    result = run(args)
-    if args.json and not args.compile_only:
+    run(args)
+
+
+def _save(args: argparse.Namespace, result: dict) -> None:
+    if args.json and not SETTINGS.compile_only:
         Path(args.json).write_text(json.dumps(result, indent=1, default=str) + "\n")
 
 

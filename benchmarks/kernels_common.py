@@ -142,11 +142,13 @@ class Row:
 
 
 def timed(row: Row, triton_fn: Callable[[], object], base_fn: Callable[[], object] | None,
-          check: Callable[[Row, float], bool] | None = None) -> Row:
-    """Fills row's times (both methods, both sides) and, given check(row, us), its two target verdicts."""
+          check: Callable[[Row, float], bool] | None = None, base_graph: bool = True) -> Row:
+    """Fills row's times (both methods, both sides) and, given check(row, us), its two target verdicts.
+    base_graph=False for baselines that cannot be captured (they sync: a failed capture poisons the process)."""
     row.triton_us, row.triton_graph_us, row.cpu_us = bench_us(triton_fn), graph_us(triton_fn), cpu_us(triton_fn)
     if base_fn is not None:
-        row.baseline_us, row.baseline_graph_us = bench_us(base_fn), graph_us(base_fn)
+        row.baseline_us = bench_us(base_fn)
+        row.baseline_graph_us = graph_us(base_fn) if base_graph else math.nan
     if check is not None:
         row.target_met, row.target_met_graph = check(row, row.triton_us), check(row, row.triton_graph_us)
     return row

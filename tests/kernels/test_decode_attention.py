@@ -52,7 +52,8 @@ def test_num_splits_heuristic_fills_the_gpu() -> None:
     from pdserve.kernels.decode_attention_triton import num_splits_for
 
     assert num_splits_for(batch=1, kv_heads=8, max_context=4096, sm_count=132) == 16
-    assert num_splits_for(batch=32, kv_heads=8, max_context=4096, sm_count=132) == 2
+    assert num_splits_for(batch=32, kv_heads=8, max_context=4096, sm_count=132) == 1
+    assert num_splits_for(batch=8, kv_heads=8, max_context=4096, sm_count=132) == 8
     assert num_splits_for(batch=256, kv_heads=8, max_context=4096, sm_count=132) == 1
     assert num_splits_for(batch=1, kv_heads=8, max_context=100, sm_count=132) == 1
 
