@@ -117,7 +117,8 @@ def _sm_count(device: torch.device) -> int:
 def num_splits_for(batch: int, kv_heads: int, max_context: int, sm_count: int) -> int:
     """Splits per (sequence, kv head): none once B * Hkv programs fill every SM, else enough for ~2 programs
     per SM, rounded up to a power of two. H200, 32/8 heads, ctx 4096, CUDA-graph times over all splits x tiles:
-    B 32 best unsplit (126.5 us, 4.25 TB/s), B 8 best 8 splits (38.4 us), B 1 best 16 (12.6 us)."""
+    B 32 best unsplit (126.5 us, 4.25 TB/s), B 8 best 8 splits (38.4 us), B 1 best 16 (12.6 us)
+    (python benchmarks/kernels.py --sweep --only decode)."""
     programs = max(1, batch * kv_heads)
     if programs >= sm_count:
         return 1

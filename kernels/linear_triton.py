@@ -5,10 +5,11 @@
     SPLIT_K == 1: writes y directly;  SPLIT_K > 1: fp32 partials [SPLIT_K, M, N], summed by a second kernel
 
 At these batch sizes the product is a pass over W (2 bytes a weight, ~0.03 FLOP a byte at M = 1): the job is
-to keep enough of W in flight. cuBLAS picks GEMM tiles that leave the per-layer shapes at ~2.8 TB/s on an
-H200 (BENCHMARKS.md); where a tuned Triton config is faster for a (N, K, batch bucket, dtype, device) it is
-recorded in linear_configs.json (kernels/tuning.py) and used here, elsewhere torch.matmul runs (FlashDecoding++'s
-"choose the kernel by shape" idea).
+to keep enough of W in flight (cp.async, 4-6 stages). Where a tuned Triton config beats cuBLAS for a
+(N, K, batch bucket, dtype, device) it is recorded in linear_configs.json (kernels/tuning.py) and used here,
+elsewhere torch.matmul runs (FlashDecoding++'s "choose the kernel by shape" idea). H200, bf16, CUDA-graph
+replay on rotated weights: 4096->14336 and 14336->4096 at M 1-8 run at 3.84-3.96 TB/s, 1.07-1.10x cuBLAS;
+the fused 4096->28672 stays on cuBLAS (python benchmarks/kernels.py --only gemv, 2026-11-29).
 """
 
 import functools

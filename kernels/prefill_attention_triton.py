@@ -139,7 +139,9 @@ def _check(q, kv_cache, cu_seqlens_q, seq_lens, block_tables):
 def _default_config(dim: int, dtype: torch.dtype, device: torch.device, tokens: int, q_heads: int) -> tuple:
     """(BLOCK_M, BLOCK_N, num_warps, num_stages). 128-row tiles once they make >= 4 waves of programs, else
     64 to fill the SMs. H200, bf16, 32/8 heads, d 128: 4096 tokens m128/n128/8 warps 373 us (m128/n64/8 warps
-    419, m64 378); 1024 tokens m64/n64/4 warps 40.7 us (m128 45-69)."""
+    419, m64 378); 1024 tokens m64/n64/4 warps 40.7 us (m128 45-69); python benchmarks/kernels.py --sweep
+    --only prefill. Triton 3.6's Hopper warp specialization (tl.range(warp_specialize=True)) fails to compile
+    this kernel (NVGPUWarpSpecialization pass error), which is the main gap to SDPA (see benchmarks/results)."""
     if device.type != "cuda":
         return 64, 32, 4, 1
     if dtype == torch.float32:  # exact fp32 dots run on the FMA units: small tiles keep registers in check

@@ -35,7 +35,8 @@ def _rms_norm_kernel(
 
 def _config(hidden: int, element_size: int) -> tuple:
     """(BLOCK_ROWS, BLOCK_H, num_warps): ~8 KB of each input per program, 4 warps per 8 KB (16-byte accesses,
-    4 per thread). H200 sweep, 16384 x 4096 bf16 add+norm: 1 row / 4 warps 3.99 TB/s, 8 warps 3.98, 2 rows 3.9x."""
+    4 per thread). H200, 16384 x 4096 bf16 add+norm: 1 row / 4 warps 3.99 TB/s, 8 warps 3.98 (do_bench; 4.00-4.07
+    in graph replay; python benchmarks/kernels.py --sweep --only small)."""
     block_h = triton.next_power_of_2(hidden)
     row_bytes = block_h * element_size
     block_rows = max(1, min(16, 8192 // row_bytes))
