@@ -15,6 +15,10 @@ Write policies (when newly computed full blocks reach the host and Redis tiers):
 
 Admission: a block goes to Redis only once it was hit `redis_admission_hits` times in any tier (0: at once),
 so one-off prompts do not flood a shared Redis.
+
+Eviction per tier: `device_eviction` and `host_eviction` pick lru or lfu. Redis evicts by its own
+`maxmemory-policy` (set allkeys-lru or allkeys-lfu on the server: a client cannot choose per key) and by
+`redis_ttl_s`, which every hit refreshes (GETEX, Redis >= 6.2), so the TTL is a sliding idle limit.
 """
 
 from __future__ import annotations

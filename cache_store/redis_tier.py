@@ -166,7 +166,10 @@ class RedisTier:
         if not hashes or not self._usable():
             return
         for start in range(0, len(hashes), self.batch_blocks):
-            if sink.closed or time.monotonic() >= deadline:
+            if sink.closed:
+                return
+            if time.monotonic() >= deadline:  # keep what arrived; the rest is a miss
+                self.stats.count(redis_timeouts=1)
                 return
             batch = hashes[start:start + self.batch_blocks]
             keys = [self.key(h, salt) for h in batch]

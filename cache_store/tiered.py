@@ -171,6 +171,9 @@ class TieredKVCache:
                      deadline: float) -> list[tuple[tuple[bytes, ...], torch.Tensor]]:
         if self.redis is None or not hashes:
             return []
+        if self.redis.backing_off:  # skip the thread hop while Redis is known to be down
+            self.stats.count(redis_skipped=1)
+            return []
         sink = PrefixSink()
         try:
             future = self._io.submit(self.redis.fetch_prefix, hashes, salt, sink, deadline, self._policy.redis_ttl_s)
@@ -215,7 +218,11 @@ class TieredKVCache:
             hashes = list(hashes[:num_blocks])
             seq = self.prefix_cache.allocate(hashes, num_blocks)
             on_device = seq.num_cached_blocks
-            loaded = self._load(seq, hashes, fetched) if fetched is not None else 0
+            try:
+                loaded = self._load(seq, hashes, fetched) if fetched is not None else 0
+            except BaseException:
+                self.pool.free(seq.block_ids)  # all or nothing, as PrefixCache.allocate
+                raise
             self.stats.count(device_queried_blocks=len(hashes), device_hit_blocks=on_device,
                              device_reused_tokens=on_device * self.block_size)
             self._admit_device_hits(hashes[:on_device], seq.block_ids[:on_device])
@@ -342,6 +349,13 @@ class TieredKVCache:
                              self._policy.redis_ttl_s, only_missing)
 
     # ---- control ---------------------------------------------------------------------------------------
+
+    def status(self) -> dict[str, object]:
+        """Policy, tier occupancy and counters, JSON-ready (for /internal/status and the admin API)."""
+        return {"policy": self._policy.to_dict(), "host_blocks_used": self.host.num_used,
+                "host_blocks_total": self.host.num_slots, "redis": self.redis is not None,
+                "redis_backing_off": self.redis is not None and self.redis.backing_off,
+                "stats": self.stats.snapshot()}
 
     def flush(self, timeout_s: float = 10.0) -> bool:
         """Wait for queued host/Redis writes (tests, shutdown); False on timeout."""

@@ -83,5 +83,8 @@ def test_update_changes_policies_at_run_time(make_worker: Callable[..., Worker],
     drop_device(worker)
     prefill(worker, PROMPT)  # computed again, now written through
     assert worker.cache.flush() and worker.cache.host.num_used == 6 and worker.cache.stats.redis_written_blocks == 6
+    status = worker.cache.status()
+    assert status["policy"]["write"] == "write_through" and status["host_blocks_used"] == 6
+    assert status["stats"]["redis_written_blocks"] == 6 and status["redis_backing_off"] is False
     with pytest.raises(TypeError, match="expected a CachePolicy, got dict"):
         worker.cache.update({"write": "none"})  # type: ignore[arg-type]
