@@ -29,6 +29,7 @@ lock). Redis I/O never runs on the step thread; copies to host and Redis go thro
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from collections import OrderedDict
@@ -48,6 +49,8 @@ from pdserve.cache_store.prefix_cache import PrefixCache, SequenceBlocks
 from pdserve.cache_store.redis_tier import PrefixSink, RedisTier, connect_redis
 from pdserve.cache_store.tier_stats import TieredCacheStats
 from pdserve.cache_store.tier_writer import RedisTarget, TierWriter, WriteJob
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -183,6 +186,9 @@ class TieredKVCache:
             future.result(timeout=max(deadline - time.monotonic(), 0.0))
         except FutureTimeout:
             self.redis.mark_failed(timed_out=True)
+        except Exception:  # a cache bug must cost a miss, not the request
+            logger.exception("Redis lookup of %d blocks failed", len(hashes))
+            self.redis.mark_failed()
         return sink.close()
 
     def _after_fetch(self, rest: list[bytes], fetched: FetchedPrefix) -> None:
