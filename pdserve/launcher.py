@@ -17,6 +17,7 @@ The children share the launcher's process group, so Ctrl-C in a terminal reaches
 from __future__ import annotations
 
 import ctypes
+import os
 import signal
 import socket
 import subprocess
@@ -57,6 +58,11 @@ def plan_children(settings: LaunchSettings, python: str = sys.executable) -> lis
     else:
         workers = [("prefill", "prefill", i) for i in range(settings.num_prefill)]
         workers += [("decode", "decode", i) for i in range(settings.num_decode)]
+    extra = list(settings.worker_args)
+    if "--torch-threads" not in extra:
+        # split the cores between the workers: on 2 busy cores, SmolLM2-135M generation took 1.3-19.6 s with
+        # two torch threads (spinning threads contend) and a steady 2.5 s with one (tests/decode_node/test_engine.py)
+        extra += ["--torch-threads", str(max(1, (os.cpu_count() or 1) // len(workers)))]
     for command, role, index in workers:
         port = free_port(settings.host)
         name = f"{'colocated' if role == 'both' else role}-{index}"
@@ -64,7 +70,7 @@ def plan_children(settings: LaunchSettings, python: str = sys.executable) -> lis
                 "--port", str(port), "--worker-id", name]
         if role != "prefill":
             argv += ["--transfer-port", str(free_port(settings.host))]
-        children.append(ChildSpec(name, argv + list(settings.worker_args), f"http://{settings.host}:{port}/health"))
+        children.append(ChildSpec(name, argv + extra, f"http://{settings.host}:{port}/health"))
     return children
 
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 import string
 
 import pytest
-from pdserve.engine.tokenizer import SpecialTokens, Tokenizer
 from tokenizers import Tokenizer as FastTokenizer
 from tokenizers import decoders, models, pre_tokenizers
+
+from pdserve.engine.tokenizer import SpecialTokens, Tokenizer
 
 CHARS = string.ascii_lowercase + " .!"  # token id = index; "</s>" (EOS) is len(CHARS)
 
