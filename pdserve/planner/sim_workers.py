@@ -18,6 +18,7 @@ simulate in seconds.
 from __future__ import annotations
 
 import heapq
+import math
 from collections import deque
 from dataclasses import dataclass
 
@@ -112,6 +113,10 @@ class DecodeWorker:
         self.busy = False
         self.num_preemptions = 0
         self.recompute_tokens: list[int] = []  # contexts recomputed in the step being run
+        self.run_len = 1  # steps simulated as one event (see _plan_run)
+        self.run_taken = 1
+        self.run_start_t = 0.0
+        self.version = 0  # bumped when a run is cut short: its old end event is stale
 
     @property
     def kv_usage(self) -> float:
@@ -149,6 +154,59 @@ class DecodeWorker:
         self._grow()
         for rid, ctx0, steps in joined:
             self._join(rid, ctx0, steps)
+        self.run_len = self._plan_run(bool(joined))
+
+    def _plan_run(self, joined: bool) -> int:
+        """Steps that can be simulated as one event: nobody joins (none waiting, or no free slot), nobody
+        leaves before the last of them, and the blocks due meanwhile are free. Those blocks are taken as
+        the steps start (`sync_to`), so a reservation sees what it would see step by step; one that leaves
+        too few cuts the run (`rest_fits`), and so does a KV arrival that could join (`cut_run`)."""
+        self.run_taken = 1  # the first step's blocks were taken by _grow
+        if joined or self.preempted or not self.finishing or (self.waiting and len(self.running) < self.max_num_seqs):
+            return 1
+        k = self.finishing[0][0] - self.step + 1
+        while k > 1 and self._due_over(self.step + 1, k - 1) > self.free:
+            k //= 2
+        return max(1, k)
+
+    def sync_to(self, m: int) -> None:
+        """The run's first m steps have started: take the blocks due at their starts."""
+        if m > self.run_taken:
+            self.free -= self._due_over(self.step + self.run_taken, m - self.run_taken)
+            self.run_taken = m
+
+    def rest_fits(self) -> bool:
+        return self._due_over(self.step + self.run_taken, self.run_len - self.run_taken) <= self.free
+
+    def _due_over(self, start: int, n: int) -> int:
+        """Blocks due over steps start .. start + n - 1."""
+        if n <= 0:
+            return 0
+        bs = self.block_size
+        total = (n // bs) * sum(self.due)
+        return total + sum(self.due[(-j) % bs] for j in range(start, start + n % bs))
+
+    def run_time(self, m: int, decode_coef: tuple[float, float, float], profile: Profile, overhead_s: float) -> float:
+        """Time of the run's first m steps: step i has context sum_ctx + i·batch."""
+        a, b, c = decode_coef
+        batch = len(self.running)
+        t = m * (a * self.sum_ctx + b * batch + c + overhead_s) + a * batch * m * (m - 1) / 2
+        if self.recompute_tokens:
+            t += sum(profile.prefill_time([n]) for n in self.recompute_tokens)
+        return t
+
+    def steps_done_by(self, elapsed: float, decode_coef: tuple[float, float, float], overhead_s: float) -> int:
+        """The step of the current run in progress after `elapsed` s, counted from 1."""
+        a, b, c = decode_coef
+        batch = len(self.running)
+        quad, lin = a * batch / 2, a * self.sum_ctx + b * batch + c + overhead_s - a * batch / 2
+        m = elapsed / lin if quad <= 0 else (-lin + (lin * lin + 4 * quad * elapsed) ** 0.5) / (2 * quad)
+        return min(self.run_len, max(1, math.ceil(m - 1e-9)))
+
+    def cut_run(self, m: int) -> None:
+        """Stop the run after its m-th step (m >= the steps already started)."""
+        self.run_len = max(m, self.run_taken)
+        self.version += 1
 
     def _grow(self) -> None:
         need = self.due[(-self.step) % self.block_size]
@@ -182,17 +240,11 @@ class DecodeWorker:
         self.num_preemptions += 1
         return was_due
 
-    def step_time(self, decode_coef: tuple[float, float, float], profile: Profile, overhead_s: float) -> float:
-        """decode_coef: the profile's (per context token, per sequence, constant), unpacked once by the caller."""
-        a, b, c = decode_coef
-        t = a * self.sum_ctx + b * len(self.running) + c + overhead_s
-        if self.recompute_tokens:
-            t += sum(profile.prefill_time([n]) for n in self.recompute_tokens)
-        return t
-
-    def finish_step(self) -> list[int]:
-        """The step ran: every running request gained a token; returns the requests that finished."""
-        self.sum_ctx += len(self.running)
+    def finish_run(self) -> list[int]:
+        """The run's steps ran: every running request gained run_len tokens; returns those that finished."""
+        self.sync_to(self.run_len)
+        self.sum_ctx += len(self.running) * self.run_len
+        self.step += self.run_len - 1  # the run's last step
         done = []
         while self.finishing and self.finishing[0][0] <= self.step:
             last, rid = heapq.heappop(self.finishing)

@@ -43,6 +43,7 @@ class ClusterSpec:
     prefill_overhead_s: float = 0.0  # per P iteration, on top of the model (scheduling, sampling)
     decode_overhead_s: float = 0.0  # per D step, on top of the model
     decode_overhead_per_seq_s: float = 0.0  # per sequence in a D step (sampling, detokenising, streaming)
+    heartbeat_interval_s: float = 1.0  # workers report load this often; the router adds its own in-flight counts
 
     def __post_init__(self) -> None:
         if self.num_prefill <= 0 or self.num_decode <= 0:
@@ -102,33 +103,58 @@ class Simulation:
                         for _ in range(cluster.num_prefill)]
         self.decode = [DecodeWorker(cluster.num_blocks, cluster.block_size, cluster.max_num_seqs)
                        for _ in range(cluster.num_decode)]
-        self.p_load = np.zeros(cluster.num_prefill)
-        self.d_key = np.zeros(cluster.num_decode)  # kv usage + 1e-6 · (running + waiting): LeastKV's order
+        # the router's view: last heartbeat + what it sent since (router/registry.py Worker.kv_usage, inflight)
+        self.p_reported, self.p_inflight = np.zeros(cluster.num_prefill), np.zeros(cluster.num_prefill)
+        self.d_used, self.d_pending = np.zeros(cluster.num_decode), np.zeros(cluster.num_decode)
+        self.d_running, self.d_inflight = np.zeros(cluster.num_decode), np.zeros(cluster.num_decode)
         n = len(workload)
         self.first, self.finish = np.full(n, np.nan), np.full(n, np.nan)
         self.refused = np.zeros(n, dtype=bool)
         self.d_of = np.zeros(n, dtype=np.int64)
         a, b, c = profile.decode.coef
         self.decode_coef = (a, b + cluster.decode_overhead_per_seq_s, c)
-        self.events: list[tuple[float, int, int, int]] = []
+        self.events: list[tuple[float, int, int, int, int]] = []
         self.seq = 0
 
-    def push(self, t: float, kind: int, index: int) -> None:
+    def push(self, t: float, kind: int, index: int, version: int = 0) -> None:
         self.seq += 1
-        heapq.heappush(self.events, (t, self.seq, kind, index))
+        heapq.heappush(self.events, (t, self.seq, kind, index, version))
 
     def run(self) -> SimResult:
         arrivals = (self.w.arrival + self.cluster.router_overhead_s).tolist()
-        handlers = {P_DONE: self._p_done, KV_DONE: self._kv_done, D_DONE: self._d_done}
-        next_arrival = 0
+        handlers = {P_DONE: self._p_done, KV_DONE: self._kv_done}
+        next_arrival, next_beat = 0, self.cluster.heartbeat_interval_s
         while next_arrival < len(arrivals) or self.events:
-            if next_arrival < len(arrivals) and (not self.events or arrivals[next_arrival] <= self.events[0][0]):
-                self._arrive(arrivals[next_arrival], next_arrival)
+            t_event = self.events[0][0] if self.events else np.inf
+            t_arrival = arrivals[next_arrival] if next_arrival < len(arrivals) else np.inf
+            if next_beat <= min(t_event, t_arrival):
+                self._heartbeat(next_beat)
+                next_beat += self.cluster.heartbeat_interval_s
+            elif t_arrival <= t_event:
+                self._arrive(t_arrival, next_arrival)
                 next_arrival += 1
-                continue
-            t, _, kind, index = heapq.heappop(self.events)
-            handlers[kind](t, index)
+            else:
+                t, _, kind, index, version = heapq.heappop(self.events)
+                if kind == D_DONE:
+                    self._d_done(t, index, version)
+                else:
+                    handlers[kind](t, index)
         return self._result()
+
+    def _heartbeat(self, t: float) -> None:
+        for d, worker in enumerate(self.decode):
+            self._sync(t, d)
+            self.d_used[d] = worker.total - worker.free
+            self.d_running[d] = len(worker.running)
+        self.d_pending[:] = 0
+        self.p_reported[:] = [p.load for p in self.prefill]
+
+    def _sync(self, t: float, d: int) -> None:
+        """Bring a decode worker's block count to time t inside a multi-step run."""
+        worker = self.decode[d]
+        if worker.busy and worker.run_len > worker.run_taken:
+            overhead = self.cluster.decode_overhead_s
+            worker.sync_to(worker.steps_done_by(t - worker.run_start_t, self.decode_coef, overhead))
 
     def _result(self) -> SimResult:
         out = self.w.output_len
@@ -136,22 +162,36 @@ class Simulation:
         return SimResult(self.w.arrival, self.first - self.w.arrival, np.where(self.refused, np.nan, tpot),
                          self.finish - self.w.arrival, self.refused, sum(d.num_preemptions for d in self.decode))
 
-    def _d_refresh(self, d: int) -> None:
-        worker = self.decode[d]
-        self.d_key[d] = worker.kv_usage + 1e-6 * (len(worker.running) + len(worker.waiting))
+    def _decode_order(self) -> np.ndarray:
+        """LeastKV: lowest KV usage (reported + reserved since), then fewest running (reported + in flight)."""
+        usage = (self.d_used + self.d_pending) / self.cluster.num_blocks
+        return np.lexsort((self.d_running + self.d_inflight, usage))
 
     def _arrive(self, t: float, rid: int) -> None:
-        d = int(np.argmin(self.d_key))
-        if not self.decode[d].reserve(self.inp[rid]):
-            self.refused[rid] = True
+        d = self._reserve(t, rid)
+        if d < 0:
+            self.refused[rid] = True  # every D answered 503: so does the router
             return
         self.d_of[rid] = d
-        self._d_refresh(d)
-        p = int(np.argmin(self.p_load))
+        p = int(np.argmin(self.p_reported + self.p_inflight))  # LeastLoaded
         self.prefill[p].queue.append(rid)
-        self.p_load[p] += 1
+        self.p_inflight[p] += 1
         if not self.prefill[p].busy:
             self._p_start(t, p)
+
+    def _reserve(self, t: float, rid: int) -> int:
+        """Ask the decode workers in the policy's order; the first with room reserves prompt + 1 blocks."""
+        order = self._decode_order() if self.cluster.num_decode > 1 else (0,)
+        for d in order:
+            worker = self.decode[d]
+            self._sync(t, d)
+            if worker.reserve(self.inp[rid]):
+                self.d_pending[d] += -(-(self.inp[rid] + 1) // self.cluster.block_size)
+                self.d_inflight[d] += 1
+                if worker.busy and worker.run_len > worker.run_taken and not worker.rest_fits():
+                    self._cut(d, worker.run_taken)  # step by step, a later step would preempt: let it
+                return int(d)
+        return -1
 
     def _p_start(self, t: float, p: int) -> None:
         worker = self.prefill[p]
@@ -166,7 +206,7 @@ class Simulation:
         worker = self.prefill[p]
         per_token = self.profile.kv_bytes_per_token / self.cluster.kv_bandwidth
         for rid in worker.finish_iteration(self.inp, self.group, self.prefix):
-            self.p_load[p] -= 1
+            self.p_inflight[p] -= 1
             self.push(t + self.cluster.kv_latency_s + self.inp[rid] * per_token, KV_DONE, rid)
         self._p_start(t, p)
 
@@ -176,12 +216,14 @@ class Simulation:
         worker = self.decode[d]
         if self.out[rid] <= 1:
             self.finish[rid] = t
+            self.d_inflight[d] -= 1
             worker.release_reservation(self.inp[rid])
         else:
             worker.kv_arrived(rid, self.inp[rid], self.out[rid])
             if not worker.busy:
                 self._d_start(t, d)
-        self._d_refresh(d)
+            elif worker.run_len > 1 and len(worker.running) < worker.max_num_seqs:
+                self._cut_run(t, d)  # it can join at the next step boundary
 
     def _d_start(self, t: float, d: int) -> None:
         worker = self.decode[d]
@@ -193,16 +235,34 @@ class Simulation:
             worker.busy = False
             return
         worker.busy = True
-        self.push(t + worker.step_time(self.decode_coef, self.profile, self.cluster.decode_overhead_s), D_DONE, d)
+        worker.run_start_t = t
+        dt = worker.run_time(worker.run_len, self.decode_coef, self.profile, self.cluster.decode_overhead_s)
+        self.push(t + dt, D_DONE, d, worker.version)
 
-    def _d_done(self, t: float, d: int) -> None:
+    def _cut_run(self, t: float, d: int) -> None:
+        """A request arrived during a multi-step run: end the run with the step now in progress."""
         worker = self.decode[d]
-        free = worker.free
-        for rid in worker.finish_step():
+        m = worker.steps_done_by(t - worker.run_start_t, self.decode_coef, self.cluster.decode_overhead_s)
+        if m < worker.run_len:
+            self._cut(d, m)
+
+    def _cut(self, d: int, m: int) -> None:
+        worker = self.decode[d]
+        worker.sync_to(m)
+        worker.cut_run(m)
+        end = worker.run_start_t + worker.run_time(worker.run_len, self.decode_coef, self.profile,
+                                                   self.cluster.decode_overhead_s)
+        self.push(end, D_DONE, d, worker.version)
+
+    def _d_done(self, t: float, d: int, version: int) -> None:
+        worker = self.decode[d]
+        if version != worker.version:
+            return  # the run was cut short; its new end event follows
+        done = worker.finish_run()
+        for rid in done:
             self.finish[rid] = t
+        self.d_inflight[d] -= len(done)
         self._d_start(t, d)
-        if worker.free != free:  # the router's view of KV usage changes only with blocks
-            self._d_refresh(d)
 
 
 def simulate(profile: Profile, cluster: ClusterSpec, workload: Workload) -> SimResult:

@@ -99,3 +99,25 @@ def test_two_hundred_workers_twenty_thousand_requests(gpu_like_profile: Profile)
     elapsed = time.perf_counter() - start
     print(f"\n200 workers, 20,000 requests simulated in {elapsed:.2f} s")
     assert np.isfinite(r.e2e).all() and r.attainment(SLOs(ttft_ms=500, tpot_ms=50)) > 0.95
+
+
+def test_multi_step_runs_match_step_by_step(gpu_like_profile: Profile, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Decode steps are simulated in runs (one event until something joins or leaves); the results must be
+    those of simulating every step, preemptions and refusals included."""
+    from pdserve.planner import sim_workers
+
+    w = make_workload(WorkloadSpec(60.0, 1500, LengthSpec(1024, 0.9), LengthSpec(256, 0.9), prefix_ratio=0.3,
+                                   num_prefix_groups=5, burstiness=0.3))
+    cluster = ClusterSpec(3, 4, num_blocks=600, max_num_seqs=32)
+    runs = simulate(gpu_like_profile, cluster, w)
+
+    def one_step(self: sim_workers.DecodeWorker, joined: bool) -> int:
+        self.run_taken = 1
+        return 1
+
+    monkeypatch.setattr(sim_workers.DecodeWorker, "_plan_run", one_step)
+    steps = simulate(gpu_like_profile, cluster, w)
+    assert runs.num_preemptions == steps.num_preemptions > 0
+    assert (runs.refused == steps.refused).all() and runs.refused.any()
+    np.testing.assert_allclose(runs.e2e, steps.e2e, rtol=1e-9)
+    np.testing.assert_allclose(runs.ttft, steps.ttft, rtol=1e-9)
