@@ -15,6 +15,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     w = p.add_argument_group("workload")
     w.add_argument("--request-rate", type=float, required=True, help="arrivals per second")
     w.add_argument("--num-requests", type=int, default=5000, help="requests simulated per candidate")
+    w.add_argument("--lengths-from", default=None, metavar="BENCH_RESULT.json",
+                   help="draw (input, output) lengths from a `pdserve bench --save-result` file instead")
     w.add_argument("--input-len", type=int, default=1024)
     w.add_argument("--output-len", type=int, default=128)
     w.add_argument("--range-ratio", type=float, default=0.0, help="lengths uniform in [L(1-r), L(1+r)]")
@@ -57,6 +59,10 @@ def workload_from_args(args: argparse.Namespace):
     from pdserve.bench.datasets import LengthSpec
     from pdserve.planner.workload import WorkloadSpec
 
+    if args.lengths_from:
+        return WorkloadSpec.from_bench_result(args.lengths_from, args.request_rate, args.num_requests,
+                                              prefix_ratio=args.prefix_ratio, num_prefix_groups=args.num_prefix_groups,
+                                              burstiness=args.burstiness, seed=args.seed)
     return WorkloadSpec(args.request_rate, args.num_requests,
                         LengthSpec(args.input_len, args.range_ratio, args.length_dist),
                         LengthSpec(args.output_len, args.range_ratio, args.length_dist),

@@ -8,7 +8,9 @@ groups: the part a prefill worker's prefix cache can skip once it has seen the g
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 import numpy as np
 
@@ -26,6 +28,7 @@ class WorkloadSpec:
     num_prefix_groups: int = 1
     burstiness: float = 1.0
     seed: int = 0
+    recorded_lens: tuple[tuple[int, int], ...] = ()  # (input, output) pairs to draw from instead of the specs
 
     def __post_init__(self) -> None:
         if self.num_requests <= 0:
@@ -36,8 +39,19 @@ class WorkloadSpec:
             raise ValueError(f"num_prefix_groups must be positive, got {self.num_prefix_groups}")
 
     def with_rate(self, rate: float) -> WorkloadSpec:
-        return WorkloadSpec(rate, self.num_requests, self.input_len, self.output_len, self.prefix_ratio,
-                            self.num_prefix_groups, self.burstiness, self.seed)
+        return replace(self, request_rate=rate)
+
+    @classmethod
+    def from_bench_result(cls, path: str | Path, request_rate: float, num_requests: int, **kwargs: object) -> WorkloadSpec:
+        """The (input, output) length pairs a `pdserve bench --save-result` run sent, drawn with replacement."""
+        raw = json.loads(Path(path).read_text())
+        pairs = tuple((int(i), int(o)) for i, o in zip(raw["input_lens"], raw["output_lens"]) if i > 0 and o > 0)
+        if not pairs:
+            raise ValueError(f"{path} has no requests with known input and output lengths")
+        mean_in = max(1, round(float(np.mean([p[0] for p in pairs]))))
+        mean_out = max(1, round(float(np.mean([p[1] for p in pairs]))))
+        return cls(request_rate, num_requests, LengthSpec(mean_in), LengthSpec(mean_out), recorded_lens=pairs,
+                   **kwargs)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
@@ -56,8 +70,13 @@ class Workload:
 
 def make_workload(spec: WorkloadSpec) -> Workload:
     rng = np.random.default_rng(spec.seed)
-    in_lens = spec.input_len.sample(rng, spec.num_requests)
-    out_lens = spec.output_len.sample(rng, spec.num_requests)
+    if spec.recorded_lens:
+        pairs = np.asarray(spec.recorded_lens, dtype=np.int64)[rng.integers(0, len(spec.recorded_lens),
+                                                                             spec.num_requests)]
+        in_lens, out_lens = pairs[:, 0], pairs[:, 1]
+    else:
+        in_lens = spec.input_len.sample(rng, spec.num_requests)
+        out_lens = spec.output_len.sample(rng, spec.num_requests)
     arrivals = arrival_times(spec.num_requests, spec.request_rate, spec.burstiness, rng)
     return Workload(
         arrival=arrivals,

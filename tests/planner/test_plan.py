@@ -60,3 +60,18 @@ def test_plan_command(gpu_like_profile: Profile, tmp_path: Path, capsys) -> None
     rc = main(["plan", "--profile", str(prof), "--request-rate", "5", "--num-requests", "200", "--num-prefill", "1",
                "--num-decode", "2"])
     assert rc == 0 and "   1    2     3" in capsys.readouterr().out
+
+
+def test_plan_draws_lengths_from_a_bench_result(gpu_like_profile: Profile, tmp_path: Path, capsys) -> None:
+    from pdserve.planner.workload import make_workload
+
+    bench = tmp_path / "bench.json"
+    bench.write_text(json.dumps({"input_lens": [100, 900, 300], "output_lens": [10, 50, 0]}))
+    spec = WorkloadSpec.from_bench_result(bench, 5.0, 400)
+    w = make_workload(spec)
+    assert set(zip(w.input_len.tolist(), w.output_len.tolist())) == {(100, 10), (900, 50)}
+    assert spec.input_len.mean == 500 and spec.output_len.mean == 30
+    prof = gpu_like_profile.save(tmp_path / "profile.json")
+    rc = main(["plan", "--profile", str(prof), "--request-rate", "5", "--num-requests", "300", "--lengths-from",
+               str(bench), "--goodput", "ttft:500", "tpot:50"])
+    assert rc == 0 and "recommended:" in capsys.readouterr().out
