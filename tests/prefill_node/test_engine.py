@@ -1,0 +1,85 @@
+"""The prefill engine with the real model: chunked prefill and prefix reuse on P, KV pushed layer by layer over
+a real loopback `tcp` transfer; what arrives in D's blocks equals a one-shot prefill of the whole prompt."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from pdserve.cache_store.block_pool import BlockPool, blocks_needed
+from pdserve.cache_store.hashing import block_hashes
+from pdserve.cache_store.prefix_cache import PrefixCache
+from pdserve.engine.attention_metadata import PrefillChunk
+from pdserve.engine.config import CacheConfig
+from pdserve.engine.kv_cache import allocate_kv_caches
+from pdserve.engine.runner import ModelRunner
+from pdserve.engine.sampling import Sampler, SamplingParams
+from pdserve.kv_transfer.tcp_receiver import TcpKVReceiver
+from pdserve.kv_transfer.tcp_sender import TcpKVSender
+from pdserve.prefill_node.batcher import Batcher
+from pdserve.prefill_node.engine import PrefillEngine
+from pdserve.prefill_node.request import PrefillRequest
+
+BS = 16
+NUM_BLOCKS = 48
+
+
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # see tests/decode_node/test_engine.py
+    yield
+    torch.set_num_threads(threads)
+
+
+async def test_chunked_prefix_reusing_prefill_lands_in_d_blocks(loaded_default, one_thread) -> None:
+    config = loaded_default.config
+    cache_config = CacheConfig(NUM_BLOCKS, BS)
+    runner = ModelRunner(config, cache_config, loaded_default.weights, "cpu", torch.float32, max_num_seqs=4)
+    d_pools = allocate_kv_caches(config, cache_config, "cpu", torch.float32)
+    completed: dict[str, int] = {}
+    receiver = TcpKVReceiver("127.0.0.1", 0, d_pools, lambda rid, tok, lp: completed.__setitem__(rid, tok),
+                             lambda rid, reason: pytest.fail(f"{rid}: {reason}"))
+    await receiver.start()
+    pool = BlockPool(NUM_BLOCKS)
+    batcher = Batcher(PrefixCache(pool, BS), max_num_batched_tokens=24)  # 50-token prompts take 3 forwards
+    engine = PrefillEngine(batcher, runner, Sampler(), TcpKVSender(), threading.RLock(), threading.Lock())
+    engine.start(asyncio.get_running_loop())
+    shared = list(range(1000, 1040))  # 40 tokens: 2 full blocks + 8
+    prompts = [shared + list(range(2000, 2010)), shared + list(range(3000, 3010))]
+    d_blocks = [list(range(4)), list(range(10, 14))]  # ceil(50 / 16) = 4 blocks each
+    try:
+        results = []
+        for i, (prompt, dst) in enumerate(zip(prompts, d_blocks, strict=True)):  # one after the other: reuse
+            target = receiver.expect(f"r{i}", dst, deadline=None, num_tokens=len(prompt))
+            request = PrefillRequest(f"r{i}", prompt, SamplingParams(temperature=0.0), target,
+                                     block_hashes(prompt, BS, loaded_default.fingerprint))
+            results.append(await asyncio.wait_for(engine.submit(request), 60))
+            await asyncio.sleep(0.05)  # the receiver's callback runs on this loop
+    finally:
+        engine.stop()
+        await engine.sender.close()
+        await receiver.close()
+    assert [r.num_cached_tokens for r in results] == [0, 32]  # 2 full blocks of the shared 40 tokens
+    assert [r.num_computed_tokens for r in results] == [50, 18]
+    assert completed == {"r0": results[0].first_token_id, "r1": results[1].first_token_id}
+    assert pool.num_free == NUM_BLOCKS  # P released its blocks (the committed ones stay cached)
+    for prompt, dst, result in zip(prompts, d_blocks, results, strict=True):
+        reference, first = one_shot(runner, prompt)
+        assert result.first_token_id == first
+        for layer in range(config.num_layers):
+            got = d_pools[layer][:, dst][:, :, :].reshape(2, -1, config.num_kv_heads, config.head_dim)[:, :len(prompt)]
+            torch.testing.assert_close(got, reference[layer], atol=2e-4, rtol=1e-4)
+
+
+def one_shot(runner: ModelRunner, prompt: list[int]) -> tuple[list[torch.Tensor], int]:
+    """The prompt prefilled in one chunk into the last free blocks of P's runner: per layer K/V and the greedy
+    first token."""
+    table = list(range(NUM_BLOCKS - blocks_needed(len(prompt), BS), NUM_BLOCKS))
+    output = runner.prefill([PrefillChunk(prompt, 0, table)])
+    kv = [cache[:, table].reshape(2, -1, *cache.shape[3:])[:, :len(prompt)].clone() for cache in runner.kv_caches]
+    return kv, int(output.logits[0].argmax())
