@@ -61,7 +61,7 @@ def plan_children(settings: LaunchSettings, python: str = sys.executable) -> lis
     extra = list(settings.worker_args)
     if "--torch-threads" not in extra:
         # split the cores between the workers: on 2 busy cores, SmolLM2-135M generation took 1.3-19.6 s with
-        # two torch threads (spinning threads contend) and a steady 2.5 s with one (tests/decode_node/test_engine.py)
+        # two torch threads (spinning threads contend) and a steady 2.5 s with one (tests/decode_node/test_decode_engine.py)
         extra += ["--torch-threads", str(max(1, (os.cpu_count() or 1) // len(workers)))]
     for command, role, index in workers:
         port = free_port(settings.host)

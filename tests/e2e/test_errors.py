@@ -13,7 +13,7 @@ import httpx
 import openai
 import pytest
 
-from tests.e2e.conftest import MODEL, REPO, Deployment, free_port
+from tests.e2e.deployments import MODEL, REPO, Deployment, free_port
 
 
 def post(deployment: Deployment, body: str | dict, path: str = "/v1/completions") -> httpx.Response:

@@ -8,7 +8,7 @@ import time
 
 import openai
 
-from tests.e2e.conftest import MODEL, Deployment
+from tests.e2e.deployments import MODEL, Deployment
 
 NUM_REQUESTS = 32
 

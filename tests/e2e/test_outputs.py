@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from pdserve.engine.sampling import SamplingParams
-from tests.e2e.conftest import MODEL, Deployment
+from tests.e2e.deployments import MODEL, Deployment
 
 PROMPTS = [
     "The capital of France is",

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from tests.e2e.conftest import Deployment
+from tests.e2e.deployments import Deployment
 
 
 def alive(pid: int) -> bool:

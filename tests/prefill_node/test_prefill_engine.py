@@ -31,7 +31,7 @@ NUM_BLOCKS = 48
 @pytest.fixture
 def one_thread() -> Iterator[None]:
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # see tests/decode_node/test_engine.py
+    torch.set_num_threads(1)  # see tests/decode_node/test_decode_engine.py
     yield
     torch.set_num_threads(threads)
 
