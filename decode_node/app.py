@@ -16,10 +16,11 @@ from typing import Any
 import msgpack
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
-from pdserve.decode_node.node import DecodeNode
-from pdserve.decode_node.request import StreamFrame
 from prometheus_client import CollectorRegistry, generate_latest
 from pydantic import BaseModel, ConfigDict, StrictFloat, StrictInt, StrictStr, ValidationError
+
+from pdserve.decode_node.node import DecodeNode
+from pdserve.decode_node.request import StreamFrame
 
 _LENGTH = struct.Struct(">I")
 

@@ -10,6 +10,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
 from pdserve.cache_store.hashing import block_hashes
 from pdserve.decode_node.engine import DecodeEngine
 from pdserve.decode_node.request import DecodeRequest, RequestState
@@ -17,7 +19,6 @@ from pdserve.decode_node.scheduler import Refusal, Scheduler
 from pdserve.engine.detokenizer import Decoder, IncrementalDetokenizer, StopChecker
 from pdserve.engine.sampling import SamplingParams
 from pdserve.kv_transfer.base import KVReceiver
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 
 class NoTextDecoder:

@@ -9,9 +9,10 @@ from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
-from pdserve.prefill_node.node import PrefillNode
 from prometheus_client import CollectorRegistry, generate_latest
 from pydantic import BaseModel, ConfigDict, StrictInt, StrictStr, ValidationError
+
+from pdserve.prefill_node.node import PrefillNode
 
 
 class PrefillBody(BaseModel):

@@ -98,6 +98,7 @@ class PrefillEngine:
         self.block_size = batcher.block_size
         self.stats = PrefillStats()
         self._futures: dict[str, asyncio.Future[PrefillResult]] = {}
+        self._background: set[asyncio.Task[None]] = set()
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -136,7 +137,9 @@ class PrefillEngine:
             self.batcher.abort(request_id, reason)
         if known:
             self._resolve(request_id, error=PrefillError(f"aborted: {reason}", 499))
-            asyncio.get_running_loop().create_task(self.sender.abort(request_id, reason))
+            task = asyncio.get_running_loop().create_task(self.sender.abort(request_id, reason))
+            self._background.add(task)  # the loop keeps only weak references to tasks
+            task.add_done_callback(self._background.discard)
         return known
 
     def _resolve(self, request_id: str, result: PrefillResult | None = None,

@@ -9,6 +9,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
 from pdserve.cache_store.block_pool import blocks_needed
 from pdserve.cache_store.hashing import block_hashes
 from pdserve.engine.sampling import SamplingParams
@@ -17,7 +19,6 @@ from pdserve.kv_transfer.target import TransferTarget
 from pdserve.prefill_node.batcher import Batcher
 from pdserve.prefill_node.engine import PrefillEngine, PrefillError
 from pdserve.prefill_node.request import PrefillRequest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 # request_id -> (D's reserved block ids, tokens D found cached) of a reservation waiting for KV; colocated only
 LocalReservations = Callable[[str], tuple[list[int], int] | None]
