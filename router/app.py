@@ -5,7 +5,8 @@ held in `app.state.router`; nothing lives at module level, so tests can run seve
 
     POST /v1/completions, /v1/chat/completions   plan (validate, tokenize) ─▶ relay.start_all ─▶ SSE | JSON
     GET  /v1/models, /health, /metrics
-    /internal/workers/{register,heartbeat}, GET /internal/workers   (router/internal_routes.py)
+    /internal/workers/{register,heartbeat,deregister}, GET /internal/workers   (router/internal_routes.py)
+    /admin/... behind a bearer token (router/admin.py)     GET /status, /status.json (router/status_page.py)
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from pdserve.router.admin import AdminState, build_admin_router
 from pdserve.router.config import RouterConfig
 from pdserve.router.errors import APIError, install_error_handlers
 from pdserve.router.health import HealthMonitor
@@ -33,6 +35,7 @@ from pdserve.router.protocol import ChatCompletionRequest, CompletionRequest, Mo
 from pdserve.router.registry import WorkerRegistry
 from pdserve.router.relay import SECRET_HEADER, Relay
 from pdserve.router.responses import ResponseWriter
+from pdserve.router.status_page import build_status_router
 from pdserve.router.streaming import RelayResponse, SSEStream, collect
 
 
@@ -46,12 +49,13 @@ class RouterState:
     relay: Relay
     health: HealthMonitor
     started: int  # unix time, the models' `created`
+    admin: AdminState
 
 
 def create_app(config: RouterConfig, tokenizer: TokenizerLike) -> FastAPI:
     """The router app. `tokenizer` needs encode / decode / apply_chat_template / vocab_size
     (engine.tokenizer.Tokenizer has them)."""
-    metrics = RouterMetrics()  # outside the lifespan so error handlers can count before startup finishes
+    metrics = RouterMetrics(config.status_window_s)  # outside the lifespan so error handlers can count before startup finishes
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -71,6 +75,8 @@ def create_app(config: RouterConfig, tokenizer: TokenizerLike) -> FastAPI:
     _add_openai_routes(app)
     _add_service_routes(app)
     app.include_router(build_internal_router())
+    app.include_router(build_admin_router())
+    app.include_router(build_status_router())
     return app
 
 
@@ -87,7 +93,8 @@ def _build_state(config: RouterConfig, tokenizer: TokenizerLike, metrics: Router
                   make_decode_policy(config.decode_policy), config, metrics)
     headers = {SECRET_HEADER: config.secret} if config.secret else {}
     health = HealthMonitor(registry, client, config, metrics, headers)
-    return RouterState(config, tokenizer, registry, metrics, client, relay, health, int(time.time()))
+    admin = AdminState(config.prefill_policy, config.decode_policy)
+    return RouterState(config, tokenizer, registry, metrics, client, relay, health, int(time.time()), admin)
 
 
 def _add_openai_routes(app: FastAPI) -> None:

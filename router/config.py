@@ -15,6 +15,9 @@ class RouterConfig:
     prefill_urls / decode_urls: static workers, polled at `poll_interval_s` (no registration needed).
     heartbeat_timeout_s: a registered worker silent this long is dropped (None: 3 × heartbeat_interval_s).
     secret: when set, every /internal/* call must carry `X-PDServe-Secret: <secret>`.
+    admin_token: when set, /admin/* answers requests with `Authorization: Bearer <admin_token>`; when None the
+        admin API is off (every call gets 403).
+    status_window_s: the latency percentiles of /status cover finished requests of this many last seconds.
     """
 
     model: str
@@ -36,6 +39,8 @@ class RouterConfig:
     retry_after_s: int = 1
     max_n: int = 128
     extra_models: tuple[str, ...] = field(default_factory=tuple)  # aliases accepted as `model`
+    admin_token: str | None = None
+    status_window_s: float = 300.0
 
     def __post_init__(self) -> None:
         if not self.model:
@@ -44,7 +49,7 @@ class RouterConfig:
             if getattr(self, name) <= 0:
                 raise ValueError(f"RouterConfig.{name} must be positive, got {getattr(self, name)}")
         for name in ("heartbeat_interval_s", "poll_interval_s", "connect_timeout_s", "control_timeout_s",
-                     "prefill_timeout_s", "stream_idle_timeout_s"):
+                     "prefill_timeout_s", "stream_idle_timeout_s", "status_window_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"RouterConfig.{name} must be positive, got {getattr(self, name)}")
         if self.heartbeat_timeout_s is not None and self.heartbeat_timeout_s <= self.heartbeat_interval_s:
@@ -59,6 +64,8 @@ class RouterConfig:
         for url in (*self.prefill_urls, *self.decode_urls):
             if not url.startswith(("http://", "https://")):
                 raise ValueError(f"worker URLs must be http(s) URLs, got {url!r}")
+        if self.admin_token is not None and len(self.admin_token) < 8:
+            raise ValueError(f"admin_token must be at least 8 characters, got {len(self.admin_token)}")
         if self.retry_after_s < 0:
             raise ValueError(f"retry_after_s must be >= 0, got {self.retry_after_s}")
 

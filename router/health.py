@@ -69,4 +69,5 @@ def load_from_dict(data: dict) -> WorkerLoad:
         draining=bool(data.get("draining", False)),
         transfer_bytes_total=data.get("transfer_bytes_total"),
         transfer_seconds_total=data.get("transfer_seconds_total"),
+        prefix_hit_rate=data.get("prefix_hit_rate"),
     )

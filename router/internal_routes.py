@@ -1,9 +1,10 @@
-"""/internal/* routes of the router: worker registration, heartbeats and the worker list (docs/internal_api.md).
-All of them check the shared secret when one is configured."""
+"""/internal/* routes of the router: worker registration, heartbeats, deregistration and the worker list
+(docs/internal_api.md). All of them check the shared secret when one is configured."""
 
 from __future__ import annotations
 
 import hmac
+import logging
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
@@ -12,6 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from pdserve.router.errors import APIError, bad_request, unauthorized
 from pdserve.router.health import load_from_dict
 from pdserve.router.relay import SECRET_HEADER
+
+log = logging.getLogger(__name__)
 
 
 class WorkerRegistration(BaseModel):
@@ -40,6 +43,13 @@ class Heartbeat(BaseModel):
     draining: bool = False
     transfer_bytes_total: int | None = None
     transfer_seconds_total: float | None = None
+    prefix_hit_rate: float | None = Field(default=None, ge=0.0, le=1.0)
+
+
+class Deregistration(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    worker_id: str
 
 
 def check_secret(request: Request) -> None:
@@ -73,6 +83,7 @@ def build_internal_router() -> APIRouter:
         if body.num_blocks:
             worker.load.total_blocks = worker.load.free_blocks = body.num_blocks
         state.metrics.observe_worker(worker)
+        state.admin.push_later(state, worker)
         return {"heartbeat_interval_s": config.heartbeat_interval_s}
 
     @api.post("/workers/heartbeat")
@@ -84,6 +95,17 @@ def build_internal_router() -> APIRouter:
                            code="worker_not_found")
         state.metrics.observe_worker(worker)
         return {}
+
+    @api.post("/workers/deregister")
+    async def deregister(body: Deregistration, request: Request) -> dict[str, Any]:
+        """A drained worker leaving: forgotten now rather than after the heartbeat timeout."""
+        state = request.app.state.router
+        worker = state.registry.deregister(body.worker_id)
+        if worker is None:
+            raise APIError(404, f"worker {body.worker_id} is not registered", code="worker_not_found")
+        state.metrics.forget_worker(worker.worker_id)
+        log.info("worker %s (%s) left", worker.worker_id, worker.url)
+        return {"worker_id": worker.worker_id}
 
     @api.get("/workers")
     async def list_workers(request: Request) -> dict[str, Any]:

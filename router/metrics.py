@@ -2,13 +2,15 @@
 
 Latencies are measured where the client sees them, at the router: TTFT (request arrival → first token
 frame), ITL (gap between token frames), TPOT ((E2E − TTFT) / (completion tokens − 1)), E2E. Names follow
-`vllm bench serve` where one exists. Worker gauges mirror the last heartbeat / status poll of each worker.
+`vllm bench serve` where one exists. Finished requests also go to `recent` (router/recent.py), whose exact
+windowed percentiles the status page shows. Worker gauges mirror the last heartbeat / status poll of each worker.
 """
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from pdserve.router.recent import RecentRequests
 from pdserve.router.registry import Worker
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0,
@@ -27,7 +29,8 @@ _WORKER_GAUGES = {
 
 
 class RouterMetrics:
-    def __init__(self) -> None:
+    def __init__(self, recent_window_s: float = 300.0) -> None:
+        self.recent = RecentRequests(recent_window_s)  # exact recent percentiles for the status page
         self.registry = CollectorRegistry()
         r = self.registry
         self.ttft = Histogram("pdserve_time_to_first_token_seconds", "arrival to first token", registry=r,
@@ -96,9 +99,14 @@ class StreamTimer:
 
     def on_finish(self, completion_tokens: int, prompt_tokens: int, cached_tokens: int) -> None:
         m = self._metrics
-        m.e2e.observe(self._last - self._arrival)
+        e2e = self._last - self._arrival
+        m.e2e.observe(e2e)
+        tpot = None
         if self._first is not None and completion_tokens > 1:
-            m.tpot.observe((self._last - self._first) / (completion_tokens - 1))
+            tpot = (self._last - self._first) / (completion_tokens - 1)
+            m.tpot.observe(tpot)
+        ttft = None if self._first is None else self._first - self._arrival
+        m.recent.record(ttft, tpot, e2e, prompt_tokens, cached_tokens)
         m.prompt_tokens.inc(prompt_tokens)
         m.cached_tokens.inc(cached_tokens)
         m.generation_tokens.inc(completion_tokens)

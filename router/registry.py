@@ -5,6 +5,10 @@ Two kinds of worker:
   static      given on the command line; never dropped, polled (GET /internal/status) by router/health.py.
 A worker that refuses a connection is marked unreachable until its next heartbeat or successful poll, so a
 dead worker costs at most one failed attempt before the registry notices.
+
+Roles come from the registration (or the command line) and change only through the admin API (`set_roles`);
+heartbeats carry load, not roles, so a report sent just before a role switch cannot undo it. A worker is
+left out of `candidates` while it drains, whether the admin API said so here (`draining`) or it reports it.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ class WorkerLoad:
     draining: bool = False
     transfer_bytes_total: int | None = None  # optional: KV bytes this worker sent or received so far
     transfer_seconds_total: float | None = None
+    prefix_hit_rate: float | None = None  # optional: the worker's device prefix cache, blocks hit / looked up
 
     @property
     def used_blocks(self) -> int:
@@ -51,6 +56,7 @@ class Worker:
     reachable: bool = True
     inflight: int = 0  # sub-requests the router has routed here and not yet finished
     pending_blocks: int = 0  # blocks reserved here since the last load report (least_kv's correction)
+    draining: bool = False  # set by the admin API: no new work from this router, whatever the worker reports
 
     def kv_usage(self) -> float:
         """Fraction of KV blocks in use, counting reservations made since the last report."""
@@ -64,6 +70,16 @@ class Worker:
         out["roles"] = list(self.roles)
         out["kv_usage"] = self.kv_usage()
         return out
+
+    def health(self, silent_s: float, timeout_s: float) -> str:
+        """ok | draining | late (a heartbeat is overdue by more than a third of the timeout) | unreachable."""
+        if not self.reachable:
+            return "unreachable"
+        if self.draining or self.load.draining:
+            return "draining"
+        if not self.static and silent_s > timeout_s / 3:
+            return "late"
+        return "ok"
 
 
 class WorkerRegistry:
@@ -103,6 +119,26 @@ class WorkerRegistry:
         worker.pending_blocks = 0
         return worker
 
+    def deregister(self, worker_id: str) -> Worker | None:
+        """Forget a registered worker at once (it leaves after a drain); static workers stay."""
+        worker = self._workers.get(worker_id)
+        if worker is None or worker.static:
+            return None
+        return self._workers.pop(worker_id)
+
+    def set_roles(self, worker_id: str, roles: tuple[str, ...]) -> Worker | None:
+        """The roles new work is routed to the worker in (the admin API, once the worker accepted them)."""
+        _check_roles(roles)
+        worker = self._workers.get(worker_id)
+        if worker is not None:
+            worker.roles = tuple(r for r in ROLES if r in roles)
+        return worker
+
+    def describe(self, worker: Worker) -> dict[str, Any]:
+        """`to_dict` plus `health` and seconds since the last report."""
+        silent_s = max(0.0, self._clock() - worker.last_seen)
+        return {**worker.to_dict(), "health": worker.health(silent_s, self._timeout_s), "silent_s": silent_s}
+
     def mark_unreachable(self, worker_id: str) -> None:
         worker = self._workers.get(worker_id)
         if worker is not None:
@@ -120,7 +156,7 @@ class WorkerRegistry:
         """Workers that can take new work in `role` now, in registration order."""
         now = self._clock()
         return [w for w in self._workers.values()
-                if role in w.roles and w.reachable and not w.load.draining
+                if role in w.roles and w.reachable and not w.draining and not w.load.draining
                 and (w.static or now - w.last_seen <= self._timeout_s)]
 
     def get(self, worker_id: str) -> Worker | None:

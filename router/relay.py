@@ -114,6 +114,11 @@ class Relay:
         self._metrics = metrics
         self._headers = {SECRET_HEADER: config.secret} if config.secret else {}
 
+    def set_policies(self, prefill: Policy, decode: Policy) -> None:
+        """Swap the policies (admin API); sub-requests already started keep the workers they were given."""
+        self._prefill_policy = prefill
+        self._decode_policy = decode
+
     async def start_all(self, subs: list[SubRequest]) -> list[DecodeStream]:
         """Start every sub-request; all or none (the started ones are closed when one fails)."""
         if len(subs) == 1:
