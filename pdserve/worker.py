@@ -131,7 +131,8 @@ class Worker:
                 sender = TcpKVSender(secret=secret)
             batcher = Batcher(self.prefix_cache, self.settings.scheduler.max_num_batched_tokens,
                               self.settings.scheduler.max_num_seqs)
-            engine = PrefillEngine(batcher, self.runner, Sampler(self.device), sender, self.state_lock, self.model_lock)
+            engine = PrefillEngine(batcher, self.runner, Sampler(self.device), sender, self.state_lock, self.model_lock,
+                                   copies_kv=self.settings.transfer.backend != "local")
             node_config = PrefillNodeConfig(self.config.max_model_len, self.config.vocab_size,
                                             self.cache_config.block_size, self.config.num_layers,
                                             dtype_name(self.dtype), self.loaded.fingerprint,
@@ -178,10 +179,14 @@ class Worker:
         """The heartbeat fields. Colocated: queue_len counts both queues, num_running is the decode batch."""
         parts = [node.status() for node in (self.roles.prefill, self.roles.decode) if node is not None]
         running = self.roles.decode.status() if self.roles.decode is not None else parts[0]
-        return {"worker_id": self.worker_id, "roles": list(self.settings.roles),
-                "queue_len": sum(p["queue_len"] for p in parts), "num_running": running["num_running"],
-                "num_waiting": sum(p["num_waiting"] for p in parts), "free_blocks": parts[0]["free_blocks"],
-                "total_blocks": parts[0]["total_blocks"], "draining": False}
+        status = {"worker_id": self.worker_id, "roles": list(self.settings.roles),
+                  "queue_len": sum(p["queue_len"] for p in parts), "num_running": running["num_running"],
+                  "num_waiting": sum(p["num_waiting"] for p in parts), "free_blocks": parts[0]["free_blocks"],
+                  "total_blocks": parts[0]["total_blocks"], "draining": False}
+        if self.roles.prefill is not None and self.roles.prefill.engine.copies_kv:
+            stats = self.roles.prefill.engine.stats
+            status |= {"transfer_bytes_total": stats.transfer_bytes, "transfer_seconds_total": stats.transfer_seconds}
+        return status
 
     def registration(self) -> dict[str, Any]:
         transfer = self.settings.transfer

@@ -75,6 +75,8 @@ class PrefillStats:
     num_completed: int = 0
     num_failed: int = 0
     forward_seconds: float = 0.0
+    transfer_bytes: int = 0  # KV bytes handed to the sender (0 with `local`: nothing is copied)
+    transfer_seconds: float = 0.0  # per request, first layer handed over -> "done" written, summed
 
 
 def chunk_send(chunk: ScheduledChunk, block_size: int) -> _Send:
@@ -88,7 +90,7 @@ def chunk_send(chunk: ScheduledChunk, block_size: int) -> _Send:
 
 class PrefillEngine:
     def __init__(self, batcher: Batcher, runner: ModelRunner, sampler: Sampler, sender: KVSender,
-                 state_lock: threading.RLock, model_lock: threading.Lock) -> None:
+                 state_lock: threading.RLock, model_lock: threading.Lock, copies_kv: bool = True) -> None:
         self.batcher = batcher
         self.runner = runner
         self.sampler = sampler
@@ -96,6 +98,10 @@ class PrefillEngine:
         self.state_lock = state_lock
         self.model_lock = model_lock
         self.block_size = batcher.block_size
+        self.copies_kv = copies_kv
+        cache = runner.kv_caches[0]
+        self._block_bytes = cache[:, 0].numel() * cache.element_size()  # one block of one layer, K and V
+        self._sending_since: dict[str, float] = {}
         self.stats = PrefillStats()
         self._futures: dict[str, asyncio.Future[PrefillResult]] = {}
         self._background: set[asyncio.Task[None]] = set()
@@ -158,13 +164,18 @@ class PrefillEngine:
             await self.sender.finish(request.request_id, token_id, logprob, request.num_carried_tokens)
         except KVTransferError as exc:
             self.stats.num_failed += 1
+            self._sending_since.pop(request.request_id, None)
             self._resolve(request.request_id, error=PrefillError(f"KV hand-off failed: {exc}", 502))
             return
+        since = self._sending_since.pop(request.request_id, None)
+        if since is not None:
+            self.stats.transfer_seconds += time.perf_counter() - since
         self.stats.num_completed += 1
         self._resolve(request.request_id, result)
 
     async def _fail(self, request: PrefillRequest, message: str, status: int) -> None:
         self.stats.num_failed += 1
+        self._sending_since.pop(request.request_id, None)
         self._resolve(request.request_id, error=PrefillError(message, status))
         await self.sender.abort(request.request_id, message)
 
@@ -218,6 +229,10 @@ class PrefillEngine:
                     self.sender.submit_layer(rid, layer, kv_cache, send.src, send.dst)
                 except KVTransferError as exc:
                     broken[rid] = str(exc)
+                    continue
+                if self.copies_kv:
+                    self._sending_since.setdefault(rid, time.perf_counter())
+                    self.stats.transfer_bytes += len(send.src) * self._block_bytes
 
         chunks = [c.engine_chunk(self.block_size) for c in plan.chunks]
         with self.model_lock:

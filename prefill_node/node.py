@@ -158,6 +158,8 @@ class PrefillNode:
             ("requests_completed", stats.num_completed, "prefills whose KV reached the decode worker"),
             ("requests_failed", stats.num_failed, "prefills that failed"),
             ("forward_seconds", stats.forward_seconds, "time spent in prefill forwards"),
+            ("transfer_bytes", stats.transfer_bytes, "KV bytes pushed to decode workers"),
+            ("transfer_seconds", stats.transfer_seconds, "per request, first KV layer sent to done written"),
         ]:
             yield CounterMetricFamily(f"pdserve_prefill_{name}", text, value)
 

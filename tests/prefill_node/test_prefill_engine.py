@@ -68,6 +68,10 @@ async def test_chunked_prefix_reusing_prefill_lands_in_d_blocks(loaded_default, 
     assert [r.num_computed_tokens for r in results] == [50, 18]
     assert completed == {"r0": results[0].first_token_id, "r1": results[1].first_token_id}
     assert pool.num_free == NUM_BLOCKS  # P released its blocks (the committed ones stay cached)
+    # r0: chunks 0-24, 24-48, 48-50 send blocks [0, 1], [1, 2] (block 1 again, now full), [3];
+    # r1: one chunk 32-50, sending its cached prefix blocks too (D has none of them): [0, 1, 2, 3]
+    block_bytes = 2 * BS * config.num_kv_heads * config.head_dim * 4
+    assert engine.stats.transfer_bytes == (5 + 4) * config.num_layers * block_bytes
     for prompt, dst, result in zip(prompts, d_blocks, results, strict=True):
         reference, first = one_shot(runner, prompt)
         assert result.first_token_id == first
