@@ -71,7 +71,9 @@ class KVCacheSettings:
     num_blocks: int | None = None
     kv_cache_memory: int | None = None
     block_size: int = 16
-    default_num_blocks: int = 2048  # when neither is given: 32k tokens of KV
+    # when neither is given: this much host memory on CPU, this fraction of the free device memory on CUDA
+    default_cpu_memory: int = 1 << 30
+    default_device_fraction: float = 0.8
 
     def __post_init__(self) -> None:
         if self.num_blocks is not None and self.kv_cache_memory is not None:
@@ -83,17 +85,19 @@ class KVCacheSettings:
         if self.kv_cache_memory is not None and self.kv_cache_memory <= 0:
             raise ValueError(f"kv_cache_memory must be positive, got {self.kv_cache_memory}")
 
-    def resolve_num_blocks(self, bytes_per_block: int) -> int:
-        """Blocks that fit: num_blocks as given, or kv_cache_memory // bytes_per_block."""
+    def resolve_num_blocks(self, bytes_per_block: int, free_device_bytes: int | None = None) -> int:
+        """Blocks that fit: num_blocks as given, or a memory budget // bytes_per_block. The budget is
+        kv_cache_memory, else `default_device_fraction` of `free_device_bytes` (CUDA, after the weights are
+        loaded), else `default_cpu_memory`."""
         if self.num_blocks is not None:
             return self.num_blocks
-        if self.kv_cache_memory is None:
-            return self.default_num_blocks
-        count = self.kv_cache_memory // bytes_per_block
+        budget = self.kv_cache_memory
+        if budget is None:
+            budget = (int(free_device_bytes * self.default_device_fraction) if free_device_bytes is not None
+                      else self.default_cpu_memory)
+        count = budget // bytes_per_block
         if count < 1:
-            raise ValueError(
-                f"--kv-cache-memory {self.kv_cache_memory} bytes holds no block ({bytes_per_block} bytes each)"
-            )
+            raise ValueError(f"a KV budget of {budget} bytes holds no block ({bytes_per_block} bytes each)")
         return count
 
 

@@ -111,7 +111,8 @@ class Worker:
     def _cache_config(self) -> CacheConfig:
         block_size = self.settings.cache.block_size
         bytes_per_block = self.config.kv_bytes_per_token(torch.empty(0, dtype=self.dtype).element_size()) * block_size
-        return CacheConfig(self.settings.cache.resolve_num_blocks(bytes_per_block), block_size)
+        free = torch.cuda.mem_get_info(self.device)[0] if torch.device(self.device).type == "cuda" else None
+        return CacheConfig(self.settings.cache.resolve_num_blocks(bytes_per_block, free), block_size)
 
     def _build_roles(self) -> None:
         secret = self.settings.server.secret

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from pathlib import Path
 
 import pytest
 
@@ -21,7 +22,7 @@ def alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     try:  # a zombie still answers kill(pid, 0): it is gone as far as serving goes
-        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
 

@@ -1,0 +1,72 @@
+"""The launcher's plan (which processes, which flags) and its no-orphan guarantee when killed outright.
+Signals to a running `pdserve serve` are tested end to end in tests/e2e/test_shutdown.py."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from pdserve.cli import build_parser
+from pdserve.commands.serve import _MODEL_FLAGS, _WORKER_ONLY_FLAGS, forwarded_flags
+from pdserve.launcher import plan_children
+from pdserve.settings import LaunchSettings
+
+
+def test_default_plan_is_router_then_one_prefill_and_one_decode() -> None:
+    children = plan_children(LaunchSettings(), python="py")
+    assert [c.name for c in children] == ["router", "prefill-0", "decode-0"]
+    router, prefill, decode = (c.argv for c in children)
+    assert router[:4] == ["py", "-m", "pdserve.cli", "router"] and router[-2:] == ["--port", "8000"]
+    assert prefill[3] == "prefill" and "--transfer-port" not in prefill
+    assert decode[3] == "decode" and "--transfer-port" in decode
+    for argv in (prefill, decode):
+        assert argv[argv.index("--router") + 1] == "http://127.0.0.1:8000"
+        assert "--torch-threads" in argv  # the cores are split between the workers
+    assert children[0].up_url == "http://127.0.0.1:8000/v1/models"
+
+
+def test_colocated_and_pool_sizes() -> None:
+    [_, both] = plan_children(LaunchSettings(colocated=True))
+    assert both.argv[3:6] == ["decode", "--role", "both"]
+    names = [c.name for c in plan_children(LaunchSettings(num_prefill=2, num_decode=3))]
+    assert names == ["router", "prefill-0", "prefill-1", "decode-0", "decode-1", "decode-2"]
+
+
+def test_serve_forwards_only_changed_flags() -> None:
+    args = build_parser().parse_args(["serve", "--load-format", "dummy", "--model-preset", "llama3-8b",
+                                      "--num-blocks", "100", "--max-num-seqs", "64"])
+    worker = forwarded_flags(args, _MODEL_FLAGS + _WORKER_ONLY_FLAGS)
+    assert worker == ["--load-format", "dummy", "--model-preset", "llama3-8b", "--num-blocks", "100"]
+    assert forwarded_flags(args, _MODEL_FLAGS) == ["--load-format", "dummy", "--model-preset", "llama3-8b"]
+
+
+PARENT = """
+import subprocess, sys, time
+from pdserve.launcher import _die_with_parent
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], preexec_fn=_die_with_parent)
+print(child.pid, flush=True)
+time.sleep(60)
+"""
+
+
+def test_children_die_with_a_launcher_killed_outright() -> None:
+    parent = subprocess.Popen([sys.executable, "-c", PARENT], stdout=subprocess.PIPE, text=True)
+    child = int(parent.stdout.readline())
+    os.kill(parent.pid, signal.SIGKILL)
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while running(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not running(child)
+
+
+def running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"

@@ -1,0 +1,68 @@
+"""Typed settings: validation with the offending values, flags → settings, KV pool sizing."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from pdserve.settings import (
+    KVCacheSettings,
+    SchedulerSettings,
+    ServerSettings,
+    WorkerSettings,
+    add_worker_arguments,
+    parse_roles,
+    parse_size,
+    worker_settings_from_args,
+)
+
+
+def test_sizes_and_roles() -> None:
+    assert parse_size("2GiB") == 2 << 30 and parse_size("512m") == 512 << 20 and parse_size("4096") == 4096
+    with pytest.raises(ValueError, match="'lots'"):
+        parse_size("lots")
+    assert parse_roles("both") == ("prefill", "decode") and parse_roles("decode") == ("decode",)
+    with pytest.raises(ValueError, match="'router'"):
+        parse_roles("router")
+
+
+def test_validation_names_the_values() -> None:
+    with pytest.raises(ValueError, match="--num-blocks \\(10\\).*--kv-cache-memory \\(5 bytes\\)"):
+        KVCacheSettings(num_blocks=10, kv_cache_memory=5)
+    with pytest.raises(ValueError, match="max_num_seqs must be positive, got 0"):
+        SchedulerSettings(max_num_seqs=0)
+    with pytest.raises(ValueError, match="'localhost:8000'"):
+        ServerSettings(router_url="localhost:8000")
+    with pytest.raises(ValueError, match="needs --role both"):
+        WorkerSettings(roles=("decode",), transfer=WorkerSettings(roles=("prefill", "decode")).transfer)
+
+
+def test_transfer_backend_follows_the_roles() -> None:
+    assert WorkerSettings(roles=("prefill", "decode")).transfer.backend == "local"
+    assert WorkerSettings(roles=("prefill",)).transfer.backend == "tcp"
+
+
+def test_kv_pool_size_from_count_budget_or_device_memory() -> None:
+    per_block = 16 * 46080  # SmolLM2-135M fp32: 46 KB per token
+    assert KVCacheSettings(num_blocks=100).resolve_num_blocks(per_block) == 100
+    assert KVCacheSettings(kv_cache_memory=per_block * 7 + 1).resolve_num_blocks(per_block) == 7
+    assert KVCacheSettings().resolve_num_blocks(per_block) == (1 << 30) // per_block  # CPU: 1 GiB
+    assert KVCacheSettings().resolve_num_blocks(1 << 20, free_device_bytes=10 << 30) == 8192  # 80% of 10 GiB
+    with pytest.raises(ValueError, match="holds no block"):
+        KVCacheSettings(kv_cache_memory=10).resolve_num_blocks(per_block)
+
+
+def test_worker_flags_become_settings() -> None:
+    parser = argparse.ArgumentParser()
+    add_worker_arguments(parser, role="decode")
+    args = parser.parse_args(["--port", "9001", "--transfer-port", "9002", "--kv-cache-memory", "512MiB",
+                              "--max-num-seqs", "8", "--router", "http://10.0.0.1:8000", "--dtype", "bfloat16"])
+    settings = worker_settings_from_args(args, cache_dir="/tmp/models", secret="s")
+    assert settings.roles == ("decode",) and settings.role_name == "decode"
+    assert settings.cache.kv_cache_memory == 512 << 20 and settings.scheduler.max_num_seqs == 8
+    assert (settings.server.port, settings.transfer.port, settings.transfer.backend) == (9001, 9002, "tcp")
+    assert settings.server.router_url == "http://10.0.0.1:8000" and settings.server.secret == "s"
+    assert settings.model.dtype == "bfloat16" and settings.model.cache_dir == "/tmp/models"
+    both = worker_settings_from_args(parser.parse_args(["--role", "both"]), None, None)
+    assert both.colocated and both.transfer.backend == "local"
