@@ -1,7 +1,8 @@
 """`pdserve prefill`: start one prefill worker (`--role both` serves prefill and decode over one block pool).
 
-Reads PDSERVE_CACHE_DIR (where models are fetched and converted) and PDSERVE_SECRET (shared secret of the
-internal API) from the environment; nothing below this module does.
+Reads PDSERVE_CACHE_DIR (where models are fetched and converted), PDSERVE_SECRET (shared secret of the
+internal API) and every flag's default, PDSERVE_<FLAG> (pdserve/env_flags.py), from the environment; nothing
+below this module does.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 
+from pdserve.env_flags import apply_env_defaults
 from pdserve.settings import add_worker_arguments, worker_settings_from_args
 
 
@@ -16,6 +18,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("prefill", help="start a prefill worker",
                                    description="Start a prefill worker; with --router it registers there.")
     add_worker_arguments(parser, role="prefill")
+    apply_env_defaults(parser, os.environ)
     parser.set_defaults(func=run)
 
 

@@ -2,7 +2,8 @@
 or are listed statically with `--prefill URL` / `--decode URL` (repeatable).
 
 It loads the model's tokenizer and config only, never its weights. Reads PDSERVE_CACHE_DIR and PDSERVE_SECRET
-from the environment.
+from the environment, and every flag's default from PDSERVE_<FLAG> (pdserve/env_flags.py): --admin-token is
+best given as PDSERVE_ADMIN_TOKEN, which `ps` does not show.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
+
+from pdserve.env_flags import apply_env_defaults
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -30,6 +33,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--decode-policy", default=None, help="how D is chosen (default: the router's)")
     parser.add_argument("--heartbeat-interval", type=float, default=1.0)
     parser.add_argument("--heartbeat-timeout", type=float, default=None, help="default: 3 x --heartbeat-interval")
+    parser.add_argument("--admin-token", default=None,
+                        help="bearer token of the /admin API (workers, drain, roles, policies); unset: admin API off")
+    parser.add_argument("--status-window", type=float, default=300.0,
+                        help="seconds of finished requests behind the /status page's percentiles")
+    apply_env_defaults(parser, os.environ)
     parser.set_defaults(func=run)
 
 
@@ -83,7 +91,8 @@ def run(args: argparse.Namespace) -> int:
         model=name, max_model_len=min(max_len, args.max_model_len or max_len), block_size=args.block_size,
         prefill_urls=tuple(args.prefill), decode_urls=tuple(args.decode),
         secret=os.environ.get("PDSERVE_SECRET") or None, heartbeat_interval_s=args.heartbeat_interval,
-        heartbeat_timeout_s=args.heartbeat_timeout, **policies,
+        heartbeat_timeout_s=args.heartbeat_timeout, admin_token=args.admin_token or None,
+        status_window_s=args.status_window, **policies,
     )
     logging.getLogger("pdserve.router").info("router for %s on http://%s:%d", name, args.host, args.port)
     uvicorn.run(create_app(config, tokenizer), host=args.host, port=args.port, log_level="warning",
