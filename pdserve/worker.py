@@ -52,7 +52,15 @@ from pdserve.prefill_node.app import create_router as prefill_router
 from pdserve.prefill_node.batcher import Batcher
 from pdserve.prefill_node.engine import PrefillEngine
 from pdserve.prefill_node.node import PrefillNode, PrefillNodeConfig
-from pdserve.settings import ModelSettings, WorkerSettings
+from pdserve.settings import ROLES, ModelSettings, WorkerSettings
+from pdserve.worker_control import (
+    AdmissionGate,
+    RouterLink,
+    WorkerControl,
+    build_control_router,
+    nodes_idle,
+    pool_policy_applier,
+)
 
 logger = logging.getLogger("pdserve.worker")
 
@@ -105,6 +113,11 @@ class Worker:
         self.model_lock = threading.Lock()
         self.roles = Roles()
         self._build_roles()
+        server = settings.server
+        self.control = WorkerControl(settings.roles, settings.transfer.backend != "local",
+                                     lambda: nodes_idle(self.roles.prefill, self.roles.decode, self.state_lock),
+                                     RouterLink(server.router_url, self.worker_id, server.secret),
+                                     pool_policy_applier(self.pool, self.state_lock))
         self.url = ""
         self.registered = settings.server.router_url is None
 
@@ -115,16 +128,19 @@ class Worker:
         return CacheConfig(self.settings.cache.resolve_num_blocks(bytes_per_block, free), block_size)
 
     def _build_roles(self) -> None:
+        """Both nodes over the one pool, whatever the roles: the role admitted can change at run time
+        (pdserve/worker_control.py). Only a colocated worker on the `local` backend builds just its own."""
         secret = self.settings.server.secret
+        built = self.settings.roles if self.settings.transfer.backend == "local" else ROLES
         decode_engine = None
-        if "decode" in self.settings.roles:
+        if "decode" in built:
             decode_engine = self._decode_engine()
             receiver = self._receiver(decode_engine, secret)
             node_config = DecodeNodeConfig(self.config.max_model_len, self.config.vocab_size,
                                            self.cache_config.block_size, self.settings.scheduler.kv_lease_timeout_s,
                                            self.loaded.fingerprint)
             self.roles.decode = DecodeNode(decode_engine, receiver, self.loaded.tokenizer, node_config)
-        if "prefill" in self.settings.roles:
+        if "prefill" in built:
             if self.settings.transfer.backend == "local":
                 assert self.roles.decode is not None
                 sender = LocalKVSender(self.roles.decode.receiver)
@@ -157,7 +173,7 @@ class Worker:
             return LocalKVReceiver(pools, engine.kv_complete, engine.kv_failed)
         transfer = self.settings.transfer
         return TcpKVReceiver(transfer.host, transfer.port, pools, engine.kv_complete, engine.kv_failed,
-                             secret=secret, advertise_host=advertised_host(transfer.host))
+                             secret=secret, advertise_host=self.advertised(transfer.host))
 
     # ---- lifecycle ----------------------------------------------------------------------------------
 
@@ -180,10 +196,12 @@ class Worker:
         """The heartbeat fields. Colocated: queue_len counts both queues, num_running is the decode batch."""
         parts = [node.status() for node in (self.roles.prefill, self.roles.decode) if node is not None]
         running = self.roles.decode.status() if self.roles.decode is not None else parts[0]
-        status = {"worker_id": self.worker_id, "roles": list(self.settings.roles),
+        status = {"worker_id": self.worker_id, **self.control.status_fields(),
                   "queue_len": sum(p["queue_len"] for p in parts), "num_running": running["num_running"],
                   "num_waiting": sum(p["num_waiting"] for p in parts), "free_blocks": parts[0]["free_blocks"],
-                  "total_blocks": parts[0]["total_blocks"], "draining": False}
+                  "total_blocks": parts[0]["total_blocks"]}
+        if self.roles.prefill is not None:
+            status["prefix_hit_rate"] = self.roles.prefill.batcher.cache.stats.hit_rate
         if self.roles.prefill is not None and self.roles.prefill.engine.copies_kv:
             stats = self.roles.prefill.engine.stats
             status |= {"transfer_bytes_total": stats.transfer_bytes, "transfer_seconds_total": stats.transfer_seconds}
@@ -194,10 +212,14 @@ class Worker:
         port = transfer.port
         if self.roles.decode is not None and isinstance(self.roles.decode.receiver, TcpKVReceiver):
             port = self.roles.decode.receiver.port
-        return {"worker_id": self.worker_id, "url": self.url, "roles": list(self.settings.roles),
+        return {"worker_id": self.worker_id, "url": self.url, "roles": list(self.control.roles),
                 "model": self.model_name, "max_model_len": self.config.max_model_len,
                 "block_size": self.cache_config.block_size, "num_blocks": self.cache_config.num_blocks,
-                "transfer": {"backend": transfer.backend, "host": advertised_host(transfer.host), "port": port}}
+                "transfer": {"backend": transfer.backend, "host": self.advertised(transfer.host), "port": port}}
+
+    def advertised(self, bind_host: str) -> str:
+        """--advertise-host when given, else the address of `bind_host` (its IP for 0.0.0.0)."""
+        return self.settings.server.advertise_host or advertised_host(bind_host)
 
 
 def advertised_host(host: str) -> str:
@@ -257,7 +279,7 @@ def create_app(worker: Worker) -> FastAPI:
         if not worker.alive or not worker.registered:
             return JSONResponse({"error": {"message": "worker not ready (engine starting or not registered)",
                                            "type": "service_unavailable", "code": 503}}, status_code=503)
-        return JSONResponse({"status": "ok", "worker_id": worker.worker_id, "roles": list(worker.settings.roles)})
+        return JSONResponse({"status": "ok", "worker_id": worker.worker_id, **worker.control.status_fields()})
 
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:
@@ -267,6 +289,8 @@ def create_app(worker: Worker) -> FastAPI:
                 registry.register(_Collector(node.collect))
         return PlainTextResponse(generate_latest(registry).decode(), media_type="text/plain; version=0.0.4")
 
+    app.include_router(build_control_router(worker.control))
+    app.add_middleware(AdmissionGate, control=worker.control)  # inside the secret check, added after it
     app.add_middleware(InternalSecret, secret=worker.settings.server.secret)
     return app
 
@@ -279,7 +303,7 @@ async def register_and_heartbeat(worker: Worker) -> None:
     headers = {"X-PDServe-Secret": worker.settings.server.secret} if worker.settings.server.secret else {}
     interval = worker.settings.server.heartbeat_interval_s
     async with httpx.AsyncClient(base_url=router_url, headers=headers, timeout=5.0) as client:
-        while True:
+        while not worker.control.left:  # a drained worker deregistered itself: no heartbeat may re-register it
             try:
                 if not worker.registered:
                     reply = await client.post("/internal/workers/register", json=worker.registration())
@@ -313,11 +337,13 @@ def run_worker(settings: WorkerSettings) -> int:
     worker = Worker(settings)
     sock = bind_socket(settings.server.host, settings.server.port)
     port = sock.getsockname()[1]
-    worker.url = f"http://{advertised_host(settings.server.host)}:{port}"
+    worker.url = f"http://{worker.advertised(settings.server.host)}:{port}"
     app = create_app(worker)
     config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=3, access_log=False)
     logger.info("%s (%s) on %s: %s, %d KV blocks of %d tokens, %s on %s", worker.worker_id,
                 settings.role_name, worker.url, worker.model_name, worker.cache_config.num_blocks,
                 worker.cache_config.block_size, worker.dtype, worker.device)
-    uvicorn.Server(config).run(sockets=[sock])
+    server = uvicorn.Server(config)
+    worker.control.request_exit = lambda: setattr(server, "should_exit", True)  # a drain with exit ends here
+    server.run(sockets=[sock])
     return 0
