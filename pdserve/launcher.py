@@ -47,8 +47,10 @@ def free_port(host: str) -> int:
         return sock.getsockname()[1]
 
 
-def plan_children(settings: LaunchSettings, python: str = sys.executable) -> list[ChildSpec]:
-    """The router first, then the workers, with ports chosen now."""
+def plan_children(settings: LaunchSettings, python: str = sys.executable,
+                  num_gpus: int | None = None) -> list[ChildSpec]:
+    """The router first, then the workers, with ports chosen now and GPUs shared out (`num_gpus`: None asks
+    torch; 0 on a machine without CUDA)."""
     base = [python, "-m", "pdserve.cli"]
     router_url = f"http://{settings.host}:{settings.port}"
     children = [ChildSpec("router", [*base, "router", "--host", settings.host, "--port", str(settings.port),
@@ -61,17 +63,51 @@ def plan_children(settings: LaunchSettings, python: str = sys.executable) -> lis
     extra = list(settings.worker_args)
     if "--torch-threads" not in extra:
         # split the cores between the workers: on 2 busy cores, SmolLM2-135M generation took 1.3-19.6 s with
-        # two torch threads (spinning threads contend) and a steady 2.5 s with one (tests/decode_node/test_decode_engine.py)
+        # two torch threads (spinning threads contend) and a steady 2.5 s with one
+        # (tests/decode_node/test_decode_engine.py)
         extra += ["--torch-threads", str(max(1, (os.cpu_count() or 1) // len(workers)))]
-    for command, role, index in workers:
+    placements = place_on_gpus(extra, len(workers), num_gpus)
+    for (command, role, index), placement in zip(workers, placements, strict=True):
         port = free_port(settings.host)
         name = f"{'colocated' if role == 'both' else role}-{index}"
         argv = [*base, command, "--role", role, "--router", router_url, "--host", settings.host,
                 "--port", str(port), "--worker-id", name]
         if role != "prefill":
             argv += ["--transfer-port", str(free_port(settings.host))]
-        children.append(ChildSpec(name, argv + extra, f"http://{settings.host}:{port}/health"))
+        children.append(ChildSpec(name, argv + extra + placement, f"http://{settings.host}:{port}/health"))
     return children
+
+
+def place_on_gpus(worker_args: list[str], num_workers: int, num_gpus: int | None) -> list[list[str]]:
+    """Extra flags per worker: round-robin over the GPUs (`--device cuda:i`), and when k workers share one,
+    `--gpu-memory-fraction 0.8/k` each (unless the flags already say). Nothing on a machine without CUDA."""
+    device = _flag(worker_args, "--device", "auto")
+    if device == "cpu" or not device.startswith(("auto", "cuda")):
+        return [[] for _ in range(num_workers)]
+    if num_gpus is None:
+        num_gpus = _cuda_device_count()
+    if num_gpus == 0:
+        return [[] for _ in range(num_workers)]
+    devices = [device] * num_workers if device.startswith("cuda:") else [f"cuda:{i % num_gpus}"
+                                                                        for i in range(num_workers)]
+    sized = any(flag in worker_args for flag in ("--num-blocks", "--kv-cache-memory", "--gpu-memory-fraction"))
+    placements = []
+    for dev in devices:
+        flags = [] if dev == device else ["--device", dev]
+        if not sized and devices.count(dev) > 1:
+            flags += ["--gpu-memory-fraction", f"{0.8 / devices.count(dev):.3f}"]
+        placements.append(flags)
+    return placements
+
+
+def _flag(argv: list[str], name: str, default: str) -> str:
+    return argv[argv.index(name) + 1] if name in argv else default
+
+
+def _cuda_device_count() -> int:
+    import torch  # here only: the launcher itself needs no torch otherwise
+
+    return torch.cuda.device_count()
 
 
 def _die_with_parent() -> None:

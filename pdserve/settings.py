@@ -71,9 +71,10 @@ class KVCacheSettings:
     num_blocks: int | None = None
     kv_cache_memory: int | None = None
     block_size: int = 16
-    # when neither is given: this much host memory on CPU, this fraction of the free device memory on CUDA
+    # when neither is given: this much host memory on CPU; on CUDA, up to this fraction of the device's memory
+    # for this process (weights included), so that workers sharing a GPU can be given a share each
     default_cpu_memory: int = 1 << 30
-    default_device_fraction: float = 0.8
+    device_memory_fraction: float = 0.8
 
     def __post_init__(self) -> None:
         if self.num_blocks is not None and self.kv_cache_memory is not None:
@@ -84,16 +85,19 @@ class KVCacheSettings:
             raise ValueError(f"num_blocks must be positive, got {self.num_blocks}")
         if self.kv_cache_memory is not None and self.kv_cache_memory <= 0:
             raise ValueError(f"kv_cache_memory must be positive, got {self.kv_cache_memory}")
+        if not 0 < self.device_memory_fraction <= 1:
+            raise ValueError(f"gpu memory fraction must be in (0, 1], got {self.device_memory_fraction}")
 
-    def resolve_num_blocks(self, bytes_per_block: int, free_device_bytes: int | None = None) -> int:
+    def resolve_num_blocks(self, bytes_per_block: int, device_total: int | None = None,
+                           device_used: int = 0) -> int:
         """Blocks that fit: num_blocks as given, or a memory budget // bytes_per_block. The budget is
-        kv_cache_memory, else `default_device_fraction` of `free_device_bytes` (CUDA, after the weights are
-        loaded), else `default_cpu_memory`."""
+        kv_cache_memory; else on CUDA `device_memory_fraction` of the device's `device_total` bytes minus what
+        this process holds already (`device_used`: weights); else `default_cpu_memory`."""
         if self.num_blocks is not None:
             return self.num_blocks
         budget = self.kv_cache_memory
         if budget is None:
-            budget = (int(free_device_bytes * self.default_device_fraction) if free_device_bytes is not None
+            budget = (int(device_total * self.device_memory_fraction) - device_used if device_total is not None
                       else self.default_cpu_memory)
         count = budget // bytes_per_block
         if count < 1:
@@ -107,7 +111,7 @@ class SchedulerSettings:
 
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
-    kv_lease_timeout_s: float = 30.0
+    kv_lease_timeout_s: float = 120.0  # from reserve to the KV complete, P's queueing included
     watermark_blocks: int = 1  # D keeps this many blocks free at reserve time, for running sequences to grow
 
     def __post_init__(self) -> None:
@@ -228,6 +232,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     size = group.add_mutually_exclusive_group()
     size.add_argument("--num-blocks", type=int, default=None, help="KV blocks in the pool")
     size.add_argument("--kv-cache-memory", type=parse_size, default=None, help="KV pool size, e.g. 2GiB")
+    group.add_argument("--gpu-memory-fraction", type=float, default=KVCacheSettings.device_memory_fraction,
+                       help="without --num-blocks/--kv-cache-memory on CUDA: the share of the GPU's memory this "
+                            "worker may fill, weights included")
     group.add_argument("--block-size", type=int, default=16)
     group.add_argument("--max-num-seqs", type=int, default=SchedulerSettings.max_num_seqs)
     group.add_argument("--max-num-batched-tokens", type=int, default=SchedulerSettings.max_num_batched_tokens)
@@ -264,7 +271,7 @@ def worker_settings_from_args(args: argparse.Namespace, cache_dir: str | None,
         roles=parse_roles(args.role),
         model=model_settings_from_args(args, cache_dir),
         cache=KVCacheSettings(num_blocks=args.num_blocks, kv_cache_memory=args.kv_cache_memory,
-                              block_size=args.block_size),
+                              block_size=args.block_size, device_memory_fraction=args.gpu_memory_fraction),
         scheduler=SchedulerSettings(max_num_seqs=args.max_num_seqs,
                                     max_num_batched_tokens=args.max_num_batched_tokens,
                                     kv_lease_timeout_s=args.kv_lease_timeout),

@@ -63,6 +63,9 @@ from pdserve.worker_control import (
 )
 
 logger = logging.getLogger("pdserve.worker")
+# Left free on a GPU besides the weights: activations of a packed prefill and the logits (a 2k-token batch of
+# Llama-3-8B in bf16 needs a few hundred MB) and the CUDA context.
+_ACTIVATION_HEADROOM = 2 << 30
 
 
 def resolve_device(name: str) -> str:
@@ -124,8 +127,12 @@ class Worker:
     def _cache_config(self) -> CacheConfig:
         block_size = self.settings.cache.block_size
         bytes_per_block = self.config.kv_bytes_per_token(torch.empty(0, dtype=self.dtype).element_size()) * block_size
-        free = torch.cuda.mem_get_info(self.device)[0] if torch.device(self.device).type == "cuda" else None
-        return CacheConfig(self.settings.cache.resolve_num_blocks(bytes_per_block, free), block_size)
+        device = torch.device(self.device)
+        if device.type != "cuda":
+            return CacheConfig(self.settings.cache.resolve_num_blocks(bytes_per_block), block_size)
+        total = torch.cuda.get_device_properties(device).total_memory
+        used = torch.cuda.memory_reserved(device) + _ACTIVATION_HEADROOM
+        return CacheConfig(self.settings.cache.resolve_num_blocks(bytes_per_block, total, used), block_size)
 
     def _build_roles(self) -> None:
         """Both nodes over the one pool, whatever the roles: the role admitted can change at run time

@@ -13,7 +13,8 @@ import argparse
 from pdserve.settings import LaunchSettings, add_engine_arguments, add_model_arguments
 
 _MODEL_FLAGS = ("model", "load_format", "model_preset", "tokenizer", "max_model_len")
-_WORKER_ONLY_FLAGS = ("device", "dtype", "torch_threads", "num_blocks", "kv_cache_memory", "block_size", "max_num_seqs",
+_WORKER_ONLY_FLAGS = ("device", "dtype", "torch_threads", "num_blocks", "kv_cache_memory", "gpu_memory_fraction",
+                      "block_size", "max_num_seqs",
                       "max_num_batched_tokens", "kv_lease_timeout")
 
 

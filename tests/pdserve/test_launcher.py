@@ -12,12 +12,12 @@ from pathlib import Path
 
 from pdserve.cli import build_parser
 from pdserve.commands.serve import _MODEL_FLAGS, _WORKER_ONLY_FLAGS, forwarded_flags
-from pdserve.launcher import plan_children
+from pdserve.launcher import place_on_gpus, plan_children
 from pdserve.settings import LaunchSettings
 
 
 def test_default_plan_is_router_then_one_prefill_and_one_decode() -> None:
-    children = plan_children(LaunchSettings(), python="py")
+    children = plan_children(LaunchSettings(), python="py", num_gpus=0)
     assert [c.name for c in children] == ["router", "prefill-0", "decode-0"]
     router, prefill, decode = (c.argv for c in children)
     assert router[:4] == ["py", "-m", "pdserve.cli", "router"] and router[-2:] == ["--port", "8000"]
@@ -30,10 +30,20 @@ def test_default_plan_is_router_then_one_prefill_and_one_decode() -> None:
 
 
 def test_colocated_and_pool_sizes() -> None:
-    [_, both] = plan_children(LaunchSettings(colocated=True))
+    [_, both] = plan_children(LaunchSettings(colocated=True), num_gpus=0)
     assert both.argv[3:6] == ["decode", "--role", "both"]
-    names = [c.name for c in plan_children(LaunchSettings(num_prefill=2, num_decode=3))]
+    names = [c.name for c in plan_children(LaunchSettings(num_prefill=2, num_decode=3), num_gpus=0)]
     assert names == ["router", "prefill-0", "prefill-1", "decode-0", "decode-1", "decode-2"]
+
+
+def test_workers_share_out_the_gpus() -> None:
+    assert place_on_gpus([], 2, num_gpus=0) == [[], []]
+    assert place_on_gpus([], 3, num_gpus=4) == [["--device", f"cuda:{i}"] for i in range(3)]
+    two_on_one = [["--device", "cuda:0", "--gpu-memory-fraction", "0.400"]] * 2
+    assert place_on_gpus([], 2, num_gpus=1) == two_on_one
+    assert place_on_gpus(["--device", "cuda:1"], 2, num_gpus=2) == [["--gpu-memory-fraction", "0.400"]] * 2
+    assert place_on_gpus(["--num-blocks", "100"], 2, num_gpus=1) == [["--device", "cuda:0"]] * 2
+    assert place_on_gpus(["--device", "cpu"], 2, num_gpus=8) == [[], []]
 
 
 def test_serve_forwards_only_changed_flags() -> None:

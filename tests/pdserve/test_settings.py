@@ -48,7 +48,9 @@ def test_kv_pool_size_from_count_budget_or_device_memory() -> None:
     assert KVCacheSettings(num_blocks=100).resolve_num_blocks(per_block) == 100
     assert KVCacheSettings(kv_cache_memory=per_block * 7 + 1).resolve_num_blocks(per_block) == 7
     assert KVCacheSettings().resolve_num_blocks(per_block) == (1 << 30) // per_block  # CPU: 1 GiB
-    assert KVCacheSettings().resolve_num_blocks(1 << 20, free_device_bytes=10 << 30) == 8192  # 80% of 10 GiB
+    # CUDA: 80% of a 10 GiB device, less the 2 GiB this process holds already
+    assert KVCacheSettings().resolve_num_blocks(1 << 20, device_total=10 << 30, device_used=2 << 30) == 6144
+    assert KVCacheSettings(device_memory_fraction=0.4).resolve_num_blocks(1 << 20, 10 << 30, 2 << 30) == 2048
     with pytest.raises(ValueError, match="holds no block"):
         KVCacheSettings(kv_cache_memory=10).resolve_num_blocks(per_block)
 
