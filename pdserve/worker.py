@@ -207,8 +207,9 @@ class Worker:
                   "queue_len": sum(p["queue_len"] for p in parts), "num_running": running["num_running"],
                   "num_waiting": sum(p["num_waiting"] for p in parts), "free_blocks": parts[0]["free_blocks"],
                   "total_blocks": parts[0]["total_blocks"]}
-        if self.roles.prefill is not None:
-            status["prefix_hit_rate"] = self.roles.prefill.batcher.cache.stats.hit_rate
+        cache_stats = self.roles.prefill.batcher.cache.stats if self.roles.prefill is not None else None
+        if cache_stats is not None and cache_stats.num_hit_blocks + cache_stats.num_miss_blocks:
+            status["prefix_hit_rate"] = cache_stats.hit_rate  # none before the first lookup
         if self.roles.prefill is not None and self.roles.prefill.engine.copies_kv:
             stats = self.roles.prefill.engine.stats
             status |= {"transfer_bytes_total": stats.transfer_bytes, "transfer_seconds_total": stats.transfer_seconds}
