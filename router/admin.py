@@ -126,6 +126,7 @@ def _add_worker_routes(api: APIRouter) -> None:
         target = _worker(state, worker_id)
         answer = await forward(state, target, "/internal/resume", {})
         target.draining = False
+        target.load.draining = bool(answer.get("draining", False))  # its next heartbeat would say so too
         return {"worker": state.registry.describe(target), "worker_answer": answer}
 
     @api.put("/workers/{worker_id}/role")

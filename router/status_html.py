@@ -13,6 +13,7 @@ _PAGE = """<!doctype html>
 <meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>pdserve status</title>
+<link rel="icon" href="data:,">
 <noscript><meta http-equiv="refresh" content="__REFRESH__"></noscript>
 <style>
 :root { --bg:#f6f7f9; --card:#fff; --ink:#1d2430; --dim:#6a7383; --line:#e3e6eb; --ok:#1f9d55; --warn:#d69e2e;
@@ -35,7 +36,7 @@ table { width:100%; border-collapse:collapse; background:var(--card); border:1px
         border-radius:8px; overflow:hidden; }
 th, td { text-align:left; padding:6px 10px; border-bottom:1px solid var(--line); white-space:nowrap; }
 th { color:var(--dim); font-weight:500; font-size:12px; background:#fafbfc; }
-td.num { text-align:right; font-variant-numeric:tabular-nums; }
+td.num, th.num { text-align:right; font-variant-numeric:tabular-nums; }
 tr:last-child td { border-bottom:none; }
 .pill { display:inline-block; padding:1px 8px; border-radius:10px; font-size:12px; color:#fff; }
 .ok { background:var(--ok); } .draining, .late { background:var(--warn); } .unreachable { background:var(--bad); }
@@ -65,11 +66,13 @@ tr:last-child td { border-bottom:none; }
     <div class="sub" id="resp-errors"></div></div>
 </section>
 <h2>Pools</h2>
-<table><thead><tr><th>pool</th><th>workers</th><th>taking work</th><th>queued</th><th>running</th>
-<th>routed, unfinished</th><th>KV blocks used</th></tr></thead><tbody id="pools"></tbody></table>
+<table><thead><tr><th>pool</th><th class="num">workers</th><th class="num">taking work</th><th class="num">queued</th>
+<th class="num">running</th><th class="num">routed, unfinished</th><th class="num">KV blocks used</th></tr></thead>
+<tbody id="pools"></tbody></table>
 <h2>Workers</h2>
-<table><thead><tr><th>worker</th><th>role</th><th>health</th><th>queued</th><th>running</th><th>waiting</th>
-<th>routed, unfinished</th><th>KV usage</th><th>prefix hits</th><th>last report</th><th>address</th></tr></thead>
+<table><thead><tr><th>worker</th><th>role</th><th>health</th><th class="num">queued</th><th class="num">running</th>
+<th class="num">waiting</th><th class="num">routed, unfinished</th><th>KV usage</th><th class="num">prefix hits</th>
+<th class="num">last report</th><th>address</th></tr></thead>
 <tbody id="workers"></tbody></table>
 <div class="policies" id="policies"></div>
 </main>
