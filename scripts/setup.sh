@@ -12,7 +12,7 @@ fi
 .venv/bin/pip install -q -e ".[dev]"
 if ! command -v redis-server >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    (apt-get update -qq && apt-get install -y -qq redis-server) >/dev/null
+    (apt-get update -qq && apt-get install -y -qq redis-server chromium) >/dev/null  # chromium: tests/deploy status page
   else
     echo "note: redis-server not found; the Redis tier tests will be skipped" >&2
   fi
