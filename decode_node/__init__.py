@@ -16,7 +16,8 @@ Life of a request on D (one `RequestState`, changed only by `Scheduler._move`):
                              │ PREEMPTED ───────┘ resumed when its blocks fit again
                              ▼
     FINISHED_STOPPED (EOS, stop token, stop string) | FINISHED_LENGTH (max_tokens, max_model_len)
-    FINISHED_ABORTED (stream closed, /internal/abort) | FINISHED_ERROR (transfer failed, lease ran out)
+    FINISHED_ABORTED (stream closed, /internal/abort; a request waiting for KV has its expected transfer
+                      cancelled first, so late frames are dropped) | FINISHED_ERROR (transfer failed, lease ran out)
     ── every FINISHED_* frees the request's blocks (cached prefix blocks become evictable when colocated)
 
 Preemption is by recompute, not swap: the newest running request gives its blocks back and, once they fit

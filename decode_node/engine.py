@@ -19,9 +19,10 @@ import asyncio
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from pdserve.decode_node.request import StreamFrame
+from pdserve.decode_node.request import RequestState, StreamFrame
 from pdserve.decode_node.scheduler import DecodeBatch, RequestOutput, Scheduler
 from pdserve.engine.attention_metadata import DecodeInput, PrefillChunk
 from pdserve.engine.runner import ModelRunner
@@ -56,6 +57,8 @@ class DecodeEngine:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        # the KV receiver's cancel(request_id); the node wires it (no receiver: nothing to cancel)
+        self.cancel_transfer: Callable[[str], object] = lambda request_id: None
 
     # ---- life -----------------------------------------------------------------------------------------
 
@@ -106,11 +109,15 @@ class DecodeEngine:
         self.deliver(outputs)
 
     def abort(self, request_id: str, reason: str) -> bool:
+        """Event loop thread. A request still waiting for its KV is dropped by the receiver first, so no late
+        frame can write its blocks once they are free."""
         with self.state_lock:
-            known = request_id in self.scheduler.requests
+            request = self.scheduler.requests.get(request_id)
+            if request is not None and request.state == RequestState.WAITING_FOR_KV:
+                self.cancel_transfer(request_id)
             outputs = self.scheduler.abort(request_id, reason)
         self.deliver(outputs)
-        return known
+        return request is not None
 
     # ---- the step thread ----------------------------------------------------------------------------
 

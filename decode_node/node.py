@@ -48,6 +48,7 @@ class DecodeNode:
                  config: DecodeNodeConfig) -> None:
         self.engine = engine
         self.receiver = receiver
+        engine.cancel_transfer = receiver.cancel
         self.decoder: Decoder = decoder if decoder is not None else NoTextDecoder()
         self.config = config
         self.started_at = time.time()
@@ -116,7 +117,7 @@ class DecodeNode:
         """(block ids, cached tokens) of a reservation still waiting for its KV; call under `state_lock`.
         The colocated prefill side computes straight into these blocks."""
         request = self.scheduler.requests.get(request_id)
-        if request is None or request.state != RequestState.WAITING_FOR_KV or request.abort_requested:
+        if request is None or request.state != RequestState.WAITING_FOR_KV:
             return None
         return list(request.block_ids), request.cached_tokens
 

@@ -10,8 +10,8 @@ A step is `schedule()` (phases `_resume_preempted`, `_admit_waiting`, `_grow_run
 ran, `update()`. The scheduler never runs the model and is not thread-safe: the decode engine calls it under
 one lock and runs the forward outside that lock. So an abort never frees blocks something may still write:
 - a request inside the forward is only marked (`abort_requested`); `update()` finishes it;
-- a request WAITING_FOR_KV is only marked too: P may be writing its blocks right now. The transfer resolves it
-  (done → kv_complete, P's error frame or the receiver's lease → kv_failed), and then its blocks are freed.
+- a request WAITING_FOR_KV is freed at once, but only after the engine cancelled its expected transfer: the
+  receiver then drops any late frame of it before writing (on the event loop, where aborts run too).
 
 Block accounting: a request holding N = prompt + generated tokens needs ceil(N / block_size) blocks before a
 step (the K/V of its last generated token is written by that step). `reserve` takes blocks for prompt + 1;
@@ -153,9 +153,6 @@ class Scheduler:
         request = self.requests.get(request_id)
         if request is None or request.state != RequestState.WAITING_FOR_KV:
             return []
-        if request.abort_requested:
-            self._move(request, RequestState.FINISHED_ABORTED)
-            return [self._frame(request, [], "")]
         request.num_computed_tokens = len(request.prompt_token_ids)
         request.cached_tokens = max(request.cached_tokens, cached_tokens)
         result = self.output.append_token(request, first_token_id)
@@ -166,9 +163,8 @@ class Scheduler:
         request = self.requests.get(request_id)
         if request is None or request.state != RequestState.WAITING_FOR_KV:
             return []
-        aborted = request.abort_requested
-        request.error = request.error if aborted else error
-        self._move(request, RequestState.FINISHED_ABORTED if aborted else RequestState.FINISHED_ERROR)
+        request.error = error
+        self._move(request, RequestState.FINISHED_ERROR)
         return [self._frame(request, [], "")]
 
     def abort(self, request_id: str, error: str | None = None) -> list[RequestOutput]:
@@ -177,7 +173,7 @@ class Scheduler:
         if request is None:
             return []
         request.error = error
-        if request_id in self.in_flight or request.state == RequestState.WAITING_FOR_KV:
+        if request_id in self.in_flight:
             request.abort_requested = True
             return []
         self._move(request, RequestState.FINISHED_ABORTED)
