@@ -6,6 +6,7 @@ import asyncio
 import random
 import time
 
+import httpx
 import openai
 
 from tests.e2e.deployments import MODEL, Deployment
@@ -42,12 +43,15 @@ def test_32_concurrent_streams_finish_with_correct_counts(disaggregated: Deploym
     max_tokens = [4 + i % 5 for i in range(NUM_REQUESTS)]
     free_before = {role: disaggregated.status(role)["free_blocks"] for role in ("prefill", "decode")}
 
-    async def run() -> list[dict]:
+    async def run() -> tuple[list[dict], float]:
         async with openai.AsyncOpenAI(base_url=f"{disaggregated.url}/v1", api_key="unused", max_retries=0,
                                       timeout=180) as api:
-            return await asyncio.gather(*(stream_one(api, p, m) for p, m in zip(prompts, max_tokens, strict=True)))
+            streams = asyncio.gather(*(stream_one(api, p, m) for p, m in zip(prompts, max_tokens, strict=True)))
+            slowest = asyncio.create_task(slowest_status(disaggregated, streams))
+            return await streams, await slowest
 
-    results = asyncio.run(run())
+    results, slowest = asyncio.run(run())
+    assert slowest < 2.0, f"a worker took {slowest:.2f} s to answer /internal/status while busy"  # 0.16 s seen
     for prompt, wanted, result in zip(prompts, max_tokens, results, strict=True):
         assert result["finish"] == "length", result
         assert result["usage"].prompt_tokens == len(prompt)
@@ -80,6 +84,20 @@ def test_client_disconnect_frees_blocks_on_both_workers(deployment: Deployment) 
 
     assert asyncio.run(run()) < free_before["decode"]  # the first request held blocks while streaming
     assert wait_for_free_blocks(deployment, free_before) == free_before
+
+
+async def slowest_status(deployment: Deployment, busy: asyncio.Future) -> float:
+    """Longest answer time of P's and D's /internal/status, polled while `busy` runs: the forwards run on
+    their own threads, so the event loops keep answering."""
+    slowest = 0.0
+    async with httpx.AsyncClient(timeout=30) as client:
+        while not busy.done():
+            for role in ("prefill", "decode"):
+                started = time.perf_counter()
+                await client.get(f"{deployment.worker_url(role)}/internal/status")
+                slowest = max(slowest, time.perf_counter() - started)
+            await asyncio.sleep(0.1)
+    return slowest
 
 
 def wait_for_free_blocks(deployment: Deployment, expected: dict[str, int], timeout_s: float = 30.0) -> dict:
