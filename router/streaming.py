@@ -131,6 +131,8 @@ async def _frames(streams: list[DecodeStream], writer: ResponseWriter, metrics: 
             writer.record(position, frame)
             if frame.finish_reason is not None:
                 choice = writer.choices[position]
+                # a disaggregated D cannot know how much of the prompt P found cached (it reports 0): P's count
+                choice.cached_tokens = max(choice.cached_tokens, streams[position].prefill.num_cached_tokens)
                 timers[position].on_finish(choice.completion_tokens, len(streams[position].sub.prompt_token_ids),
                                            choice.cached_tokens)
             yield position, frame
