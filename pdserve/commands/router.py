@@ -80,6 +80,7 @@ def run(args: argparse.Namespace) -> int:
     from pdserve.router.config import RouterConfig
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per call to a worker otherwise
     cache_dir = os.environ.get("PDSERVE_CACHE_DIR")
     name, tokenizer, max_len = model_facts(args.model, args.load_format, args.model_preset, args.tokenizer,
                                            Path(cache_dir) if cache_dir else None)
