@@ -71,7 +71,11 @@ def create_app(config: RouterConfig, tokenizer: TokenizerLike) -> FastAPI:
             await state.client.aclose()
 
     app = FastAPI(title="pdserve router", lifespan=lifespan)
-    install_error_handlers(app, on_error=metrics.count_request)
+    def count_api_error(status: int, path: str) -> None:
+        if path.startswith("/v1/"):  # admin, internal and status calls are not client requests
+            metrics.count_request(status)
+
+    install_error_handlers(app, on_error=count_api_error)
     _add_openai_routes(app)
     _add_service_routes(app)
     app.include_router(build_internal_router())

@@ -103,30 +103,30 @@ def _describe(error: dict[str, Any]) -> str:
     return f"Invalid value for '{path}': {error.get('msg')} (got {error.get('input')!r})."
 
 
-def install_error_handlers(app: FastAPI, on_error: Callable[[int], None] | None = None) -> None:
-    """Answer every error as OpenAI-style JSON; `on_error(status)` is told about each (for metrics)."""
+def install_error_handlers(app: FastAPI, on_error: Callable[[int, str], None] | None = None) -> None:
+    """Answer every error as OpenAI-style JSON; `on_error(status, path)` is told about each (for metrics)."""
 
-    def answer(error: APIError) -> JSONResponse:
+    def answer(request: Request, error: APIError) -> JSONResponse:
         if on_error is not None:
-            on_error(error.status)
+            on_error(error.status, request.url.path)
         return error.to_response()
 
-    async def api_error(_: Request, exc: Exception) -> JSONResponse:
+    async def api_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, APIError)
-        return answer(exc)
+        return answer(request, exc)
 
-    async def invalid_request(_: Request, exc: Exception) -> JSONResponse:
+    async def invalid_request(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
-        return answer(validation_error(exc))
+        return answer(request, validation_error(exc))
 
-    async def http_error(_: Request, exc: Exception) -> JSONResponse:
+    async def http_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
         code = "not_found" if exc.status_code == 404 else None
-        return answer(APIError(exc.status_code, str(exc.detail), code=code, headers=dict(exc.headers or {})))
+        return answer(request, APIError(exc.status_code, str(exc.detail), code=code, headers=dict(exc.headers or {})))
 
-    async def internal_error(_: Request, exc: Exception) -> JSONResponse:
+    async def internal_error(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error in the router", exc_info=exc)
-        return answer(APIError(500, f"internal router error: {type(exc).__name__}: {exc}"))
+        return answer(request, APIError(500, f"internal router error: {type(exc).__name__}: {exc}"))
 
     app.add_exception_handler(APIError, api_error)
     app.add_exception_handler(RequestValidationError, invalid_request)
