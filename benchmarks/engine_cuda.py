@@ -39,14 +39,13 @@ ANCHORS = {"decode_b1_ctx512": (7.14, 4.4), "decode_b8_ctx512": (8.49, 4.6), "de
 def check_tiny(kind: str, dtype: torch.dtype, root: Path) -> dict[str, float]:
     tiny = make_tiny(kind, root / kind)
     runner = ModelRunner(tiny.config, CacheConfig(num_blocks=64, block_size=16), tiny.weights, "cuda", dtype,
-                         max_num_seqs=8)
+                         max_num_seqs=8, decode_buckets=[4, 8])
     ids = torch.randint(3, 96, (37,), generator=torch.Generator().manual_seed(0)).tolist()
     whole = runner.prefill([PrefillChunk(ids, 0, [0, 1, 2])]).logits[0].cpu()
     for start in range(0, 37, 16):  # the same prompt again, chunked, into other blocks
         out = runner.prefill([PrefillChunk(ids[start:start + 16], start, [3, 4, 5], start + 16 >= 37)])
     chunked = out.logits[0].cpu()
-    runner.decode_buffers.buckets = [4, 8]  # one real row, three padded
-    decoded = runner.decode([DecodeInput(7, 37, [0, 1, 2])])[0].cpu()
+    decoded = runner.decode([DecodeInput(7, 37, [0, 1, 2])])[0].cpu()  # bucket 4: one real row, three padded
     return {
         "prefill_vs_hf": float((whole - hf_last_logits(tiny.hf, ids)).abs().max()),
         "decode_vs_hf": float((decoded - hf_last_logits(tiny.hf, ids + [7])).abs().max()),

@@ -116,7 +116,8 @@ class LLM:
     def stream(self, prompt: str | list[int], sampling: SamplingParams | None = None,
                use_chat: bool = False) -> Iterator[str]:
         """The continuation of one prompt as text deltas, each yielded as soon as it is final (an incomplete
-        character or a possible stop-string prefix is held back). Closing the iterator early frees the blocks."""
+        character or a possible stop-string prefix is held back). Closing the iterator early frees the
+        blocks."""
         _, outputs, scheduler = self._start([prompt], sampling, use_chat)
         emitted = 0
         for _ in self._steps(scheduler, outputs):
@@ -130,8 +131,8 @@ class LLM:
         params = self._per_prompt(sampling, len(prompts))
         token_lists = [self._tokenize(p, use_chat) for p in prompts]
         seqs = [self._new_sequence(i, ids, p) for i, (ids, p) in enumerate(zip(token_lists, params))]
-        scheduler = OfflineScheduler(self.pool, self.prefix_cache, self.cache_config.block_size,
-                                     self.max_num_seqs, self.max_num_batched_tokens, self.chunk_size, self.stats)
+        scheduler = OfflineScheduler(self.pool, self.prefix_cache, self.cache_config.block_size, self.max_num_seqs,
+                                     self.max_num_batched_tokens, self.chunk_size, self.stats)
         for seq in seqs:
             scheduler.add(seq)
         return seqs, [self._new_output(s) for s in seqs], scheduler

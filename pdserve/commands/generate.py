@@ -15,17 +15,17 @@ from pathlib import Path
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("generate", help="generate a continuation of one prompt (offline, no server)")
+    parser = subparsers.add_parser("generate", help="continue one prompt (offline, no server)")
     parser.add_argument("prompt", help="the prompt text")
-    parser.add_argument("--max-tokens", type=int, default=128, help="tokens to generate at most (default 128)")
+    parser.add_argument("--max-tokens", type=int, default=128, help="generate at most this many (default 128)")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--top-k", type=int, default=-1)
     parser.add_argument("--seed", type=int, default=None, help="seed for reproducible sampling")
     parser.add_argument("--chat", action="store_true", help="send PROMPT as one user message (chat template)")
     parser.add_argument("--model", default=None,
-                        help="embedded model name, .gguf file or HF directory (default: smollm2-135m-instruct)")
-    parser.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:1")
+                        help="embedded model name, .gguf file or HF directory (default: the embedded SmolLM2)")
+    parser.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda:N")
     parser.add_argument("--dtype", default=None, help="float32 | float16 | bfloat16 (default: fp32 on CPU)")
     parser.add_argument("--num-blocks", type=int, default=256, help="KV blocks of 16 tokens (default 256)")
     parser.add_argument("--cache-dir", type=Path, default=None,

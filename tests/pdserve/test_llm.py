@@ -12,7 +12,7 @@ from pdserve.cache_store import assert_no_leak
 from pdserve.engine.sampling import SamplingParams
 from pdserve.llm import LLM
 
-PROMPT = "A short story about a robot who learns to paint. Chapter one: the robot wakes up in an old workshop and"
+PROMPT = "A short story about a robot who learns to paint. Chapter one: the robot wakes up in an old shed and"
 OTHERS = ["Hi", "List three fruits:", "The speed of light is", "def add(a, b):\n    return",
           "In 1969, the first humans landed on", "Paris is the capital of France. Berlin is the capital of",
           "Q: What is the largest ocean on Earth?\nA:"]
@@ -84,7 +84,8 @@ def test_seeded_sampling_is_reproducible_alone_and_batched(llm: LLM) -> None:
     mixed = [SamplingParams(max_tokens=5, temperature=1.0)] * 2 + [seeded] + [GREEDY] * 2
     batched = llm.generate(OTHERS[:2] + [PROMPT] + OTHERS[2:4], mixed)[2].token_ids
     assert batched == alone
-    other_seed = llm.generate([PROMPT], SamplingParams(max_tokens=12, temperature=0.9, seed=8, ignore_eos=True))
+    reseeded = SamplingParams(max_tokens=12, temperature=0.9, seed=8, ignore_eos=True)
+    other_seed = llm.generate([PROMPT], reseeded)
     assert other_seed[0].token_ids != alone
 
 
@@ -105,8 +106,8 @@ def test_eos_ends_a_chat_answer_unless_ignored(llm: LLM) -> None:
     assert answer.finish_reason == "stop" and answer.token_ids[-1] in llm.eos_token_ids
     assert "4" in answer.text and "<|im_end|>" not in answer.text
     n = len(answer.token_ids)
-    longer = llm.generate(["What is 2 + 2?"], SamplingParams(max_tokens=n + 3, temperature=0, ignore_eos=True),
-                          use_chat=True)[0]
+    params = SamplingParams(max_tokens=n + 3, temperature=0, ignore_eos=True)
+    longer = llm.generate(["What is 2 + 2?"], params, use_chat=True)[0]
     assert longer.finish_reason == "length" and longer.token_ids[:n] == answer.token_ids
     assert len(longer.token_ids) == n + 3
 
@@ -122,7 +123,7 @@ def test_logprobs_are_returned_when_asked(llm: LLM) -> None:
 def test_prompt_too_long_names_both_numbers(llm: LLM) -> None:
     with pytest.raises(ValueError, match="prompt 1 has 9000 tokens; the model's limit is 8192"):
         llm.generate([[5, 6], [7] * 9000], GREEDY)
-    with pytest.raises(ValueError, match=r"need 101 KV blocks; the pool holds 1536 tokens \(96 blocks of 16\)"):
+    with pytest.raises(ValueError, match=r"need 101 KV blocks; the pool holds 1536 tokens \(96 blocks"):
         llm.generate([[7] * 1600], SamplingParams(max_tokens=5))
     with pytest.raises(ValueError, match="got 1 SamplingParams for 2 prompts"):
         llm.generate(["a", "b"], [GREEDY])
