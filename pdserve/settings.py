@@ -153,6 +153,7 @@ class ServerSettings:
     worker_id: str | None = None
     heartbeat_interval_s: float = 1.0  # until the router answers with its own
     advertise_host: str | None = None  # the host others reach this worker at (None: the bind address's IP)
+    drain_on_sigterm: bool = False  # SIGTERM finishes the requests held first (containers), else stops in 3 s
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -251,6 +252,9 @@ def add_worker_arguments(parser: argparse.ArgumentParser, role: str) -> None:
     parser.add_argument("--advertise-host", default=None,
                         help="host name or IP the router and other workers reach this worker at (default: the IP "
                              "of --host; in a container, its own address)")
+    parser.add_argument("--drain-on-sigterm", action="store_true",
+                        help="on SIGTERM, take no new work, finish the requests held, deregister, then exit "
+                             "(a second SIGTERM stops at once)")
     parser.add_argument("--transfer-backend", default="auto", choices=TRANSFER_BACKENDS)
     parser.add_argument("--transfer-host", default=None, help="address of the KV receiver (default: --host)")
     parser.add_argument("--transfer-port", type=int, default=0, help="KV receiver port (0: any free port)")
@@ -278,5 +282,6 @@ def worker_settings_from_args(args: argparse.Namespace, cache_dir: str | None,
         transfer=TransferSettings(backend=args.transfer_backend, host=args.transfer_host or args.host,
                                   port=args.transfer_port),
         server=ServerSettings(host=args.host, port=args.port, router_url=args.router, secret=secret,
-                              worker_id=args.worker_id, advertise_host=args.advertise_host),
+                              worker_id=args.worker_id, advertise_host=args.advertise_host,
+                              drain_on_sigterm=args.drain_on_sigterm),
     )

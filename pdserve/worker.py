@@ -55,6 +55,7 @@ from pdserve.prefill_node.node import PrefillNode, PrefillNodeConfig
 from pdserve.settings import ROLES, ModelSettings, WorkerSettings
 from pdserve.worker_control import (
     AdmissionGate,
+    DrainOnSigterm,
     RouterLink,
     WorkerControl,
     build_control_router,
@@ -351,7 +352,7 @@ def run_worker(settings: WorkerSettings) -> int:
     logger.info("%s (%s) on %s: %s, %d KV blocks of %d tokens, %s on %s", worker.worker_id,
                 settings.role_name, worker.url, worker.model_name, worker.cache_config.num_blocks,
                 worker.cache_config.block_size, worker.dtype, worker.device)
-    server = uvicorn.Server(config)
+    server = DrainOnSigterm(config, worker.control) if settings.server.drain_on_sigterm else uvicorn.Server(config)
     worker.control.request_exit = lambda: setattr(server, "should_exit", True)  # a drain with exit ends here
     server.run(sockets=[sock])
     return 0

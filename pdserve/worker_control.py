@@ -22,12 +22,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import FrameType
 from typing import Any
 
 import httpx
+import uvicorn
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -178,6 +181,23 @@ def pool_policy_applier(pool: BlockPool, state_lock: threading.RLock) -> Callabl
         return ["device_eviction"]
 
     return apply
+
+
+class DrainOnSigterm(uvicorn.Server):
+    """uvicorn's server, except that the first SIGTERM drains (finish the requests held, deregister, exit 0)
+    instead of stopping within the 3 s graceful shutdown; a second SIGTERM, or SIGINT, stops at once. What
+    `docker compose stop` / `--scale` down needs to lose no request (compose.yaml's stop_grace_period)."""
+
+    def __init__(self, config: uvicorn.Config, control: WorkerControl) -> None:
+        super().__init__(config)
+        self.control = control
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if sig == signal.SIGTERM and not self.control.draining:
+            logger.info("SIGTERM: draining before leaving (SIGTERM again to stop now)")
+            asyncio.get_running_loop().call_soon_threadsafe(self.control.drain, True)
+            return
+        super().handle_exit(sig, frame)
 
 
 def _error(status: int, message: str) -> JSONResponse:
