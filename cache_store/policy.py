@@ -165,3 +165,15 @@ def cache_settings_from_args(args: argparse.Namespace, pin_host_memory: bool) ->
             (tier if dest in tier_names else policy)[dest] = value
     tier.setdefault("pin_host_memory", pin_host_memory)
     return TierConfig.from_dict(tier), CachePolicy.from_dict(policy)
+
+
+def cache_argv(args: argparse.Namespace) -> list[str]:
+    """The cache flags given in `args`, as command-line words (`pdserve serve` passes them to its workers)."""
+    argv: list[str] = []
+    for dest, (flag, _, _) in _FLAGS.items():
+        value = getattr(args, dest, None)
+        if value is not None:
+            argv += [flag, str(value)]
+    if getattr(args, "cache_policy_file", None):
+        argv += ["--cache-policy-file", str(args.cache_policy_file)]
+    return argv

@@ -47,6 +47,7 @@ from pdserve.cache_store.kv_codec import BlockLayout, gather_to_host, scatter_fr
 from pdserve.cache_store.policy import CachePolicy, TierConfig
 from pdserve.cache_store.prefix_cache import PrefixCache, SequenceBlocks
 from pdserve.cache_store.redis_tier import PrefixSink, RedisTier, connect_redis
+from pdserve.cache_store.summary import DEFAULT_SUMMARY_BLOCKS, RecentHashes
 from pdserve.cache_store.tier_stats import TieredCacheStats
 from pdserve.cache_store.tier_writer import RedisTarget, TierWriter, WriteJob
 
@@ -108,6 +109,7 @@ class TieredKVCache:
         self._writer = TierWriter(self._process, self.stats, config.max_pending_write_bytes)
         self._hits = HitCounter(4 * (self.pool.num_total + self.host.num_slots) + 1024)
         self._salts: OrderedDict[bytes, str | None] = OrderedDict()  # device blocks' salts, for write-back keys
+        self.recent = RecentHashes()  # committed or hit lately: the router's cache-aware summary (held_hashes)
         with self.lock:
             self.pool.set_eviction(policy.device_eviction)
             self.pool.on_evict = self._on_device_evict
@@ -232,6 +234,7 @@ class TieredKVCache:
             self.stats.count(device_queried_blocks=len(hashes), device_hit_blocks=on_device,
                              device_reused_tokens=on_device * self.block_size)
             self._admit_device_hits(hashes[:on_device], seq.block_ids[:on_device])
+            self.recent.touch(hashes[:on_device + loaded])
         cached = on_device + loaded
         return SequenceBlocks(seq.block_ids, cached, cached * self.block_size)
 
@@ -273,6 +276,7 @@ class TieredKVCache:
         with self.lock:
             newly = self.prefix_cache.commit(hashes, block_ids)
             self._remember_salts(hashes, salt)
+            self.recent.touch(hashes)
             computed = slice(num_cached_blocks, min(len(hashes), len(block_ids)))
             if self._policy.write == "write_through" and hashes[computed]:
                 self._copy_down(list(hashes[computed]), list(block_ids[computed]), to_host=True, redis="admitted")
@@ -293,6 +297,7 @@ class TieredKVCache:
         with self.lock:
             self.prefix_cache.commit(hashes, block_ids)
             self._remember_salts(hashes, salt)
+            self.recent.touch(hashes)
             if self._policy.write != "none" and hashes:
                 self._copy_down(hashes, list(block_ids[:len(hashes)]), to_host=True, redis="all", only_missing=True)
         return len(hashes)
@@ -362,6 +367,24 @@ class TieredKVCache:
                 "host_blocks_total": self.host.num_slots, "redis": self.redis is not None,
                 "redis_backing_off": self.redis is not None and self.redis.backing_off,
                 "stats": self.stats.snapshot()}
+
+    def held_hashes(self, limit: int = DEFAULT_SUMMARY_BLOCKS) -> list[bytes]:
+        """Up to `limit` hashes this worker serves without Redis (device or host), most recently used first."""
+        with self.lock:
+            recent = self.recent.newest()
+            held = [h for h in recent if self.pool.lookup(h) is not None or h in self.host]
+        return held[:limit]
+
+    def drop_cached(self, device: bool = True, host: bool = True) -> dict[str, int]:
+        """Forget the device's evictable cached blocks and/or the host tier (Redis is shared: never here)."""
+        dropped = {"device_blocks": 0, "host_blocks": 0}
+        if device:
+            with self.lock:
+                dropped["device_blocks"] = self.pool.evict_all_cached()
+        if host:
+            dropped["host_blocks"] = self.host.num_used
+            self.host.clear()
+        return dropped
 
     def flush(self, timeout_s: float = 10.0) -> bool:
         """Wait for queued host/Redis writes (tests, shutdown); False on timeout."""

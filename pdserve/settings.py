@@ -2,8 +2,9 @@
 
 A worker process receives a `WorkerSettings` composed of `ModelSettings` (what to load and where),
 `KVCacheSettings` (how big the paged pool is), `SchedulerSettings` (batching limits), `TransferSettings`
-(how KV moves between P and D) and `ServerSettings` (HTTP address, router, secret). Each component is handed
-only its own part. `LaunchSettings` describes what `pdserve serve` starts. Nothing here reads the environment:
+(how KV moves between P and D), `ServerSettings` (HTTP address, router, secret) and the KV cache tiers'
+`TierConfig` + `CachePolicy` (cache_store/policy.py: host RAM, Redis; eviction, write and admission policies).
+Each component is handed only its own part. `LaunchSettings` describes what `pdserve serve` starts. Nothing here reads the environment:
 the command modules do that and pass values in.
 """
 
@@ -12,6 +13,8 @@ from __future__ import annotations
 import argparse
 import re
 from dataclasses import dataclass, field
+
+from pdserve.cache_store.policy import CachePolicy, TierConfig, add_cache_arguments, cache_settings_from_args
 
 ROLES = ("prefill", "decode")
 DEFAULT_MODEL = "smollm2-135m-instruct"
@@ -170,6 +173,8 @@ class WorkerSettings:
     scheduler: SchedulerSettings = field(default_factory=SchedulerSettings)
     transfer: TransferSettings = field(default_factory=TransferSettings)
     server: ServerSettings = field(default_factory=ServerSettings)
+    tiers: TierConfig = field(default_factory=TierConfig)
+    cache_policy: CachePolicy = field(default_factory=CachePolicy)
 
     def __post_init__(self) -> None:
         if not self.roles or any(role not in ROLES for role in self.roles):
@@ -260,6 +265,7 @@ def add_worker_arguments(parser: argparse.ArgumentParser, role: str) -> None:
     parser.add_argument("--transfer-port", type=int, default=0, help="KV receiver port (0: any free port)")
     add_model_arguments(parser)
     add_engine_arguments(parser)
+    add_cache_arguments(parser)
 
 
 def model_settings_from_args(args: argparse.Namespace, cache_dir: str | None) -> ModelSettings:
@@ -271,6 +277,7 @@ def model_settings_from_args(args: argparse.Namespace, cache_dir: str | None) ->
 def worker_settings_from_args(args: argparse.Namespace, cache_dir: str | None,
                               secret: str | None) -> WorkerSettings:
     """`cache_dir` and `secret` come from the environment, which only the command module reads."""
+    tiers, cache_policy = cache_settings_from_args(args, pin_host_memory=_uses_cuda(args.device))
     return WorkerSettings(
         roles=parse_roles(args.role),
         model=model_settings_from_args(args, cache_dir),
@@ -284,4 +291,14 @@ def worker_settings_from_args(args: argparse.Namespace, cache_dir: str | None,
         server=ServerSettings(host=args.host, port=args.port, router_url=args.router, secret=secret,
                               worker_id=args.worker_id, advertise_host=args.advertise_host,
                               drain_on_sigterm=args.drain_on_sigterm),
+        tiers=tiers, cache_policy=cache_policy,
     )
+
+
+def _uses_cuda(device: str) -> bool:
+    """Whether the KV pool will live on a GPU (then the host tier is pinned: DMA straight to the device)."""
+    if device == "auto":
+        import torch  # only here: settings stay light for the router
+
+        return torch.cuda.is_available()
+    return device.startswith("cuda")
