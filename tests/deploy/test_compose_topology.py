@@ -4,6 +4,7 @@ switched to decode and a decode worker switched to prefill, all while requests r
 from __future__ import annotations
 
 import re
+import signal
 import time
 
 import httpx
@@ -78,3 +79,24 @@ def test_drain_and_role_switches_under_load_lose_no_request(topology: Topology) 
 
 def _status(worker: dict) -> dict:
     return httpx.get(f"{worker['url']}/internal/status", timeout=10).json()
+
+
+def test_sigterm_drains_a_worker_under_load(topology: Topology) -> None:
+    """What `docker compose stop` or `--scale` down does: SIGTERM; with PDSERVE_DRAIN_ON_SIGTERM (compose.yaml)
+    the worker finishes what it holds, deregisters and exits 0 while the load goes on elsewhere."""
+    assert topology.services["prefill-cpu"]["environment"]["PDSERVE_DRAIN_ON_SIGTERM"] == "1"
+    prefill = by_role(topology, "prefill")
+    assert len(prefill) == 2
+    process = topology.process_of(prefill[0])
+    load = ContinuousLoad(topology.router.url, concurrency=4).start()
+    try:
+        load.wait_for(4)
+        wait_until(lambda: _status(prefill[0])["queue_len"] > 0 or process.exited(), 30, "a queued prefill")
+        process.popen.send_signal(signal.SIGTERM)
+        assert process.popen.wait(timeout=60) == 0, process.log()
+        assert prefill[0]["worker_id"] not in [w["worker_id"] for w in topology.workers_listed()]
+        load.wait_for(4)
+    finally:
+        result = load.stop()
+    assert result.failures == [], f"{result.failures[:5]}\n{topology.logs()}"
+    assert [len(by_role(topology, r)) for r in ("prefill", "decode")] == [1, 1]
