@@ -11,7 +11,9 @@ One `schedule()` packs at most `max_num_batched_tokens` prompt tokens:
 Requests already PREFILLING go first (so a long prompt keeps moving), then queued ones in arrival order; the
 last one may get a partial chunk. A queued request whose blocks do not fit waits at the head of the queue
 (FIFO, no overtaking: a long prompt is never starved by short ones). Only the suffix after the cached prefix
-is computed; at least one token always is, since its logits give the first token.
+is computed; at least one token always is, since its logits give the first token. With a tiered cache, the
+cached prefix is the device's hits followed by the blocks the node fetched from host RAM / Redis before queueing
+the request (`request.fetched`), copied into the first new blocks at admission.
 
 A colocated worker hands in requests whose blocks are preassigned: D's reserved blocks (its prefix-cache hits
 included), on which P took a reference of its own, so they outlive a D-side abort while P still writes them.
@@ -28,6 +30,7 @@ from dataclasses import dataclass, field
 
 from pdserve.cache_store.block_pool import blocks_needed
 from pdserve.cache_store.prefix_cache import PrefixCache
+from pdserve.cache_store.tiered import TieredKVCache
 from pdserve.engine.attention_metadata import PrefillChunk
 from pdserve.prefill_node.request import TRANSITIONS, PrefillRequest, PrefillState
 
@@ -68,10 +71,14 @@ class PrefillPlan:
 
 
 class Batcher:
-    def __init__(self, prefix_cache: PrefixCache, max_num_batched_tokens: int, max_num_seqs: int = 256) -> None:
+    def __init__(self, prefix_cache: PrefixCache, max_num_batched_tokens: int, max_num_seqs: int = 256,
+                 tiered: TieredKVCache | None = None) -> None:
         if max_num_batched_tokens <= 0:
             raise ValueError(f"max_num_batched_tokens must be positive, got {max_num_batched_tokens}")
+        if tiered is not None and tiered.prefix_cache is not prefix_cache:
+            raise ValueError("the tiered cache must be built over the batcher's prefix cache")
         self.cache = prefix_cache
+        self.tiered = tiered  # None: the device prefix cache alone
         self.pool = prefix_cache.pool
         self.block_size = prefix_cache.block_size
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -140,7 +147,11 @@ class Batcher:
 
     def finish(self, request: PrefillRequest) -> None:
         """First token sampled and the KV handed off: commit full prompt blocks, release ours."""
-        self.cache.commit(request.block_hashes, request.block_ids)
+        if self.tiered is not None:  # names the blocks; write-through copies the computed ones down
+            self.tiered.commit(request.block_hashes, request.block_ids, request.num_cached_tokens // self.block_size,
+                               request.cache_salt)
+        else:
+            self.cache.commit(request.block_hashes, request.block_ids)
         self._move(request, PrefillState.FINISHED)
 
     # ---- phases -----------------------------------------------------------------------------------
@@ -179,7 +190,11 @@ class Batcher:
         lookup = request.block_hashes[: (request.num_prompt_tokens - 1) // self.block_size]
         if not self.cache.can_allocate(lookup, needed):
             return False
-        blocks = self.cache.allocate(lookup, needed)
+        if self.tiered is None:
+            blocks = self.cache.allocate(lookup, needed)
+        else:  # device hits, then the host / Redis blocks fetched for it loaded into the first new blocks
+            blocks = self.tiered.allocate(lookup, needed, request.fetched)
+            request.fetched = None  # staged host memory: free it now
         request.block_ids = list(blocks.block_ids)
         request.num_cached_tokens = blocks.num_cached_tokens
         return True

@@ -1,9 +1,11 @@
 """The prefill role of a worker: checks `/internal/prefill` bodies against this worker's KV layout, builds
-requests (prefix hashes, or D's blocks when colocated), owns the engine; status and metrics."""
+requests (prefix hashes, or D's blocks when colocated), looks the prompt up in the host / Redis tiers before
+queueing it (on the event loop, off the step thread), owns the engine; status and metrics."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -22,6 +24,7 @@ from pdserve.prefill_node.request import PrefillRequest
 
 # request_id -> (D's reserved block ids, tokens D found cached) of a reservation waiting for KV; colocated only
 LocalReservations = Callable[[str], tuple[list[int], int] | None]
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,7 @@ class PrefillNode:
         self.engine = engine
         self.config = config
         self.local_reservations = local_reservations
+        self._fetching: dict[str, bool] = {}  # request id -> aborted, while its host/Redis lookup runs
 
     @property
     def batcher(self) -> Batcher:
@@ -71,6 +75,8 @@ class PrefillNode:
             return _error(400, str(exc), "invalid_request_error")
         except PrefillError as exc:
             return _error(exc.status, str(exc), "service_unavailable")
+        if not await self._fetch(request):
+            return _error(499, f"request {request_id!r} aborted while its prefix was looked up", "invalid_request_error")
         try:
             future = self.engine.submit(request)
         except KVTransferError as exc:
@@ -85,7 +91,24 @@ class PrefillNode:
         return PrefillAnswer(200, result.to_dict())
 
     def abort(self, request_id: str, reason: str) -> bool:
+        if request_id in self._fetching:  # not queued yet: `prefill` answers 499 once its lookup returns
+            self._fetching[request_id] = True
+            return True
         return self.engine.abort(request_id, reason)
+
+    async def _fetch(self, request: PrefillRequest) -> bool:
+        """Stage the prompt's blocks found in host RAM / Redis (the batcher loads them at admission); False
+        when the request was aborted meanwhile. Colocated requests took theirs with D's reservation."""
+        tiered = self.batcher.tiered
+        lookup = request.block_hashes[: (request.num_prompt_tokens - 1) // self.config.block_size]
+        if tiered is None or not tiered.has_lower_tiers or request.blocks_preassigned or not lookup:
+            return True
+        self._fetching[request.request_id] = False
+        try:
+            request.fetched = await tiered.fetch_async(lookup, request.cache_salt)
+        except Exception:  # a cache bug costs a recompute, never the request
+            logger.exception("host/Redis lookup of %s failed; computing the whole prompt", request.request_id)
+        return not self._fetching.pop(request.request_id)
 
     def _build(self, request_id: str, prompt: list[int], sampling: dict[str, Any], cache_salt: str | None,
                transfer: dict[str, Any]) -> PrefillRequest:

@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass, field
 
 from pdserve.cache_store.block_pool import blocks_needed
+from pdserve.cache_store.tiered import FetchedPrefix
 from pdserve.engine.sampling import SamplingParams
 from pdserve.kv_transfer.target import TransferTarget
 
@@ -43,7 +44,8 @@ class PrefillRequest:
     state: PrefillState = PrefillState.QUEUED
     block_ids: list[int] = field(default_factory=list)
     blocks_preassigned: bool = False  # colocated: D's reserved blocks, with a reference of our own
-    num_cached_tokens: int = 0  # found in the prefix cache, not computed
+    num_cached_tokens: int = 0  # found in the prefix cache (device, or loaded from host RAM / Redis), not computed
+    fetched: FetchedPrefix | None = None  # host / Redis blocks staged for it before it was queued; used at admission
     num_computed_tokens: int = 0  # cached + computed so far
     error: str | None = None
     arrival: float = field(default_factory=time.monotonic)
