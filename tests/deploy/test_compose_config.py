@@ -13,8 +13,7 @@ import pytest
 from pdserve.cli import build_parser
 from tests.deploy.topology import REPO, compose_command, compose_config
 
-ENV_ONLY = {"PDSERVE_CACHE_DIR", "PDSERVE_SECRET",  # read by the command modules, no flag
-            "PDSERVE_REDIS_URL"}  # for the Redis KV tier's --redis-url (cache_store), once workers take it
+ENV_ONLY = {"PDSERVE_CACHE_DIR", "PDSERVE_SECRET"}  # read by the command modules, no flag
 GPU_WORKERS = ("prefill", "decode")
 CPU_WORKERS = ("prefill-cpu", "decode-cpu")
 
