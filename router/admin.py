@@ -96,6 +96,7 @@ def check_admin_token(request: Request) -> None:
 def build_admin_router() -> APIRouter:
     api = APIRouter(prefix="/admin", dependencies=[Depends(check_admin_token)])
     _add_worker_routes(api)
+    _add_role_route(api)
     _add_policy_routes(api)
     return api
 
@@ -129,6 +130,8 @@ def _add_worker_routes(api: APIRouter) -> None:
         target.load.draining = bool(answer.get("draining", False))  # its next heartbeat would say so too
         return {"worker": state.registry.describe(target), "worker_answer": answer}
 
+
+def _add_role_route(api: APIRouter) -> None:
     @api.put("/workers/{worker_id}/role")
     async def set_role(worker_id: str, body: RoleBody, request: Request) -> dict[str, Any]:
         state = request.app.state.router
