@@ -18,7 +18,12 @@ Life of a request on D (one `RequestState`, changed only by `Scheduler._move`):
     FINISHED_STOPPED (EOS, stop token, stop string) | FINISHED_LENGTH (max_tokens, max_model_len)
     FINISHED_ABORTED (stream closed, /internal/abort; a request waiting for KV has its expected transfer
                       cancelled first, so late frames are dropped) | FINISHED_ERROR (transfer failed, lease ran out)
-    ── every FINISHED_* frees the request's blocks (cached prefix blocks become evictable when colocated)
+    ── every FINISHED_* frees the request's blocks (cached prefix blocks become evictable when colocated);
+       STOPPED and LENGTH first commit prompt + output to the tiered cache (named on this worker's device,
+       copied to host RAM and Redis), so the conversation's next turn reuses its whole history on any P
+
+A colocated worker (`--role both`) looks the prompt up in its prefix cache at reserve, and, with host / Redis
+tiers, fetches the blocks after the device's prefix first (on the event loop; loaded under the state lock).
 
 Preemption is by recompute, not swap: the newest running request gives its blocks back and, once they fit
 again, D itself prefills its prompt + generated tokens (all but the last) into fresh blocks before its next

@@ -53,8 +53,8 @@ def create_router(node: DecodeNode) -> APIRouter:
             body = ReserveBody.model_validate(await request.json())
         except (ValidationError, ValueError) as exc:
             return error_response(400, f"bad reserve body: {exc}")
-        result = node.reserve(body.request_id, body.prompt_token_ids, body.sampling, body.cache_salt,
-                              None if body.arrival_time is None else float(body.arrival_time))
+        result = await node.reserve(body.request_id, body.prompt_token_ids, body.sampling, body.cache_salt,
+                                    None if body.arrival_time is None else float(body.arrival_time))
         return JSONResponse(result.body, status_code=result.status)
 
     @router.post("/stream/{request_id}")
@@ -69,7 +69,7 @@ def create_router(node: DecodeNode) -> APIRouter:
 
     @router.post("/abort/{request_id}")
     async def abort(request_id: str) -> dict[str, Any]:
-        return {"request_id": request_id, "aborted": node.engine.abort(request_id, "aborted by the router")}
+        return {"request_id": request_id, "aborted": node.abort(request_id, "aborted by the router")}
 
     return router
 

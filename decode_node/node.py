@@ -4,6 +4,7 @@ KV receiver, and reports status and metrics. HTTP routes are in app.py; scheduli
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -13,12 +14,15 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from pdserve.cache_store.hashing import block_hashes
+from pdserve.cache_store.tiered import FetchedPrefix
 from pdserve.decode_node.engine import DecodeEngine
 from pdserve.decode_node.request import DecodeRequest, RequestState
 from pdserve.decode_node.scheduler import Refusal, Scheduler
 from pdserve.engine.detokenizer import Decoder, IncrementalDetokenizer, StopChecker
 from pdserve.engine.sampling import SamplingParams
 from pdserve.kv_transfer.base import KVReceiver
+
+logger = logging.getLogger(__name__)
 
 
 class NoTextDecoder:
@@ -52,6 +56,7 @@ class DecodeNode:
         self.decoder: Decoder = decoder if decoder is not None else NoTextDecoder()
         self.config = config
         self.started_at = time.time()
+        self._fetching: dict[str, bool] = {}  # request id -> aborted, while a colocated reservation looks up
 
     @property
     def scheduler(self) -> Scheduler:
@@ -71,15 +76,18 @@ class DecodeNode:
 
     # ---- reserve --------------------------------------------------------------------------------------
 
-    def reserve(self, request_id: str, prompt_token_ids: list[int], sampling: dict[str, Any],
-                cache_salt: str | None, arrival_time: float | None) -> ReserveResult:
+    async def reserve(self, request_id: str, prompt_token_ids: list[int], sampling: dict[str, Any],
+                      cache_salt: str | None, arrival_time: float | None) -> ReserveResult:
         """Validate, reserve blocks and register the expected transfer (event loop thread)."""
         try:
             request = self._build(request_id, prompt_token_ids, sampling, cache_salt, arrival_time)
         except ValueError as exc:
             return _error(400, str(exc), "invalid_request_error")
+        aborted, fetched = await self._fetch(request)
+        if aborted:
+            return _error(499, f"request {request_id!r} aborted while its prefix was looked up", "invalid_request_error")
         with self.state_lock:
-            refusal = self.scheduler.reserve(request)
+            refusal = self.scheduler.reserve(request, fetched)
             if refusal is not None:
                 return _refused(refusal)
             expected = self.scheduler.expected_block_ids(request)
@@ -112,6 +120,28 @@ class DecodeNode:
             StopChecker(params.stop), cache_salt=cache_salt, block_hashes=hashes,
             arrival_time=arrival_time if arrival_time is not None else time.time(),
         )
+
+    async def _fetch(self, request: DecodeRequest) -> tuple[bool, FetchedPrefix | None]:
+        """Colocated with host / Redis tiers: stage the blocks after the device's cached prefix for the
+        reservation to load (off the step thread). Returns (aborted meanwhile, the staged blocks)."""
+        tiered, scheduler = self.scheduler.tiered, self.scheduler
+        lookup = scheduler.prefix_lookup_hashes(request)
+        if scheduler.prefix_cache is None or tiered is None or not tiered.has_lower_tiers or not lookup:
+            return False, None
+        self._fetching[request.request_id] = False
+        fetched = None
+        try:
+            fetched = await tiered.fetch_async(lookup, request.cache_salt)
+        except Exception:  # a cache bug costs a recompute, never the request
+            logger.exception("host/Redis lookup of %s failed; its whole prompt is computed", request.request_id)
+        return self._fetching.pop(request.request_id), fetched
+
+    def abort(self, request_id: str, reason: str) -> bool:
+        """Event loop thread: free what the request holds; one still being looked up is refused after."""
+        if request_id in self._fetching:
+            self._fetching[request_id] = True
+            return True
+        return self.engine.abort(request_id, reason)
 
     def waiting_reservation(self, request_id: str) -> tuple[list[int], int] | None:
         """(block ids, cached tokens) of a reservation still waiting for its KV; call under `state_lock`.

@@ -15,20 +15,26 @@ one lock and runs the forward outside that lock. So an abort never frees blocks 
 
 Block accounting: a request holding N = prompt + generated tokens needs ceil(N / block_size) blocks before a
 step (the K/V of its last generated token is written by that step). `reserve` takes blocks for prompt + 1;
-with a prefix cache (the colocated worker shares P's), the cached leading blocks are taken from it.
+with a prefix cache (the colocated worker shares P's), the cached leading blocks are taken from it, and blocks
+fetched from host RAM / Redis are loaded after them. A sequence that ends with stop or length is committed to
+the tiered cache (prompt + output, N - 1 tokens of KV) just before its blocks are freed.
 """
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from pdserve.cache_store.block_pool import BlockPool, blocks_needed
 from pdserve.cache_store.prefix_cache import PrefixCache
+from pdserve.cache_store.tiered import FetchedPrefix, TieredKVCache
 from pdserve.decode_node.output import OutputProcessor, logprobs_to_wire
 from pdserve.decode_node.request import TRANSITIONS, DecodeRequest, RequestState, StreamFrame
 from pdserve.engine.sampling import TokenLogprobs
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -78,13 +84,18 @@ class DecodeBatch:
 
 class Scheduler:
     def __init__(self, pool: BlockPool, block_size: int, output: OutputProcessor, max_num_seqs: int,
-                 watermark_blocks: int = 1, prefix_cache: PrefixCache | None = None) -> None:
+                 watermark_blocks: int = 1, prefix_cache: PrefixCache | None = None,
+                 tiered: TieredKVCache | None = None) -> None:
+        if tiered is not None and tiered.pool is not pool:
+            raise ValueError("the tiered cache must be built over the scheduler's block pool")
         self.pool = pool
         self.block_size = block_size
         self.output = output
         self.max_num_seqs = max_num_seqs
         self.watermark_blocks = watermark_blocks
-        self.prefix_cache = prefix_cache
+        self.prefix_cache = prefix_cache  # colocated: reservations take the cached prefix from it
+        self.tiered = tiered  # finished sequences are committed to it (the next turn's prefix), and colocated
+        # reservations load host / Redis blocks through it
         self.requests: dict[str, DecodeRequest] = {}  # every request not finished
         self.waiting: deque[DecodeRequest] = deque()
         self.running: list[DecodeRequest] = []
@@ -110,22 +121,26 @@ class Scheduler:
 
     # ---- requests coming in -------------------------------------------------------------------------
 
-    def reserve(self, request: DecodeRequest) -> Refusal | None:
-        """Take blocks for prompt + first token; None on success (the request is WAITING_FOR_KV)."""
+    def reserve(self, request: DecodeRequest, fetched: FetchedPrefix | None = None) -> Refusal | None:
+        """Take blocks for prompt + first token; None on success (the request is WAITING_FOR_KV).
+
+        With a prefix cache the cached prefix is taken from it, and `fetched` (host / Redis blocks staged for
+        the request by `TieredKVCache.fetch`) is loaded after it."""
         if request.request_id in self.requests:
             return Refusal(f"request {request.request_id!r} is already reserved on this worker", 0.0, 409)
         needed = blocks_needed(len(request.prompt_token_ids) + 1, self.block_size)
         if needed > self.pool.num_total - self.watermark_blocks:
             return Refusal(f"prompt of {len(request.prompt_token_ids)} tokens needs {needed} KV blocks; this "
                            f"worker has {self.pool.num_total} in all", 0.0, 400)
-        lookup = self._prefix_lookup_hashes(request)
+        lookup = self.prefix_lookup_hashes(request)
         if self.preempted or not self._can_reserve(lookup, needed + self.watermark_blocks):
             return Refusal(f"no room: {needed} KV blocks needed, {self.pool.num_free} of {self.pool.num_total} "
                            f"free, {len(self.preempted)} preempted requests waiting", self._retry_after())
         if self.prefix_cache is None:
             request.block_ids = list(self.pool.allocate(needed).block_ids)
         else:
-            blocks = self.prefix_cache.allocate(lookup, needed)
+            blocks = (self.prefix_cache.allocate(lookup, needed) if self.tiered is None
+                      else self.tiered.allocate(lookup, needed, fetched))
             request.block_ids = list(blocks.block_ids)
             request.cached_tokens = blocks.num_cached_tokens
         self.requests[request.request_id] = request
@@ -136,7 +151,7 @@ class Scheduler:
         end = blocks_needed(len(request.prompt_token_ids), self.block_size)
         return request.block_ids[request.cached_tokens // self.block_size:end]
 
-    def _prefix_lookup_hashes(self, request: DecodeRequest) -> list[bytes]:
+    def prefix_lookup_hashes(self, request: DecodeRequest) -> list[bytes]:
         """Full prompt blocks except the one holding the last token (P must compute it for the logits)."""
         if self.prefix_cache is None:
             return []
@@ -280,6 +295,8 @@ class Scheduler:
             self._release_blocks(request)
             self.preempted.append(request)
         elif state.finished:
+            if state in (RequestState.FINISHED_STOPPED, RequestState.FINISHED_LENGTH):
+                self._commit(request)
             self._release_blocks(request)
             del self.requests[request.request_id]
             self.num_finished += 1
@@ -290,6 +307,17 @@ class Scheduler:
                  RequestState.PREEMPTED: self.preempted}.get(request.state)
         if queue is not None:
             queue.remove(request)
+
+    def _commit(self, request: DecodeRequest) -> None:
+        """Name the finished sequence's full blocks (prompt + output) and copy them down to host RAM / Redis, so
+        the conversation's next turn reuses its whole history on any prefill worker."""
+        if self.tiered is None or not request.block_ids:
+            return
+        try:  # the last sampled token has no KV yet
+            self.tiered.commit_sequence(request.all_token_ids, request.num_tokens - 1, request.block_ids,
+                                        request.cache_salt)
+        except Exception:  # a cache bug must not end the worker's step loop; the blocks are freed anyway
+            logger.exception("cannot commit the blocks of %s", request.request_id)
 
     def _release_blocks(self, request: DecodeRequest) -> None:
         self.pool.free(request.block_ids)
