@@ -140,12 +140,12 @@ def _add_role_route(api: APIRouter) -> None:
             raise APIError(409, f"worker {worker_id} is draining; resume it before changing its role",
                            code="worker_draining")
         roles = ROLE_NAMES[body.role]
-        target.draining = True  # paused while it switches: no request meets a half-switched worker
+        target.paused = True  # while it switches: no request meets a half-switched worker
         try:
             answer = await forward(state, target, "/internal/role", {"roles": list(roles)})
             state.registry.set_roles(worker_id, roles)
         finally:
-            target.draining = False
+            target.paused = False
         log.info("worker %s now serves %s", worker_id, body.role)
         return {"worker": state.registry.describe(target), "worker_answer": answer}
 

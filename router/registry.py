@@ -57,6 +57,7 @@ class Worker:
     inflight: int = 0  # sub-requests the router has routed here and not yet finished
     pending_blocks: int = 0  # blocks reserved here since the last load report (least_kv's correction)
     draining: bool = False  # set by the admin API: no new work from this router, whatever the worker reports
+    paused: bool = False  # while the admin API switches its role
 
     def kv_usage(self) -> float:
         """Fraction of KV blocks in use, counting reservations made since the last report."""
@@ -156,7 +157,7 @@ class WorkerRegistry:
         """Workers that can take new work in `role` now, in registration order."""
         now = self._clock()
         return [w for w in self._workers.values()
-                if role in w.roles and w.reachable and not w.draining and not w.load.draining
+                if role in w.roles and w.reachable and not (w.draining or w.paused or w.load.draining)
                 and (w.static or now - w.last_seen <= self._timeout_s)]
 
     def get(self, worker_id: str) -> Worker | None:
