@@ -3,7 +3,8 @@
     load_model ─▶ ModelRunner (weights + KV pool tensors) ─▶ BlockPool + PrefixCache
         prefill role: Batcher ─ PrefillEngine ─ KV sender (tcp; `local` when colocated)
         decode role:  Scheduler ─ DecodeEngine ─ KV receiver (tcp server on --transfer-port; `local`)
-    one FastAPI app: the roles' /internal routes, /internal/status, /health, /metrics
+    KV cache tiers: TieredKVCache over the pool (host RAM, Redis; pdserve/worker_cache.py), shared by both roles
+    one FastAPI app: the roles' /internal routes, /internal/status, /internal/cache, /health, /metrics
     with --router URL: register, then heartbeat every interval (re-register on 404)
 
 A colocated worker (`--role both`) has ONE block pool, one prefix cache, one runner: the prefill side computes
@@ -53,6 +54,13 @@ from pdserve.prefill_node.batcher import Batcher
 from pdserve.prefill_node.engine import PrefillEngine
 from pdserve.prefill_node.node import PrefillNode, PrefillNodeConfig
 from pdserve.settings import ROLES, ModelSettings, WorkerSettings
+from pdserve.worker_cache import (
+    SummaryReporter,
+    build_cache_router,
+    build_tiered,
+    cache_policy_applier,
+    tier_metrics,
+)
 from pdserve.worker_control import (
     AdmissionGate,
     DrainOnSigterm,
@@ -60,7 +68,6 @@ from pdserve.worker_control import (
     WorkerControl,
     build_control_router,
     nodes_idle,
-    pool_policy_applier,
 )
 
 logger = logging.getLogger("pdserve.worker")
@@ -114,6 +121,9 @@ class Worker:
         self.pool = BlockPool(self.cache_config.num_blocks)
         self.prefix_cache = PrefixCache(self.pool, self.cache_config.block_size)
         self.state_lock = threading.RLock()
+        self.tiered = build_tiered(self.prefix_cache, self.runner.kv_caches, self.loaded.fingerprint, settings.tiers,
+                                   settings.cache_policy, self.device, self.state_lock)
+        self.summary = SummaryReporter(self.tiered)
         self.model_lock = threading.Lock()
         self.roles = Roles()
         self._build_roles()
@@ -121,7 +131,7 @@ class Worker:
         self.control = WorkerControl(settings.roles, settings.transfer.backend != "local",
                                      lambda: nodes_idle(self.roles.prefill, self.roles.decode, self.state_lock),
                                      RouterLink(server.router_url, self.worker_id, server.secret),
-                                     pool_policy_applier(self.pool, self.state_lock))
+                                     cache_policy_applier(self.tiered), cache_policy=settings.cache_policy)
         self.url = ""
         self.registered = settings.server.router_url is None
 
@@ -155,7 +165,7 @@ class Worker:
             else:
                 sender = TcpKVSender(secret=secret)
             batcher = Batcher(self.prefix_cache, self.settings.scheduler.max_num_batched_tokens,
-                              self.settings.scheduler.max_num_seqs)
+                              self.settings.scheduler.max_num_seqs, tiered=self.tiered)
             engine = PrefillEngine(batcher, self.runner, Sampler(self.device), sender, self.state_lock, self.model_lock,
                                    copies_kv=self.settings.transfer.backend != "local")
             node_config = PrefillNodeConfig(self.config.max_model_len, self.config.vocab_size,
@@ -172,7 +182,7 @@ class Worker:
         output = OutputProcessor(eos, self.config.max_model_len)
         shared_cache = self.prefix_cache if self.settings.colocated else None
         scheduler = Scheduler(self.pool, self.cache_config.block_size, output, self.settings.scheduler.max_num_seqs,
-                              self.settings.scheduler.watermark_blocks, prefix_cache=shared_cache)
+                              self.settings.scheduler.watermark_blocks, prefix_cache=shared_cache, tiered=self.tiered)
         return DecodeEngine(scheduler, self.runner, Sampler(self.device), self.state_lock, self.model_lock)
 
     def _receiver(self, engine: DecodeEngine, secret: str | None) -> LocalKVReceiver | TcpKVReceiver:
@@ -194,6 +204,7 @@ class Worker:
         for node in (self.roles.prefill, self.roles.decode):
             if node is not None:
                 await node.stop()
+        self.tiered.close()
 
     @property
     def alive(self) -> bool:
@@ -224,6 +235,7 @@ class Worker:
         return {"worker_id": self.worker_id, "url": self.url, "roles": list(self.control.roles),
                 "model": self.model_name, "max_model_len": self.config.max_model_len,
                 "block_size": self.cache_config.block_size, "num_blocks": self.cache_config.num_blocks,
+                "fingerprint": self.loaded.fingerprint,
                 "transfer": {"backend": transfer.backend, "host": self.advertised(transfer.host), "port": port}}
 
     def advertised(self, bind_host: str) -> str:
@@ -281,7 +293,7 @@ def create_app(worker: Worker) -> FastAPI:
 
     @app.get("/internal/status")
     async def status() -> dict[str, Any]:
-        return worker.status()
+        return worker.status() | worker.summary.fields(force=True)
 
     @app.get("/health")
     async def health() -> Response:
@@ -296,9 +308,11 @@ def create_app(worker: Worker) -> FastAPI:
         for node in (worker.roles.prefill, worker.roles.decode):
             if node is not None:
                 registry.register(_Collector(node.collect))
+        registry.register(_Collector(lambda: tier_metrics(worker.tiered)))
         return PlainTextResponse(generate_latest(registry).decode(), media_type="text/plain; version=0.0.4")
 
     app.include_router(build_control_router(worker.control))
+    app.include_router(build_cache_router(worker.tiered))
     app.add_middleware(AdmissionGate, control=worker.control)  # inside the secret check, added after it
     app.add_middleware(InternalSecret, secret=worker.settings.server.secret)
     return app
@@ -319,9 +333,11 @@ async def register_and_heartbeat(worker: Worker) -> None:
                     reply.raise_for_status()
                     interval = float(reply.json().get("heartbeat_interval_s", interval))
                     worker.registered = True
+                    worker.summary.resend()
                     logger.info("registered with %s as %s", router_url, worker.worker_id)
                 else:
-                    reply = await client.post("/internal/workers/heartbeat", json=worker.status())
+                    body = worker.status() | worker.summary.fields()
+                    reply = await client.post("/internal/workers/heartbeat", json=body)
                     if reply.status_code == 404:
                         worker.registered = False
                         continue

@@ -2,14 +2,15 @@
 
 With no arguments: the router on http://127.0.0.1:8000, one prefill and one decode worker, the default model.
 `--colocated` runs one `--role both` worker instead (one block pool, `local` transfer: the baseline).
-Model, KV-cache and batching flags are passed to every worker (and the model flags to the router, which
-needs the tokenizer). Ctrl-C or SIGTERM stops every process.
+Model, KV-cache, batching and cache-tier flags (`--redis-url`, `--host-cache-gb`, ...) are passed to every
+worker (and the model flags to the router, which needs the tokenizer). Ctrl-C or SIGTERM stops every process.
 """
 
 from __future__ import annotations
 
 import argparse
 
+from pdserve.cache_store.policy import add_cache_arguments, cache_argv
 from pdserve.settings import LaunchSettings, add_engine_arguments, add_model_arguments
 
 _MODEL_FLAGS = ("model", "load_format", "model_preset", "tokenizer", "max_model_len")
@@ -31,6 +32,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="seconds to wait for every process to answer /health")
     add_model_arguments(parser)
     add_engine_arguments(parser)
+    add_cache_arguments(parser)
     parser.set_defaults(func=run)
 
 
@@ -61,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     settings = LaunchSettings(
         host=args.host, port=args.port, num_prefill=args.num_prefill, num_decode=args.num_decode,
         colocated=args.colocated, ready_timeout_s=args.ready_timeout,
-        worker_args=tuple(forwarded_flags(args, _MODEL_FLAGS + _WORKER_ONLY_FLAGS)),
+        worker_args=tuple(forwarded_flags(args, _MODEL_FLAGS + _WORKER_ONLY_FLAGS) + cache_argv(args)),
         router_args=tuple(forwarded_flags(args, _MODEL_FLAGS)),
     )
     return run_launcher(settings)
