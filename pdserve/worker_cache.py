@@ -60,7 +60,8 @@ class SummaryReporter:
         if not force and version == self._sent_version:
             return {}
         self._sent_version = version
-        return {"cached_blocks": encode_summary(self.tiered.held_hashes(self.limit))}
+        return {"cached_blocks": encode_summary(self.tiered.held_hashes(self.limit)),
+                "fingerprint": self.tiered.layout.model_fingerprint}
 
     def resend(self) -> None:
         """The router forgot this worker (it registers again): the next heartbeat carries the summary."""

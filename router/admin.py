@@ -167,7 +167,8 @@ def _add_policy_routes(api: APIRouter) -> None:
         if decode not in DECODE_POLICIES:
             raise bad_request(f"unknown decode policy {decode!r}; choose one of {sorted(DECODE_POLICIES)}",
                               param="decode_policy")
-        state.relay.set_policies(make_prefill_policy(prefill), make_decode_policy(decode))
+        options = state.config.policy_options
+        state.relay.set_policies(make_prefill_policy(prefill, options), make_decode_policy(decode, options))
         admin.prefill_policy, admin.decode_policy = prefill, decode
         log.info("routing policies: prefill %s, decode %s", prefill, decode)
         return _routing(admin)

@@ -93,8 +93,8 @@ def _build_state(config: RouterConfig, tokenizer: TokenizerLike, metrics: Router
         registry.add_static(url, "prefill")
     for url in config.decode_urls:
         registry.add_static(url, "decode")
-    relay = Relay(client, registry, make_prefill_policy(config.prefill_policy),
-                  make_decode_policy(config.decode_policy), config, metrics)
+    relay = Relay(client, registry, make_prefill_policy(config.prefill_policy, config.policy_options),
+                  make_decode_policy(config.decode_policy, config.policy_options), config, metrics)
     headers = {SECRET_HEADER: config.secret} if config.secret else {}
     health = HealthMonitor(registry, client, config, metrics, headers)
     admin = AdminState(config.prefill_policy, config.decode_policy)

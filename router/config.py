@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pdserve.router.policies import DECODE_POLICIES, PREFILL_POLICIES
+from pdserve.router.policies import DECODE_POLICIES, PREFILL_POLICIES, PolicyOptions
 
 
 @dataclass(frozen=True)
@@ -25,7 +25,8 @@ class RouterConfig:
     block_size: int = 16
     prefill_urls: tuple[str, ...] = ()
     decode_urls: tuple[str, ...] = ()
-    prefill_policy: str = "round_robin"
+    prefill_policy: str = "cache_aware"
+    cache_aware_max_imbalance: int = 4  # cache_aware: queued requests beyond the least loaded P it accepts
     decode_policy: str = "least_kv"
     secret: str | None = None
     heartbeat_interval_s: float = 1.0
@@ -66,6 +67,8 @@ class RouterConfig:
                 raise ValueError(f"worker URLs must be http(s) URLs, got {url!r}")
         if self.admin_token is not None and len(self.admin_token) < 8:
             raise ValueError(f"admin_token must be at least 8 characters, got {len(self.admin_token)}")
+        if self.cache_aware_max_imbalance < 0:
+            raise ValueError(f"cache_aware_max_imbalance must be >= 0, got {self.cache_aware_max_imbalance}")
         if self.retry_after_s < 0:
             raise ValueError(f"retry_after_s must be >= 0, got {self.retry_after_s}")
 
@@ -73,6 +76,10 @@ class RouterConfig:
     def worker_timeout_s(self) -> float:
         """Seconds without a heartbeat after which a registered worker is dropped."""
         return self.heartbeat_timeout_s if self.heartbeat_timeout_s is not None else 3 * self.heartbeat_interval_s
+
+    @property
+    def policy_options(self) -> PolicyOptions:
+        return PolicyOptions(self.block_size, self.cache_aware_max_imbalance)
 
     @property
     def served_models(self) -> tuple[str, ...]:

@@ -48,14 +48,28 @@ class HealthMonitor:
         try:
             response = await self._client.get(f"{worker.url}/internal/status", headers=self._headers, timeout=timeout)
             response.raise_for_status()
-            load = load_from_dict(response.json())
+            data = response.json()
+            load = load_from_dict(data)
         except (httpx.HTTPError, ValueError, TypeError) as exc:
             if worker.reachable:
                 log.warning("static worker %s does not answer its status: %r", worker.url, exc)
             self._registry.mark_unreachable(worker.worker_id)
             return
         self._registry.heartbeat(worker.worker_id, load)
+        _take_cache_summary(worker, data)
         self._metrics.observe_worker(worker)
+
+
+def _take_cache_summary(worker: Worker, data: dict) -> None:
+    """Static workers do not register: their status gives the fingerprint and the cached-block summary."""
+    if worker.fingerprint is None and isinstance(data.get("fingerprint"), str):
+        worker.fingerprint = data["fingerprint"]
+    summary = data.get("cached_blocks")
+    if isinstance(summary, str):
+        try:
+            worker.prefixes.report(summary)
+        except ValueError as exc:
+            log.warning("static worker %s sent a bad cached_blocks summary: %s", worker.url, exc)
 
 
 def load_from_dict(data: dict) -> WorkerLoad:

@@ -28,6 +28,7 @@ class WorkerRegistration(BaseModel):
     block_size: int | None = None
     num_blocks: int | None = None
     transfer: dict[str, Any] = Field(default_factory=dict)
+    fingerprint: str | None = None
 
 
 class Heartbeat(BaseModel):
@@ -44,6 +45,7 @@ class Heartbeat(BaseModel):
     transfer_bytes_total: int | None = None
     transfer_seconds_total: float | None = None
     prefix_hit_rate: float | None = Field(default=None, ge=0.0, le=1.0)
+    cached_blocks: str | None = None  # base64 summary of the prefix blocks it holds (cache_store/summary.py)
 
 
 class Deregistration(BaseModel):
@@ -77,7 +79,8 @@ def build_internal_router() -> APIRouter:
         try:
             worker = state.registry.register(
                 body.worker_id, body.url, tuple(body.roles), model=body.model, max_model_len=body.max_model_len,
-                block_size=body.block_size, num_blocks=body.num_blocks, transfer=body.transfer)
+                block_size=body.block_size, num_blocks=body.num_blocks, transfer=body.transfer,
+                fingerprint=body.fingerprint)
         except ValueError as exc:
             raise bad_request(str(exc), param="roles") from exc
         if body.num_blocks:
@@ -93,6 +96,11 @@ def build_internal_router() -> APIRouter:
         if worker is None:
             raise APIError(404, f"worker {body.worker_id} is not registered; register again",
                            code="worker_not_found")
+        if body.cached_blocks is not None:
+            try:
+                worker.prefixes.report(body.cached_blocks)
+            except ValueError as exc:
+                raise bad_request(f"bad cached_blocks summary: {exc}", param="cached_blocks") from exc
         state.metrics.observe_worker(worker)
         return {}
 

@@ -1,23 +1,58 @@
 """Choosing workers. A policy orders the candidates of one role, best first; the relay tries them in that
 order (a decode worker may answer 503 when it has no room, and then the next one is asked).
 
-    prefill: round_robin | least_loaded        decode: least_kv | round_robin
+    prefill: cache_aware (default) | round_robin | least_loaded        decode: least_kv | round_robin
 
-`make_prefill_policy(name)` / `make_decode_policy(name)` look a name up in the registries below.
+`cache_aware` sends a prompt to the prefill worker that holds the longest prefix of it (device or host RAM;
+Redis is shared by all, so it does not tell them apart), unless that worker has more than `max_imbalance`
+requests queued beyond the least loaded one: then the least loaded. Equal prefixes (none, typically) go to
+the least loaded, rotating among equals. What a worker holds comes from its heartbeats (`cached_blocks`, a
+bounded summary of block hashes) and from the prompts the router sent it since (router/prefix_index.py); the
+prompt's chained block hashes are computed here with the worker's model fingerprint and the request's
+cache_salt, exactly as the workers compute them (cache_store/hashing.py).
+
+`make_prefill_policy(name, options)` / `make_decode_policy(name)` look a name up in the registries below.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
+from pdserve.cache_store.hashing import block_hashes
 from pdserve.router.registry import Worker
+
+
+@dataclass(frozen=True)
+class PolicyOptions:
+    block_size: int = 16
+    max_imbalance: int = 4  # cache_aware: queued requests beyond the least loaded worker it tolerates
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """What a prefix-aware policy needs of a request; block hashes are computed once per fingerprint."""
+
+    token_ids: Sequence[int]
+    cache_salt: str | None = None
+    _hashes: dict[tuple[str, int], list[bytes]] = field(default_factory=dict, compare=False, repr=False)
+
+    def hashes(self, fingerprint: str, block_size: int) -> list[bytes]:
+        """The chained hashes of every full block (what a prefill worker commits)."""
+        key = (fingerprint, block_size)
+        if key not in self._hashes:
+            self._hashes[key] = block_hashes(self.token_ids, block_size, fingerprint, self.cache_salt)
+        return self._hashes[key]
 
 
 class Policy(ABC):
     @abstractmethod
-    def order(self, candidates: list[Worker], prompt_len: int) -> list[Worker]:
+    def order(self, candidates: list[Worker], prompt_len: int, prompt: Prompt | None = None) -> list[Worker]:
         """Candidates best first (the list may be empty)."""
+
+    def routed(self, worker: Worker, prompt: Prompt) -> None:
+        """The prompt was prefilled on `worker` (its full blocks are cached there now)."""
 
 
 class RoundRobin(Policy):
@@ -26,7 +61,7 @@ class RoundRobin(Policy):
     def __init__(self) -> None:
         self._next = 0
 
-    def order(self, candidates: list[Worker], prompt_len: int) -> list[Worker]:
+    def order(self, candidates: list[Worker], prompt_len: int, prompt: Prompt | None = None) -> list[Worker]:
         if not candidates:
             return []
         ordered = sorted(candidates, key=lambda w: w.worker_id)  # stable across registry changes
@@ -38,30 +73,77 @@ class RoundRobin(Policy):
 class LeastLoaded(Policy):
     """Prefill: fewest queued prompts (last report) plus the router's own in-flight count, which is fresh."""
 
-    def order(self, candidates: list[Worker], prompt_len: int) -> list[Worker]:
-        return sorted(candidates, key=lambda w: (w.load.queue_len + w.load.num_waiting + w.inflight, w.worker_id))
+    def order(self, candidates: list[Worker], prompt_len: int, prompt: Prompt | None = None) -> list[Worker]:
+        return sorted(candidates, key=lambda w: (queued(w), w.worker_id))
 
 
 class LeastKV(Policy):
     """Decode: lowest KV block usage, counting reservations made since the last report; then fewest running."""
 
-    def order(self, candidates: list[Worker], prompt_len: int) -> list[Worker]:
+    def order(self, candidates: list[Worker], prompt_len: int, prompt: Prompt | None = None) -> list[Worker]:
         return sorted(candidates, key=lambda w: (w.kv_usage(), w.load.num_running + w.inflight, w.worker_id))
 
 
-PREFILL_POLICIES: dict[str, Callable[[], Policy]] = {"round_robin": RoundRobin, "least_loaded": LeastLoaded}
-DECODE_POLICIES: dict[str, Callable[[], Policy]] = {"least_kv": LeastKV, "round_robin": RoundRobin}
+class CacheAware(Policy):
+    """Prefill: longest cached prefix first, unless that worker is overloaded (see the module docstring)."""
+
+    def __init__(self, block_size: int = 16, max_imbalance: int = 4) -> None:
+        if max_imbalance < 0:
+            raise ValueError(f"max_imbalance must be >= 0, got {max_imbalance}")
+        self.block_size = block_size
+        self.max_imbalance = max_imbalance
+        self._next = 0
+
+    def order(self, candidates: list[Worker], prompt_len: int, prompt: Prompt | None = None) -> list[Worker]:
+        if not candidates:
+            return []
+        by_id = sorted(candidates, key=lambda w: w.worker_id)
+        turn = {w.worker_id: (i - self._next) % len(by_id) for i, w in enumerate(by_id)}  # rotates among equals
+        self._next += 1
+        matched = {w.worker_id: self.matched_blocks(w, prompt) for w in by_id}
+        ordered = sorted(by_id, key=lambda w: (-matched[w.worker_id], queued(w), turn[w.worker_id]))
+        if queued(ordered[0]) > min(queued(w) for w in by_id) + self.max_imbalance:
+            ordered = sorted(by_id, key=lambda w: (queued(w), -matched[w.worker_id], turn[w.worker_id]))
+        return ordered
+
+    def matched_blocks(self, worker: Worker, prompt: Prompt | None) -> int:
+        """Leading blocks of the prompt's lookup (all full blocks but one holding the last token) held there."""
+        if prompt is None or worker.fingerprint is None:
+            return 0
+        hashes = prompt.hashes(worker.fingerprint, self.block_size)
+        return worker.prefixes.matched(hashes[: (len(prompt.token_ids) - 1) // self.block_size])
+
+    def routed(self, worker: Worker, prompt: Prompt) -> None:
+        if worker.fingerprint is not None:
+            worker.prefixes.note_routed(prompt.hashes(worker.fingerprint, self.block_size))
 
 
-def make_prefill_policy(name: str) -> Policy:
-    return _make(PREFILL_POLICIES, name, "prefill")
+def queued(worker: Worker) -> int:
+    """Prefill load: queued prompts (last report) plus the router's own in-flight count, which is fresh."""
+    return worker.load.queue_len + worker.load.num_waiting + worker.inflight
 
 
-def make_decode_policy(name: str) -> Policy:
-    return _make(DECODE_POLICIES, name, "decode")
+PREFILL_POLICIES: dict[str, Callable[[PolicyOptions], Policy]] = {
+    "cache_aware": lambda options: CacheAware(options.block_size, options.max_imbalance),
+    "round_robin": lambda options: RoundRobin(),
+    "least_loaded": lambda options: LeastLoaded(),
+}
+DECODE_POLICIES: dict[str, Callable[[PolicyOptions], Policy]] = {
+    "least_kv": lambda options: LeastKV(),
+    "round_robin": lambda options: RoundRobin(),
+}
 
 
-def _make(table: dict[str, Callable[[], Policy]], name: str, role: str) -> Policy:
+def make_prefill_policy(name: str, options: PolicyOptions | None = None) -> Policy:
+    return _make(PREFILL_POLICIES, name, "prefill", options)
+
+
+def make_decode_policy(name: str, options: PolicyOptions | None = None) -> Policy:
+    return _make(DECODE_POLICIES, name, "decode", options)
+
+
+def _make(table: dict[str, Callable[[PolicyOptions], Policy]], name: str, role: str,
+          options: PolicyOptions | None) -> Policy:
     if name not in table:
         raise ValueError(f"unknown {role} policy {name!r}; choose one of {sorted(table)}")
-    return table[name]()
+    return table[name](options or PolicyOptions())

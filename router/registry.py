@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
+
+from pdserve.router.prefix_index import CachedPrefixes
 
 ROLES = ("prefill", "decode")
 
@@ -58,6 +60,8 @@ class Worker:
     pending_blocks: int = 0  # blocks reserved here since the last load report (least_kv's correction)
     draining: bool = False  # set by the admin API: no new work from this router, whatever the worker reports
     paused: bool = False  # while the admin API switches its role
+    fingerprint: str | None = None  # the model fingerprint its block hashes are chained with (registration)
+    prefixes: CachedPrefixes = field(default_factory=CachedPrefixes)  # cache_aware's view of its prefix cache
 
     def kv_usage(self) -> float:
         """Fraction of KV blocks in use, counting reservations made since the last report."""
@@ -67,9 +71,9 @@ class Worker:
         return min(1.0, (self.load.used_blocks + self.pending_blocks) / total)
 
     def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["roles"] = list(self.roles)
-        out["kv_usage"] = self.kv_usage()
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "prefixes"}
+        out |= {"load": asdict(self.load), "transfer": dict(self.transfer), "roles": list(self.roles),
+                "kv_usage": self.kv_usage(), "cached_blocks": len(self.prefixes.reported)}
         return out
 
     def health(self, silent_s: float, timeout_s: float) -> str:

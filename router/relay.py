@@ -25,7 +25,7 @@ from pdserve.router.errors import APIError, service_unavailable
 from pdserve.router.frames import Frame, FrameDecoder
 from pdserve.router.metrics import RouterMetrics
 from pdserve.router.plan import SubRequest
-from pdserve.router.policies import Policy
+from pdserve.router.policies import Policy, Prompt
 from pdserve.router.registry import Worker, WorkerRegistry
 
 log = logging.getLogger(__name__)
@@ -136,8 +136,9 @@ class Relay:
 
     async def start(self, sub: SubRequest) -> DecodeStream:
         failed: dict[str, str] = {}  # prefill worker id -> why
+        prompt = Prompt(sub.prompt_token_ids, sub.cache_salt)
         for attempt in range(_PREFILL_ATTEMPTS):
-            prefill = self._pick_prefill(sub, failed)
+            prefill = self._pick_prefill(prompt, failed)
             request_id = sub.request_id if attempt == 0 else f"{sub.request_id}-retry{attempt}"
             decode, transfer = await self._reserve(sub, request_id)
             try:
@@ -174,14 +175,17 @@ class Relay:
             pass  # the stream never opened
         await asyncio.gather(self._abort(decode, request_id), self._abort(prefill, request_id))
 
-    def _pick_prefill(self, sub: SubRequest, failed: dict[str, str]) -> Worker:
+    def _pick_prefill(self, prompt: Prompt, failed: dict[str, str]) -> Worker:
+        """The policy's first choice; it is told at once, so the next request with this prefix can follow it
+        there before the worker's next heartbeat says what it holds."""
         available = self._registry.candidates("prefill")
-        ordered = self._prefill_policy.order([w for w in available if w.worker_id not in failed],
-                                             len(sub.prompt_token_ids))
+        policy = self._prefill_policy
+        ordered = policy.order([w for w in available if w.worker_id not in failed], len(prompt.token_ids), prompt)
         if not ordered:
             why = "; ".join(failed.values())
             raise service_unavailable(f"no prefill worker available ({len(available)} up, {len(failed)} failed"
                                       f"{': ' + why if why else ''})", self._config.retry_after_s)
+        policy.routed(ordered[0], prompt)
         return ordered[0]
 
     async def _reserve(self, sub: SubRequest, request_id: str) -> tuple[Worker, dict[str, Any]]:

@@ -29,7 +29,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--prefill", action="append", default=[], metavar="URL", help="a static prefill worker")
     parser.add_argument("--decode", action="append", default=[], metavar="URL", help="a static decode worker")
-    parser.add_argument("--prefill-policy", default=None, help="how P is chosen (default: the router's)")
+    parser.add_argument("--prefill-policy", default=None,
+                        help="how P is chosen: cache_aware (default), round_robin, least_loaded")
+    parser.add_argument("--cache-aware-max-imbalance", type=int, default=None,
+                        help="cache_aware: queued requests a P may have beyond the least loaded one and still get "
+                             "the prompts whose prefix it holds (default 4)")
     parser.add_argument("--decode-policy", default=None, help="how D is chosen (default: the router's)")
     parser.add_argument("--heartbeat-interval", type=float, default=1.0)
     parser.add_argument("--heartbeat-timeout", type=float, default=None, help="default: 3 x --heartbeat-interval")
@@ -87,7 +91,9 @@ def run(args: argparse.Namespace) -> int:
     if tokenizer is None:
         raise SystemExit(f"model {name!r} has no tokenizer: give --tokenizer DIR (a directory with tokenizer.json)")
     policies = {key: value for key, value in (("prefill_policy", args.prefill_policy),
-                                               ("decode_policy", args.decode_policy)) if value is not None}
+                                               ("decode_policy", args.decode_policy),
+                                               ("cache_aware_max_imbalance", args.cache_aware_max_imbalance))
+                if value is not None}
     config = RouterConfig(
         model=name, max_model_len=min(max_len, args.max_model_len or max_len), block_size=args.block_size,
         prefill_urls=tuple(args.prefill), decode_urls=tuple(args.decode),
