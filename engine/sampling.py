@@ -14,116 +14,11 @@ prefill worker and the rest on a decode worker.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
-MAX_STOP_STRINGS = 4
-MAX_LOGPROBS = 20
-_GREEDY_EPS = 1e-5  # temperatures below this are greedy (as in vLLM): dividing by them overflows
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """How one request samples and when it stops. JSON-able through to_dict/from_dict.
-
-    logprobs: None for none; k >= 0 for the chosen token's logprob plus the k likeliest tokens' (as in vLLM).
-    """
-
-    max_tokens: int = 16
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    min_p: float = 0.0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
-    stop_token_ids: tuple[int, ...] = ()
-    ignore_eos: bool = False
-    logprobs: int | None = None
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "stop", _as_tuple("stop", self.stop, str))
-        object.__setattr__(self, "stop_token_ids", _as_tuple("stop_token_ids", self.stop_token_ids, int))
-        _check_type("max_tokens", self.max_tokens, int)
-        _check_type("top_k", self.top_k, int)
-        _check_type("ignore_eos", self.ignore_eos, bool)
-        for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
-                     "repetition_penalty"):
-            _check_type(name, getattr(self, name), float)
-        if self.seed is not None:
-            _check_type("seed", self.seed, int)
-        if self.logprobs is not None:
-            _check_type("logprobs", self.logprobs, int)
-        self._check_ranges()
-
-    def _check_ranges(self) -> None:
-        checks = [
-            (self.max_tokens >= 1, f"max_tokens must be >= 1, got {self.max_tokens}"),
-            (self.temperature >= 0, f"temperature must be >= 0, got {self.temperature}"),
-            (0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}"),
-            (self.top_k == -1 or self.top_k >= 1, f"top_k must be -1 (off) or >= 1, got {self.top_k}"),
-            (0 <= self.min_p <= 1, f"min_p must be in [0, 1], got {self.min_p}"),
-            (-2 <= self.presence_penalty <= 2,
-             f"presence_penalty must be in [-2, 2], got {self.presence_penalty}"),
-            (-2 <= self.frequency_penalty <= 2,
-             f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}"),
-            (self.repetition_penalty > 0, f"repetition_penalty must be > 0, got {self.repetition_penalty}"),
-            (len(self.stop) <= MAX_STOP_STRINGS,
-             f"at most {MAX_STOP_STRINGS} stop strings are allowed, got {len(self.stop)}"),
-            (all(self.stop), f"stop strings must not be empty, got {list(self.stop)}"),
-            (all(t >= 0 for t in self.stop_token_ids),
-             f"stop_token_ids must be >= 0, got {list(self.stop_token_ids)}"),
-            (self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS,
-             f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}"),
-        ]
-        for ok, message in checks:
-            if not ok:
-                raise ValueError(message)
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature < _GREEDY_EPS
-
-    def to_dict(self) -> dict[str, Any]:
-        out = dataclasses.asdict(self)
-        out["stop"] = list(self.stop)
-        out["stop_token_ids"] = list(self.stop_token_ids)
-        return out
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> SamplingParams:
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"unknown sampling parameters {unknown}; known: {sorted(known)}")
-        return cls(**data)
-
-
-def _check_type(name: str, value: Any, kind: type) -> None:
-    if kind is float:
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    elif kind is int:
-        ok = isinstance(value, int) and not isinstance(value, bool)
-    else:
-        ok = isinstance(value, kind)
-    if not ok:
-        raise ValueError(f"{name} must be {kind.__name__}, got {value!r} ({type(value).__name__})")
-
-
-def _as_tuple(name: str, value: Any, kind: type) -> tuple:
-    if value is None:
-        return ()
-    if isinstance(value, (str, int)):
-        value = [value]
-    items = tuple(value)
-    for item in items:
-        _check_type(name, item, kind)
-    return items
+from pdserve.engine.sampling_params import MAX_LOGPROBS, MAX_STOP_STRINGS, SamplingParams  # noqa: F401 (re-exported)
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from pdserve.engine.sampling import SamplingParams
+from pdserve.engine.sampling_params import SamplingParams
 from pdserve.router.config import RouterConfig
 from pdserve.router.errors import APIError, bad_request, context_length_exceeded, model_not_found
 from pdserve.router.prompts import (
