@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 
 from pdserve.cache_store.hashing import block_hashes
-from pdserve.cache_store.summary import KEY_BYTES, RecentHashes, decode_summary, encode_summary, matched_blocks
+from pdserve.cache_store.summary import (
+    KEY_BYTES,
+    RecentHashes,
+    decode_summary,
+    encode_summary,
+    matched_blocks,
+)
 
 
 def test_round_trip_and_prefix_match() -> None:

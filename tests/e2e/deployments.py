@@ -91,11 +91,12 @@ class Deployment:
         self.process.wait(timeout=10)
 
 
-def launch(name: str, extra: list[str], tmp: Path, cache_dir: Path) -> Deployment:
+def launch(name: str, extra: list[str], tmp: Path, cache_dir: Path, env: dict[str, str] | None = None) -> Deployment:
+    """`env`: extra environment of the launcher and its children (e.g. PDSERVE_ADMIN_TOKEN for the router)."""
     port = free_port()
     log_path = tmp / f"{name}.log"
     argv = [sys.executable, "-m", "pdserve.cli", "serve", "--port", str(port), *WORKER_FLAGS, *extra]
-    env = {**os.environ, "PDSERVE_CACHE_DIR": str(cache_dir)}
+    env = {**os.environ, "PDSERVE_CACHE_DIR": str(cache_dir), **(env or {})}
     with log_path.open("wb") as log:
         process = subprocess.Popen(argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                                    env=env)
