@@ -6,9 +6,13 @@ schedule/update sequence here is exactly what the engine thread does.
 
 from __future__ import annotations
 
+import torch
+
 from pdserve.cache_store.block_pool import BlockPool, assert_no_leak
 from pdserve.cache_store.hashing import block_hashes
+from pdserve.cache_store.policy import CachePolicy, TierConfig
 from pdserve.cache_store.prefix_cache import PrefixCache
+from pdserve.cache_store.tiered import TieredKVCache
 from pdserve.decode_node.output import OutputProcessor
 from pdserve.decode_node.request import DecodeRequest, RequestState
 from pdserve.decode_node.scheduler import DecodeBatch, Scheduler
@@ -182,3 +186,43 @@ def test_max_tokens_one_finishes_at_kv_complete(char_tokenizer):
     assert not sched.has_work and sched.requests == {}
     assert sched.requests == {} and RequestState.FINISHED_LENGTH.finished
     assert_no_leak(sched.pool)
+
+
+def _tiered(pool: BlockPool, cache: PrefixCache, host_blocks: int) -> tuple[TieredKVCache, list[torch.Tensor]]:
+    """A tiered cache over a small pool (2 layers, 2 KV heads of 8) with a host tier of `host_blocks`."""
+    kv_caches = [torch.zeros((2, pool.num_total, BS, 2, 8)) for _ in range(2)]
+    block_bytes = 2 * 2 * BS * 2 * 8 * 4
+    config = TierConfig(host_capacity_gb=host_blocks * block_bytes / (1 << 30))
+    return TieredKVCache(cache, kv_caches, "m", config, CachePolicy()), kv_caches
+
+
+def test_finished_sequence_is_committed_and_a_colocated_reserve_loads_it_from_host_ram(char_tokenizer):
+    pool = BlockPool(16)
+    cache = PrefixCache(pool, BS)
+    tiered, kv_caches = _tiered(pool, cache, host_blocks=8)
+    sched = Scheduler(pool, BS, OutputProcessor((EOS_ID,), 1000), 8, watermark_blocks=0, prefix_cache=cache,
+                      tiered=tiered)
+    prompt = "abcdefghij"  # 10 tokens; + 3 generated = 13, 12 with KV: 3 full blocks committed
+    first = make(char_tokenizer, "first", prompt, max_tokens=3)
+    first.block_hashes = block_hashes(ids(prompt), BS, "m")
+    assert sched.reserve(first) is None
+    for i, layer in enumerate(kv_caches):  # what P and the decode steps wrote
+        layer[:, list(first.block_ids)] = torch.rand(layer[:, list(first.block_ids)].shape, generator=torch.manual_seed(i))
+    written = [layer[:, list(first.block_ids[:2])].clone() for layer in kv_caches]
+    sched.kv_complete("first", ids("x")[0])
+    run_to_end(sched, lambda request: ids("y")[0])
+    assert tiered.flush() and tiered.stats.host_written_blocks == 3 and pool.num_cached == 3
+    assert tiered.drop_cached(device=True, host=False)["device_blocks"] == 3
+
+    follow_up = make(char_tokenizer, "next", prompt + "xyyq")  # the history and a new turn: 14 tokens
+    follow_up.block_hashes = block_hashes(ids(prompt + "xyyq"), BS, "m")
+    fetched = tiered.fetch(sched.prefix_lookup_hashes(follow_up), None)
+    assert sched.reserve(follow_up, fetched) is None
+    assert follow_up.cached_tokens == 12 and tiered.stats.host_reused_tokens == 12
+    assert all(torch.equal(layer[:, list(follow_up.block_ids[:2])], old) for layer, old in zip(kv_caches, written))
+    assert sched.expected_block_ids(follow_up) == follow_up.block_ids[3:4]
+    sched.abort("next")
+    tiered.close()
+    pool.evict_all_cached()
+    assert_no_leak(pool)
+

@@ -101,3 +101,30 @@ def assert_no_leak_but_cached(b: Batcher) -> None:
     assert b.pool.num_free == b.pool.num_total
     b.pool.evict_all_cached()
     assert_no_leak(b.pool)
+
+
+def test_tiered_cache_loads_fetched_blocks_at_admission_and_writes_computed_ones_down():
+    import torch
+
+    from pdserve.cache_store.policy import CachePolicy, TierConfig
+    from pdserve.cache_store.tiered import TieredKVCache
+
+    pool = BlockPool(32)
+    cache = PrefixCache(pool, BS)
+    kv_caches = [torch.zeros((2, 32, BS, 1, 4))]
+    tiered = TieredKVCache(cache, kv_caches, "test-model", TierConfig(host_capacity_gb=16 * 128 / (1 << 30)),
+                           CachePolicy())
+    b = Batcher(cache, max_num_batched_tokens=64, tiered=tiered)
+    prompt = list(range(100, 113))  # 13 tokens: 3 full blocks, all 3 looked up
+    b.add(make("a", prompt))
+    assert drain(b) == [[("a", 0, 13)]]
+    assert tiered.flush() and tiered.stats.host_written_blocks == 3  # write-through of the computed blocks
+    tiered.drop_cached(device=True, host=False)
+    again = make("b", prompt)
+    again.fetched = tiered.fetch(again.block_hashes[:3], None)
+    b.add(again)
+    assert drain(b) == [[("b", 12, 13)]], "the 3 blocks came from host RAM: only the last token is computed"
+    assert again.num_cached_tokens == 12 and again.fetched is None and tiered.stats.host_reused_tokens == 12
+    tiered.close()
+    pool.evict_all_cached()
+    assert_no_leak(pool)
