@@ -4,6 +4,12 @@
                   │   ──(lease expires / bad frame / connection lost / sender error)──▶ on_failure ─┤─▶ gone
                   └──(cancel: the node gave up itself)──────────────────────────────────────────────┘
 
+The lease is renewed by every recorded layer: it expires once no KV arrived for `lease_s` (the time from
+`expect` to its deadline), so a long prompt that streams steadily never expires, while a sender that stalls
+or vanishes mid-transfer is given up `lease_s` after its last frame. Before the first frame the lease also
+counts the sender's queueing time. Renewal only stamps the time (`record_layer` may run on a compute
+thread, for the `local` backend); the timer on the loop re-arms itself for the remainder when it fires early.
+
 The last `MAX_ENDED` ended request ids are remembered, so that frames still in flight for them can be
 told apart from frames for ids that were never expected (a protocol violation).
 """
@@ -28,6 +34,8 @@ class _Pending:
     num_tokens: int | None
     received: list[set[int]]  # per layer
     lease: asyncio.TimerHandle | None = field(default=None)
+    lease_s: float = 0.0  # longest silence allowed (0: no lease)
+    last_progress: float = 0.0  # time.monotonic() of `expect` or of the last recorded layer
 
     def missing(self) -> str | None:
         for layer, got in enumerate(self.received):
@@ -70,9 +78,9 @@ class TransferTable:
         self._ended.pop(request_id, None)
         pending = _Pending(blocks, num_tokens, [set() for _ in range(self.num_layers)])
         if deadline is not None:
-            loop = asyncio.get_running_loop()
-            delay = max(0.0, deadline - time.monotonic())
-            pending.lease = loop.call_later(delay, self._expire, request_id, delay)
+            now = time.monotonic()
+            pending.lease_s, pending.last_progress = max(0.0, deadline - now), now
+            pending.lease = asyncio.get_running_loop().call_later(pending.lease_s, self._expire, request_id)
         self._pending[request_id] = pending
 
     def recently_ended(self, request_id: str) -> bool:
@@ -93,7 +101,9 @@ class TransferTable:
         return None
 
     def record_layer(self, request_id: str, layer: int, block_ids: Sequence[int]) -> None:
-        self._pending[request_id].received[layer].update(block_ids)
+        pending = self._pending[request_id]
+        pending.received[layer].update(block_ids)
+        pending.last_progress = time.monotonic()  # renews the lease
 
     def complete(self, request_id: str, first_token_id: int, first_logprob: float | None, num_tokens: int) -> bool:
         """Finish on the sender's "done": on_complete if everything arrived, otherwise on_failure."""
@@ -129,10 +139,16 @@ class TransferTable:
         for request_id in list(self._pending):
             self.fail(request_id, reason)
 
-    def _expire(self, request_id: str, lease_s: float) -> None:
+    def _expire(self, request_id: str) -> None:
         pending = self._pending.get(request_id)
-        if pending is not None:
-            self.fail(request_id, f"lease of {lease_s:.3f} s expired ({pending.missing() or 'done missing'})")
+        if pending is None:
+            return
+        silent_s = time.monotonic() - pending.last_progress
+        if silent_s < pending.lease_s:  # KV arrived since the timer was set: wait for the rest of the lease
+            pending.lease = asyncio.get_running_loop().call_later(pending.lease_s - silent_s, self._expire, request_id)
+            return
+        self.fail(request_id, f"lease of {pending.lease_s:.3f} s expired ({pending.missing() or 'done missing'}), "
+                              f"no KV for {silent_s:.3f} s")
 
     def _forget(self, request_id: str) -> None:
         pending = self._pending.pop(request_id)
