@@ -77,12 +77,12 @@ class Worker:
         return out
 
     def health(self, silent_s: float, timeout_s: float) -> str:
-        """ok | draining | late (a heartbeat is overdue by more than a third of the timeout) | unreachable."""
+        """ok | draining | late (silent for two heartbeat intervals: 2/3 of the timeout) | unreachable."""
         if not self.reachable:
             return "unreachable"
         if self.draining or self.load.draining:
             return "draining"
-        if not self.static and silent_s > timeout_s / 3:
+        if not self.static and silent_s > timeout_s * 2 / 3:
             return "late"
         return "ok"
 
