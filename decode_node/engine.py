@@ -104,9 +104,11 @@ class DecodeEngine:
         self._wake.set()
 
     def kv_failed(self, request_id: str, reason: str) -> None:
+        """Receiver callback: the KV will not come; the scheduler fails the request or queues its recompute."""
         with self.state_lock:
             outputs = self.scheduler.kv_failed(request_id, reason)
         self.deliver(outputs)
+        self._wake.set()
 
     def abort(self, request_id: str, reason: str) -> bool:
         """Event loop thread. A request still waiting for its KV is dropped by the receiver first, so no late

@@ -174,6 +174,10 @@ class DecodeNode:
         yield CounterMetricFamily("pdserve_decode_recomputed_tokens", "tokens prefilled again after preemption",
                                   stats.num_recomputed_tokens)
         yield CounterMetricFamily("pdserve_decode_preemptions", "requests preempted", self.scheduler.num_preemptions)
+        yield CounterMetricFamily("pdserve_decode_kv_load_failures", "reservations whose KV did not arrive (lease, "
+                                  "P gone or gave up)", self.scheduler.num_kv_load_failures)
+        yield CounterMetricFamily("pdserve_decode_kv_recomputes", "of those, requests prefilled on this worker "
+                                  "(--kv-load-failure-policy recompute)", self.scheduler.num_kv_recomputes)
         yield CounterMetricFamily("pdserve_decode_step_seconds", "time spent in decode steps", stats.step_seconds)
         finished = CounterMetricFamily("pdserve_decode_requests_finished", "finished requests",
                                        labels=["finish_reason"])

@@ -17,7 +17,7 @@ class RequestState(enum.IntEnum):
     WAITING_FOR_KV = 0  # blocks reserved, KV on its way from P
     WAITING = 1  # KV complete (first token known), waits for a slot in the running batch
     RUNNING = 2  # in the decode batch
-    PREEMPTED = 3  # blocks taken back; prompt + generated tokens are recomputed on D before it runs again
+    PREEMPTED = 3  # blocks taken back (or its KV never came); prompt + generated tokens are recomputed on D
     FINISHED_STOPPED = 4  # EOS, stop token or stop string
     FINISHED_LENGTH = 5  # max_tokens or the model's length limit
     FINISHED_ABORTED = 6  # client gone or /internal/abort
@@ -30,9 +30,10 @@ class RequestState(enum.IntEnum):
 
 # Which moves are legal; `Scheduler._move` refuses anything else.
 TRANSITIONS: dict[RequestState, frozenset[RequestState]] = {
-    RequestState.WAITING_FOR_KV: frozenset({RequestState.WAITING, RequestState.FINISHED_STOPPED,
-                                            RequestState.FINISHED_LENGTH, RequestState.FINISHED_ABORTED,
-                                            RequestState.FINISHED_ERROR}),
+    # PREEMPTED from WAITING_FOR_KV: the KV never came (--kv-load-failure-policy recompute): D prefills it itself
+    RequestState.WAITING_FOR_KV: frozenset({RequestState.WAITING, RequestState.PREEMPTED,
+                                            RequestState.FINISHED_STOPPED, RequestState.FINISHED_LENGTH,
+                                            RequestState.FINISHED_ABORTED, RequestState.FINISHED_ERROR}),
     RequestState.WAITING: frozenset({RequestState.RUNNING, RequestState.FINISHED_ABORTED,
                                      RequestState.FINISHED_ERROR}),
     RequestState.RUNNING: frozenset({RequestState.PREEMPTED, RequestState.FINISHED_STOPPED,

@@ -4,7 +4,12 @@
                       │ kv_failed() (lease, P gone)   (first token frame sent here)      │    ▲
                       ▼                                                          _preempt │    │ _resume_preempted
                   FINISHED_ERROR / _ABORTED                                               ▼    │ (recompute on D)
-                                                                                       PREEMPTED
+                      └──── kv_failed() with kv_load_failure_policy "recompute" ──────▶ PREEMPTED
+
+KV load failures (the lease ran out, P's connection broke, P gave up) follow `kv_load_failure_policy`, as
+vLLM's option of that name: "fail" ends the request with an error frame; "recompute" frees the reserved
+blocks and treats the request as preempted with no output yet: D prefills the prompt but its last token, then
+its next decode step feeds that last token and samples the first one (greedy and seeded outputs are the same).
 
 A step is `schedule()` (phases `_resume_preempted`, `_admit_waiting`, `_grow_running`) then, after the model
 ran, `update()`. The scheduler never runs the model and is not thread-safe: the decode engine calls it under
@@ -35,6 +40,7 @@ from pdserve.decode_node.request import TRANSITIONS, DecodeRequest, RequestState
 from pdserve.engine.sampling import TokenLogprobs
 
 logger = logging.getLogger(__name__)
+KV_LOAD_FAILURE_POLICIES = ("fail", "recompute")
 
 
 @dataclass(frozen=True)
@@ -85,7 +91,11 @@ class DecodeBatch:
 class Scheduler:
     def __init__(self, pool: BlockPool, block_size: int, output: OutputProcessor, max_num_seqs: int,
                  watermark_blocks: int = 1, prefix_cache: PrefixCache | None = None,
-                 tiered: TieredKVCache | None = None) -> None:
+                 tiered: TieredKVCache | None = None, kv_load_failure_policy: str = "fail",
+                 max_waiting: int | None = None) -> None:
+        if kv_load_failure_policy not in KV_LOAD_FAILURE_POLICIES:
+            raise ValueError(f"kv_load_failure_policy must be one of {KV_LOAD_FAILURE_POLICIES}, "
+                             f"got {kv_load_failure_policy!r}")
         if tiered is not None and tiered.pool is not pool:
             raise ValueError("the tiered cache must be built over the scheduler's block pool")
         self.pool = pool
@@ -103,6 +113,10 @@ class Scheduler:
         self.in_flight: set[str] = set()  # ids inside the forward between schedule() and update()
         self.num_preemptions = 0
         self.num_finished = 0
+        self.kv_load_failure_policy = kv_load_failure_policy
+        self.max_waiting = max_waiting  # requests held beyond the running batch; more are refused (503)
+        self.num_kv_load_failures = 0  # transfers that failed, whatever the policy did then
+        self.num_kv_recomputes = 0  # of those, requests D prefilled itself
         self.on_finish: Callable[[DecodeRequest], None] = lambda request: None
 
     # ---- counters ---------------------------------------------------------------------------------
@@ -132,6 +146,9 @@ class Scheduler:
         if needed > self.pool.num_total - self.watermark_blocks:
             return Refusal(f"prompt of {len(request.prompt_token_ids)} tokens needs {needed} KV blocks; this "
                            f"worker has {self.pool.num_total} in all", 0.0, 400)
+        if self.max_waiting is not None and self.num_waiting >= self.max_waiting:
+            return Refusal(f"queue full: {self.num_waiting} requests wait on this decode worker already "
+                           f"(--max-queued-requests {self.max_waiting})", self._retry_after())
         lookup = self.prefix_lookup_hashes(request)
         if self.preempted or not self._can_reserve(lookup, needed + self.watermark_blocks):
             return Refusal(f"no room: {needed} KV blocks needed, {self.pool.num_free} of {self.pool.num_total} "
@@ -175,8 +192,17 @@ class Scheduler:
         return [self._frame(request, [first_token_id], result.text, [logprobs])]
 
     def kv_failed(self, request_id: str, error: str) -> list[RequestOutput]:
+        """The KV will not come (lease, P gone, P gave up): fail the request, or recompute it here."""
         request = self.requests.get(request_id)
         if request is None or request.state != RequestState.WAITING_FOR_KV:
+            return []
+        self.num_kv_load_failures += 1
+        if self.kv_load_failure_policy == "recompute":
+            logger.warning("KV of %s did not arrive (%s): recomputing its %d prompt tokens here", request_id, error,
+                           len(request.prompt_token_ids))
+            self.num_kv_recomputes += 1
+            request.cached_tokens = 0
+            self._move(request, RequestState.PREEMPTED)
             return []
         request.error = error
         self._move(request, RequestState.FINISHED_ERROR)
@@ -203,8 +229,8 @@ class Scheduler:
         self._grow_running()
         # a request resumed above may have been preempted again by an older one growing
         batch.recompute = [item for item in batch.recompute if item.request.state == RequestState.RUNNING]
-        for request in self.running:
-            item = DecodeItem(request, request.output_token_ids[-1], request.num_tokens - 1, request.block_ids)
+        for request in self.running:  # the last token: P's first one, or the prompt's own when recomputed
+            item = DecodeItem(request, request.all_token_ids[-1], request.num_tokens - 1, request.block_ids)
             batch.decode.append(item)
             self.in_flight.add(request.request_id)
         return batch
@@ -252,7 +278,8 @@ class Scheduler:
             request.block_ids = list(self.pool.allocate(needed).block_ids)
             request.num_computed_tokens = request.num_tokens - 1
             self._move(request, RequestState.RUNNING)
-            batch.recompute.append(RecomputeItem(request, request.all_token_ids[:-1], request.block_ids))
+            if request.num_tokens > 1:  # a one-token prompt whose KV never came has nothing to prefill
+                batch.recompute.append(RecomputeItem(request, request.all_token_ids[:-1], request.block_ids))
 
     def _admit_waiting(self) -> None:
         while self.waiting and len(self.running) < self.max_num_seqs:

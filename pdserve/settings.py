@@ -21,6 +21,7 @@ DEFAULT_MODEL = "smollm2-135m-instruct"
 LOAD_FORMATS = ("auto", "gguf", "hf", "dummy")  # hf: a Hugging Face directory of safetensors
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 TRANSFER_BACKENDS = ("auto", "local", "tcp")
+KV_LOAD_FAILURE_POLICIES = ("fail", "recompute")  # decode_node/scheduler.py
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20,
                "mib": 1 << 20, "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30}
 
@@ -110,12 +111,17 @@ class KVCacheSettings:
 
 @dataclass(frozen=True)
 class SchedulerSettings:
-    """Batching limits of both roles and the decode-side reservation lease."""
+    """Batching limits of both roles, their queue bounds, and the decode-side reservation lease."""
 
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
-    kv_lease_timeout_s: float = 120.0  # from reserve to the KV complete, P's queueing included
+    # longest silence of a transfer (every KV frame renews it; before the first, P's queueing counts too)
+    kv_lease_timeout_s: float = 120.0
+    kv_load_failure_policy: str = "recompute"  # the KV did not arrive: "fail" the request, or "recompute" it on D
     watermark_blocks: int = 1  # D keeps this many blocks free at reserve time, for running sequences to grow
+    # requests held waiting beyond the running batch (P: queued for prefill; D: reserved, not yet running);
+    # past it new work gets 503 + Retry-After, and the router tries another worker
+    max_queued_requests: int = 1024
 
     def __post_init__(self) -> None:
         if self.max_num_seqs <= 0:
@@ -126,6 +132,11 @@ class SchedulerSettings:
             raise ValueError(f"kv_lease_timeout_s must be positive, got {self.kv_lease_timeout_s}")
         if self.watermark_blocks < 0:
             raise ValueError(f"watermark_blocks must be >= 0, got {self.watermark_blocks}")
+        if self.kv_load_failure_policy not in KV_LOAD_FAILURE_POLICIES:
+            raise ValueError(f"kv_load_failure_policy must be one of {KV_LOAD_FAILURE_POLICIES}, "
+                             f"got {self.kv_load_failure_policy!r}")
+        if self.max_queued_requests <= 0:
+            raise ValueError(f"max_queued_requests must be positive, got {self.max_queued_requests}")
 
 
 @dataclass(frozen=True)
@@ -245,7 +256,13 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--max-num-seqs", type=int, default=SchedulerSettings.max_num_seqs)
     group.add_argument("--max-num-batched-tokens", type=int, default=SchedulerSettings.max_num_batched_tokens)
     group.add_argument("--kv-lease-timeout", type=float, default=SchedulerSettings.kv_lease_timeout_s,
-                       help="seconds a decode reservation waits for its KV")
+                       help="seconds a decode reservation waits without receiving KV (each KV frame renews it)")
+    group.add_argument("--kv-load-failure-policy", default=SchedulerSettings.kv_load_failure_policy,
+                       choices=KV_LOAD_FAILURE_POLICIES,
+                       help="a decode reservation whose KV did not arrive (lease ran out, prefill worker gone): "
+                            "fail the request, or recompute its prompt on the decode worker")
+    group.add_argument("--max-queued-requests", type=int, default=SchedulerSettings.max_queued_requests,
+                       help="requests a worker holds waiting beyond its running batch; more get 503 + Retry-After")
 
 
 def add_worker_arguments(parser: argparse.ArgumentParser, role: str) -> None:
@@ -285,7 +302,9 @@ def worker_settings_from_args(args: argparse.Namespace, cache_dir: str | None,
                               block_size=args.block_size, device_memory_fraction=args.gpu_memory_fraction),
         scheduler=SchedulerSettings(max_num_seqs=args.max_num_seqs,
                                     max_num_batched_tokens=args.max_num_batched_tokens,
-                                    kv_lease_timeout_s=args.kv_lease_timeout),
+                                    kv_lease_timeout_s=args.kv_lease_timeout,
+                                    kv_load_failure_policy=args.kv_load_failure_policy,
+                                    max_queued_requests=args.max_queued_requests),
         transfer=TransferSettings(backend=args.transfer_backend, host=args.transfer_host or args.host,
                                   port=args.transfer_port),
         server=ServerSettings(host=args.host, port=args.port, router_url=args.router, secret=secret,

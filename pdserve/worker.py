@@ -171,7 +171,7 @@ class Worker:
             node_config = PrefillNodeConfig(self.config.max_model_len, self.config.vocab_size,
                                             self.cache_config.block_size, self.config.num_layers,
                                             dtype_name(self.dtype), self.loaded.fingerprint,
-                                            self.settings.transfer.backend)
+                                            self.settings.transfer.backend, self.settings.scheduler.max_queued_requests)
             lookup = self.roles.decode.waiting_reservation if self.roles.decode is not None else None
             self.roles.prefill = PrefillNode(engine, node_config, lookup)
 
@@ -181,8 +181,11 @@ class Worker:
             eos = tuple(dict.fromkeys(eos + tuple(self.loaded.tokenizer.eos_token_ids)))
         output = OutputProcessor(eos, self.config.max_model_len)
         shared_cache = self.prefix_cache if self.settings.colocated else None
-        scheduler = Scheduler(self.pool, self.cache_config.block_size, output, self.settings.scheduler.max_num_seqs,
-                              self.settings.scheduler.watermark_blocks, prefix_cache=shared_cache, tiered=self.tiered)
+        limits = self.settings.scheduler
+        scheduler = Scheduler(self.pool, self.cache_config.block_size, output, limits.max_num_seqs,
+                              limits.watermark_blocks, prefix_cache=shared_cache, tiered=self.tiered,
+                              kv_load_failure_policy=limits.kv_load_failure_policy,
+                              max_waiting=limits.max_queued_requests)
         return DecodeEngine(scheduler, self.runner, Sampler(self.device), self.state_lock, self.model_lock)
 
     def _receiver(self, engine: DecodeEngine, secret: str | None) -> LocalKVReceiver | TcpKVReceiver:

@@ -36,6 +36,7 @@ class PrefillNodeConfig:
     kv_dtype: str  # wire name, e.g. "float32"
     model_fingerprint: str
     transfer_backend: str
+    max_queued_requests: int = 1024  # queued (not yet prefilling) or being looked up; more get 503
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,13 @@ class PrefillNode:
             return _error(400, str(exc), "invalid_request_error")
         except PrefillError as exc:
             return _error(exc.status, str(exc), "service_unavailable")
+        waiting = self.num_queued()
+        if waiting >= self.config.max_queued_requests:
+            if request.blocks_preassigned:  # colocated: the reference taken on D's blocks
+                with self.state_lock:
+                    self.batcher.pool.free(request.block_ids)
+            return _error(503, f"queue full: {waiting} requests wait for prefill on this worker already "
+                          f"(--max-queued-requests {self.config.max_queued_requests})", "service_unavailable", retry_after=1)
         if not await self._fetch(request):
             return _error(499, f"request {request_id!r} aborted while its prefix was looked up", "invalid_request_error")
         try:
@@ -89,6 +97,11 @@ class PrefillNode:
         except PrefillError as exc:
             return _error(exc.status, str(exc), "server_error" if exc.status >= 500 else "invalid_request_error")
         return PrefillAnswer(200, result.to_dict())
+
+    def num_queued(self) -> int:
+        """Requests held but not yet prefilling: queued, or being looked up in host RAM / Redis."""
+        with self.state_lock:
+            return len(self.batcher.queue) + len(self._fetching)
 
     def abort(self, request_id: str, reason: str) -> bool:
         if request_id in self._fetching:  # not queued yet: `prefill` answers 499 once its lookup returns
@@ -187,5 +200,5 @@ class PrefillNode:
             yield CounterMetricFamily(f"pdserve_prefill_{name}", text, value)
 
 
-def _error(status: int, message: str, kind: str) -> PrefillAnswer:
-    return PrefillAnswer(status, {"error": {"message": message, "type": kind, "code": status}})
+def _error(status: int, message: str, kind: str, **extra: Any) -> PrefillAnswer:
+    return PrefillAnswer(status, {"error": {"message": message, "type": kind, "code": status}, **extra})

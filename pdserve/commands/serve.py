@@ -16,7 +16,7 @@ from pdserve.settings import LaunchSettings, add_engine_arguments, add_model_arg
 _MODEL_FLAGS = ("model", "load_format", "model_preset", "tokenizer", "max_model_len")
 _WORKER_ONLY_FLAGS = ("device", "dtype", "torch_threads", "num_blocks", "kv_cache_memory", "gpu_memory_fraction",
                       "block_size", "max_num_seqs",
-                      "max_num_batched_tokens", "kv_lease_timeout")
+                      "max_num_batched_tokens", "kv_lease_timeout", "kv_load_failure_policy", "max_queued_requests")
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
