@@ -3,6 +3,7 @@
 All state (registry, HTTP client, policies, metrics, the health task) is created in the app's lifespan and
 held in `app.state.router`; nothing lives at module level, so tests can run several routers in one process.
 
+    /v1/* behind the front door: API key, body size, in-flight limit (router/front_door.py)
     POST /v1/completions, /v1/chat/completions   plan (validate, tokenize) ─▶ relay.start_all ─▶ SSE | JSON
     GET  /v1/models, /health, /metrics
     /internal/workers/{register,heartbeat,deregister}, GET /internal/workers   (router/internal_routes.py)
@@ -25,6 +26,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from pdserve.router.admin import AdminState, build_admin_router
 from pdserve.router.config import RouterConfig
 from pdserve.router.errors import APIError, install_error_handlers
+from pdserve.router.front_door import FrontDoor
 from pdserve.router.health import HealthMonitor
 from pdserve.router.internal_routes import build_internal_router
 from pdserve.router.metrics import RouterMetrics
@@ -76,6 +78,9 @@ def create_app(config: RouterConfig, tokenizer: TokenizerLike) -> FastAPI:
             metrics.count_request(status)
 
     install_error_handlers(app, on_error=count_api_error)
+    app.add_middleware(FrontDoor, api_key=config.api_key, max_body_bytes=config.max_body_bytes,
+                       max_inflight=config.max_inflight_requests, retry_after_s=max(1, config.retry_after_s),
+                       on_reject=metrics.count_request)
     _add_openai_routes(app)
     _add_service_routes(app)
     app.include_router(build_internal_router())

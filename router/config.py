@@ -17,6 +17,7 @@ class RouterConfig:
     secret: when set, every /internal/* call must carry `X-PDServe-Secret: <secret>`.
     admin_token: when set, /admin/* answers requests with `Authorization: Bearer <admin_token>`; when None the
         admin API is off (every call gets 403).
+    api_key / max_body_bytes / max_inflight_requests: the front door of /v1/* (router/front_door.py).
     status_window_s: the latency percentiles of /status cover finished requests of this many last seconds.
     """
 
@@ -42,11 +43,15 @@ class RouterConfig:
     extra_models: tuple[str, ...] = field(default_factory=tuple)  # aliases accepted as `model`
     admin_token: str | None = None
     status_window_s: float = 300.0
+    api_key: str | None = None  # when set, /v1/* needs `Authorization: Bearer <api_key>` (router/front_door.py)
+    max_body_bytes: int = 32 << 20  # larger request bodies get 413
+    max_inflight_requests: int = 1024  # completions being answered at once; more get 429 + Retry-After
 
     def __post_init__(self) -> None:
         if not self.model:
             raise ValueError("RouterConfig.model must name the served model, got an empty string")
-        for name in ("max_model_len", "block_size", "max_connections", "max_n"):
+        for name in ("max_model_len", "block_size", "max_connections", "max_n", "max_body_bytes",
+                     "max_inflight_requests"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"RouterConfig.{name} must be positive, got {getattr(self, name)}")
         for name in ("heartbeat_interval_s", "poll_interval_s", "connect_timeout_s", "control_timeout_s",
@@ -65,6 +70,8 @@ class RouterConfig:
         for url in (*self.prefill_urls, *self.decode_urls):
             if not url.startswith(("http://", "https://")):
                 raise ValueError(f"worker URLs must be http(s) URLs, got {url!r}")
+        if self.api_key is not None and not self.api_key:
+            raise ValueError("api_key must not be empty (None: no API key)")
         if self.admin_token is not None and len(self.admin_token) < 8:
             raise ValueError(f"admin_token must be at least 8 characters, got {len(self.admin_token)}")
         if self.cache_aware_max_imbalance < 0:

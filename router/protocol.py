@@ -13,7 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 
 class _Lenient(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    # NaN and ±Infinity (which Python's JSON parser accepts) are refused in every float field: 400
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
 
 class StreamOptions(_Lenient):

@@ -2,8 +2,8 @@
 or are listed statically with `--prefill URL` / `--decode URL` (repeatable).
 
 It loads the model's tokenizer and config only, never its weights. Reads PDSERVE_CACHE_DIR and PDSERVE_SECRET
-from the environment, and every flag's default from PDSERVE_<FLAG> (pdserve/env_flags.py): --admin-token is
-best given as PDSERVE_ADMIN_TOKEN, which `ps` does not show.
+from the environment, and every flag's default from PDSERVE_<FLAG> (pdserve/env_flags.py): --admin-token and
+--api-key are best given as PDSERVE_ADMIN_TOKEN and PDSERVE_API_KEY, which `ps` does not show.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pdserve.env_flags import apply_env_defaults
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    from pdserve.settings import DEFAULT_MODEL, LOAD_FORMATS
+    from pdserve.settings import DEFAULT_MODEL, LOAD_FORMATS, parse_size
 
     parser = subparsers.add_parser("router", help="start the router (OpenAI API)", description=__doc__.split("\n\n")[0])
     parser.add_argument("--host", default="127.0.0.1")
@@ -41,6 +41,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="bearer token of the /admin API (workers, drain, roles, policies); unset: admin API off")
     parser.add_argument("--status-window", type=float, default=300.0,
                         help="seconds of finished requests behind the /status page's percentiles")
+    parser.add_argument("--api-key", default=None,
+                        help="clients must send 'Authorization: Bearer <key>' on /v1/* (as vllm serve's --api-key); "
+                             "best given as PDSERVE_API_KEY, which ps does not show")
+    parser.add_argument("--max-body-size", type=parse_size, default=32 << 20,
+                        help="largest request body, e.g. 32MiB (default); larger ones get 413")
+    parser.add_argument("--max-inflight-requests", type=int, default=1024,
+                        help="completions answered at once (default 1024); more get 429 with Retry-After")
     apply_env_defaults(parser, os.environ)
     parser.set_defaults(func=run)
 
@@ -99,7 +106,8 @@ def run(args: argparse.Namespace) -> int:
         prefill_urls=tuple(args.prefill), decode_urls=tuple(args.decode),
         secret=os.environ.get("PDSERVE_SECRET") or None, heartbeat_interval_s=args.heartbeat_interval,
         heartbeat_timeout_s=args.heartbeat_timeout, admin_token=args.admin_token or None,
-        status_window_s=args.status_window, **policies,
+        status_window_s=args.status_window, api_key=args.api_key or None, max_body_bytes=args.max_body_size,
+        max_inflight_requests=args.max_inflight_requests, **policies,
     )
     logging.getLogger("pdserve.router").info("router for %s on http://%s:%d", name, args.host, args.port)
     uvicorn.run(create_app(config, tokenizer), host=args.host, port=args.port, log_level="warning",
