@@ -10,10 +10,15 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
   .venv/bin/pip install -q torch==2.13.0 triton==3.8.0 numpy
 fi
 .venv/bin/pip install -q -e ".[dev]"
-if ! command -v redis-server >/dev/null 2>&1; then
+# system packages the tests use: redis-server (the Redis tier, started by the tests on a free port) and
+# chromium (the status page rendered headless); installed where missing and we are root on Debian
+missing=()
+command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    (apt-get update -qq && apt-get install -y -qq redis-server chromium) >/dev/null  # chromium: tests/deploy status page
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}") >/dev/null
   else
-    echo "note: redis-server not found; the Redis tier tests will be skipped" >&2
+    echo "note: ${missing[*]} not found; the tests that need them will be skipped" >&2
   fi
 fi
