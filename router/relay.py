@@ -3,7 +3,14 @@
     pick P ─▶ reserve on D ──200──▶ open D's stream ─┐   (concurrently)
                │   └─503/refused: next D, else 503   ├─▶ POST prefill on P ──ok──▶ DecodeStream (frames)
                │                                     │        └─failed: close stream, abort on D and P,
-               └──────────────◀── once more, with another P ◀──┘          then once more, else 503
+               └────────◀── once more (another P if P failed) ◀──┘          then once more, else 503
+
+While P works, D's stream is watched (router/decode_stream.py): D may end the request first because its KV
+did not arrive (lease ran out, P gone; `--kv-load-failure-policy fail` on D): that attempt failed, P is given
+up (aborted in the background: it may hang) and another P is tried. Or D may start streaming without P's
+answer (`recompute`: D prefilled the prompt itself): after `_FIRST_TOKEN_GRACE_S` P's answer is no longer
+awaited and P is aborted. A decode worker that dies during the attempt costs one attempt, not the prefill
+worker (the registry marks it unreachable at the next connection refused).
 
 A DecodeStream is closed by its consumer; closing it before the last frame closes the HTTP stream, which is
 how D learns that the client went away (it aborts the request and frees its blocks).
@@ -14,15 +21,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Coroutine
-from dataclasses import dataclass
+from collections.abc import Coroutine
 from typing import Any
 
 import httpx
 
 from pdserve.router.config import RouterConfig
+from pdserve.router.decode_stream import NO_PREFILL, DecodeStream, PrefillResult, WorkerFailed, failed_frame
 from pdserve.router.errors import APIError, service_unavailable
-from pdserve.router.frames import Frame, FrameDecoder
 from pdserve.router.metrics import RouterMetrics
 from pdserve.router.plan import SubRequest
 from pdserve.router.policies import Policy, Prompt
@@ -30,77 +36,13 @@ from pdserve.router.registry import Worker, WorkerRegistry
 
 log = logging.getLogger(__name__)
 SECRET_HEADER = "X-PDServe-Secret"
-_PREFILL_ATTEMPTS = 2  # the first P, then one other
-_DRAIN_TIMEOUT_S = 0.5
-
-
-class WorkerFailed(Exception):
-    """A worker could not do its part (refused, 5xx, broken stream); the message names it."""
-
-
-@dataclass(frozen=True)
-class PrefillResult:
-    first_token_id: int
-    num_cached_tokens: int
-    num_computed_tokens: int
-    prefill_s: float
+_ATTEMPTS = 2  # the first try, then one more (with another P when P failed)
+# D streams its first token as soon as P's "done" frame lands, normally milliseconds before P's HTTP answer
+_FIRST_TOKEN_GRACE_S = 2.0
 
 
 def upstream_error(message: str) -> APIError:
     return APIError(502, message, type="server_error", code="worker_failed")
-
-
-class DecodeStream:
-    """D's open token stream for one sub-request."""
-
-    def __init__(self, sub: SubRequest, response: httpx.Response, decode: Worker, prefill: PrefillResult) -> None:
-        self.sub = sub
-        self.decode = decode
-        self.prefill = prefill
-        self._response = response
-        self._chunks = response.aiter_raw()
-        self._finished = False
-        self._closed = False
-
-    async def frames(self) -> AsyncIterator[Frame]:
-        """Frames up to the one with a finish_reason; raises WorkerFailed if the stream breaks first."""
-        decoder = FrameDecoder()
-        try:
-            async for chunk in self._chunks:
-                for frame in self._decode(decoder, chunk):
-                    if frame.finish_reason is not None:
-                        self._finished = True
-                    yield frame
-                    if self._finished:
-                        return
-        except httpx.TransportError as exc:
-            raise WorkerFailed(f"decode worker {self.decode.worker_id} broke the stream of "
-                               f"{self.sub.request_id}: {exc!r}") from exc
-        raise WorkerFailed(f"decode worker {self.decode.worker_id} ended the stream of {self.sub.request_id} "
-                           f"without a finish frame ({decoder.pending_bytes} bytes of a partial frame)")
-
-    def _decode(self, decoder: FrameDecoder, chunk: bytes) -> list[Frame]:
-        try:
-            return decoder.feed(chunk)
-        except ValueError as exc:  # msgpack's errors are ValueErrors too
-            raise WorkerFailed(f"decode worker {self.decode.worker_id} sent a corrupt frame for "
-                               f"{self.sub.request_id}: {exc}") from exc
-
-    async def close(self) -> None:
-        """After the finish frame: read the (empty) rest so the connection is reused. Before it: hang up,
-        which tells D to abort the request and free its blocks."""
-        if self._closed:
-            return
-        self._closed = True
-        self.decode.inflight -= 1
-        if self._finished:
-            try:
-                async with asyncio.timeout(_DRAIN_TIMEOUT_S):
-                    async for _ in self._chunks:
-                        pass
-            except (TimeoutError, httpx.HTTPError):
-                pass  # D kept the stream open after finishing: just hang up
-        await self._response.aclose()
 
 
 class Relay:
@@ -113,6 +55,7 @@ class Relay:
         self._config = config
         self._metrics = metrics
         self._headers = {SECRET_HEADER: config.secret} if config.secret else {}
+        self._background: set[asyncio.Task[None]] = set()
 
     def set_policies(self, prefill: Policy, decode: Policy) -> None:
         """Swap the policies (admin API); sub-requests already started keep the workers they were given."""
@@ -136,8 +79,9 @@ class Relay:
 
     async def start(self, sub: SubRequest) -> DecodeStream:
         failed: dict[str, str] = {}  # prefill worker id -> why
+        reasons: list[str] = []
         prompt = Prompt(sub.prompt_token_ids, sub.cache_salt)
-        for attempt in range(_PREFILL_ATTEMPTS):
+        for attempt in range(_ATTEMPTS):
             prefill = self._pick_prefill(prompt, failed)
             request_id = sub.request_id if attempt == 0 else f"{sub.request_id}-retry{attempt}"
             decode, transfer = await self._reserve(sub, request_id)
@@ -145,35 +89,79 @@ class Relay:
                 return await self._run(sub, request_id, prefill, decode, transfer)
             except WorkerFailed as exc:
                 log.warning("attempt %d of %s failed: %s", attempt + 1, sub.request_id, exc)
-                self._metrics.retries.labels("prefill_failed").inc()
-                failed[prefill.worker_id] = str(exc)
-        reasons = "; ".join(failed.values())
-        raise service_unavailable(f"prefill failed on {len(failed)} attempts: {reasons}", self._config.retry_after_s)
+                self._metrics.retries.labels(exc.reason).inc()
+                reasons.append(str(exc))
+                if exc.role == "prefill":
+                    failed[prefill.worker_id] = str(exc)
+        raise service_unavailable(f"failed on {len(reasons)} attempts: {'; '.join(reasons)}",
+                                  self._config.retry_after_s)
 
     async def _run(self, sub: SubRequest, request_id: str, prefill: Worker, decode: Worker,
                    transfer: dict[str, Any]) -> DecodeStream:
-        """Open D's stream and prefill on P concurrently; on any failure free what both hold."""
+        """Open D's stream and prefill on P concurrently, watching D meanwhile; on any failure free what both
+        hold (P's abort in the background when P may be what hangs)."""
         decode.inflight += 1
         opening = asyncio.create_task(self._open_stream(decode, request_id))
+        prefilling = asyncio.create_task(self._prefill(prefill, sub, request_id, transfer))
+        stream: DecodeStream | None = None
         try:
-            result = await self._prefill(prefill, sub, request_id, transfer)
-            response = await opening
-        except BaseException:
+            stream = DecodeStream(sub, await opening, decode)
+            await self._await_start(stream, prefilling, prefill, request_id)
+        except BaseException as exc:
             decode.inflight -= 1
-            await finish_despite_cancel(self._undo(opening, request_id, prefill, decode))
+            suspect = isinstance(exc, WorkerFailed) and exc.reason == "kv_failed"
+            await finish_despite_cancel(self._undo(opening, prefilling, stream, request_id, prefill, decode,
+                                                   wait_for_prefill=not suspect))
             raise
-        self._metrics.prefill.observe(result.prefill_s)
-        return DecodeStream(sub, response, decode, result)
+        return stream
 
-    async def _undo(self, opening: asyncio.Task[httpx.Response], request_id: str, prefill: Worker,
-                    decode: Worker) -> None:
+    async def _await_start(self, stream: DecodeStream, prefilling: asyncio.Task[PrefillResult], prefill: Worker,
+                           request_id: str) -> None:
+        """Until P answered, or D ended the request (its KV failed) or began it on its own (recomputed)."""
+        head = stream.watch()
+        await asyncio.wait({prefilling, head}, return_when=asyncio.FIRST_COMPLETED)
+        first = None
+        if not prefilling.done():
+            first = head.result()  # WorkerFailed when D broke the stream
+            if failed_frame(first):
+                raise WorkerFailed(f"decode worker {stream.decode.worker_id} ended {request_id} before P answered "
+                                   f"({first.finish_reason}: {first.error})", "prefill", "kv_failed")
+            await asyncio.wait({prefilling}, timeout=_FIRST_TOKEN_GRACE_S)
+        if prefilling.done() and (first is None or prefilling.exception() is None):
+            stream.prefill = prefilling.result()
+            self._metrics.prefill.observe(stream.prefill.prefill_s)
+            return
+        log.warning("%s: decode worker %s streams without an answer from prefill worker %s (it recomputed the "
+                    "prompt); aborting it there", request_id, stream.decode.worker_id, prefill.worker_id)
+        self._metrics.retries.labels("kv_recomputed").inc()
+        prefilling.cancel()
+        self._in_background(self._abort(prefill, request_id))
+        stream.prefill = NO_PREFILL
+
+    def _in_background(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coroutine)
+        self._background.add(task)  # the loop keeps only weak references to tasks
+        task.add_done_callback(self._background.discard)
+
+    async def _undo(self, opening: asyncio.Task[httpx.Response], prefilling: asyncio.Task[PrefillResult],
+                    stream: DecodeStream | None, request_id: str, prefill: Worker, decode: Worker,
+                    wait_for_prefill: bool = True) -> None:
         opening.cancel()
-        try:
-            response = await opening
-            await response.aclose()
-        except (asyncio.CancelledError, WorkerFailed, APIError, httpx.HTTPError):
-            pass  # the stream never opened
-        await asyncio.gather(self._abort(decode, request_id), self._abort(prefill, request_id))
+        prefilling.cancel()
+        await asyncio.gather(prefilling, return_exceptions=True)
+        if stream is not None:
+            await stream.discard()
+        else:
+            try:
+                response = await opening
+                await response.aclose()
+            except (asyncio.CancelledError, WorkerFailed, APIError, httpx.HTTPError):
+                pass  # the stream never opened
+        if wait_for_prefill:
+            await asyncio.gather(self._abort(decode, request_id), self._abort(prefill, request_id))
+        else:
+            self._in_background(self._abort(prefill, request_id))
+            await self._abort(decode, request_id)
 
     def _pick_prefill(self, prompt: Prompt, failed: dict[str, str]) -> Worker:
         """The policy's first choice; it is told at once, so the next request with this prefix can follow it
@@ -248,12 +236,15 @@ class Relay:
         try:
             response = await self._client.send(request, stream=True)
         except httpx.TransportError as exc:
-            raise WorkerFailed(f"cannot open the stream on {decode.worker_id}: {exc!r}") from exc
+            if isinstance(exc, httpx.ConnectError):
+                self._registry.mark_unreachable(decode.worker_id)
+            raise WorkerFailed(f"cannot open the stream on {decode.worker_id}: {exc!r}", "decode",
+                               "decode_failed") from exc
         if response.status_code != 200:
             await response.aread()
             await response.aclose()
             raise WorkerFailed(f"{decode.worker_id} answered {response.status_code} to the stream of {request_id}: "
-                               f"{_error_of(response).get('message')}")
+                               f"{_error_of(response).get('message')}", "decode", "decode_failed")
         return response
 
     async def _post(self, worker: Worker, path: str, body: dict[str, Any], read_timeout_s: float) -> httpx.Response:
@@ -263,7 +254,8 @@ class Relay:
         except httpx.TransportError as exc:
             if isinstance(exc, httpx.ConnectError):  # nobody listens: skip it until it reports again
                 self._registry.mark_unreachable(worker.worker_id)
-            raise WorkerFailed(f"{worker.worker_id} unreachable on {path}: {exc!r}") from exc
+            role = "prefill" if path == "/internal/prefill" else "decode"
+            raise WorkerFailed(f"{worker.worker_id} unreachable on {path}: {exc!r}", role, f"{role}_failed") from exc
 
     async def _abort(self, worker: Worker, request_id: str) -> None:
         try:

@@ -15,10 +15,11 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from pdserve.router.decode_stream import DecodeStream, WorkerFailed
 from pdserve.router.errors import APIError
 from pdserve.router.frames import Frame
 from pdserve.router.metrics import RouterMetrics, StreamTimer
-from pdserve.router.relay import DecodeStream, WorkerFailed, finish_despite_cancel, upstream_error
+from pdserve.router.relay import finish_despite_cancel, upstream_error
 from pdserve.router.responses import DONE_EVENT, ResponseWriter
 
 CLIENT_CLOSED = 499  # nginx's status for "client closed the request", used in the request counter
