@@ -120,10 +120,14 @@ def _die_with_parent() -> None:
 
 
 class Launcher:
-    def __init__(self, settings: LaunchSettings, grace_s: float = 10.0, log=print) -> None:
+    def __init__(self, settings: LaunchSettings, grace_s: float = 10.0, log=print,
+                 env: dict[str, str] | None = None) -> None:
+        """`env`: the children's whole environment (None: the launcher's own); `pdserve serve` passes its
+        own plus the internal API's shared secret, so the secret never appears on a command line."""
         self.settings = settings
         self.grace_s = grace_s
         self.log = log
+        self.env = env
         self.children: list[tuple[ChildSpec, subprocess.Popen]] = []
         self._stop = threading.Event()
 
@@ -133,7 +137,7 @@ class Launcher:
                 raise InterruptedError("stopping before the deployment was started")
             # preexec_fn is safe here: the launcher runs a single thread
             preexec = _die_with_parent if sys.platform == "linux" else None
-            process = subprocess.Popen(spec.argv, preexec_fn=preexec)  # noqa: PLW1509
+            process = subprocess.Popen(spec.argv, preexec_fn=preexec, env=self.env)  # noqa: PLW1509
             self.children.append((spec, process))
             self.log(f"started {spec.name} (pid {process.pid}): {' '.join(spec.argv[3:])}")
             if spec.up_url is not None:
@@ -200,8 +204,8 @@ def _healthy(client: httpx.Client, url: str) -> bool:
         return False
 
 
-def run_launcher(settings: LaunchSettings) -> int:
-    launcher = Launcher(settings)
+def run_launcher(settings: LaunchSettings, env: dict[str, str] | None = None) -> int:
+    launcher = Launcher(settings, env=env)
     previous = {sig: signal.signal(sig, lambda *_: launcher.request_stop()) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         launcher.start()

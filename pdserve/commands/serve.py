@@ -4,11 +4,15 @@ With no arguments: the router on http://127.0.0.1:8000, one prefill and one deco
 `--colocated` runs one `--role both` worker instead (one block pool, `local` transfer: the baseline).
 Model, KV-cache, batching and cache-tier flags (`--redis-url`, `--host-cache-gb`, ...) are passed to every
 worker (and the model flags to the router, which needs the tokenizer). Ctrl-C or SIGTERM stops every process.
+Every process binds 127.0.0.1 unless --host says otherwise, and the internal API and KV transfer ports need the
+shared secret PDSERVE_SECRET, generated here when unset and handed to the children by environment.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import secrets
 
 from pdserve.cache_store.policy import add_cache_arguments, cache_argv
 from pdserve.settings import LaunchSettings, add_engine_arguments, add_model_arguments
@@ -30,6 +34,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="one worker serving both roles over one block pool (the baseline)")
     parser.add_argument("--ready-timeout", type=float, default=600.0,
                         help="seconds to wait for every process to answer /health")
+    parser.add_argument("--api-key", default=None,
+                        help="the router's --api-key (clients send 'Authorization: Bearer <key>'); PDSERVE_API_KEY "
+                             "in the environment does the same without showing it to ps")
     add_model_arguments(parser)
     add_engine_arguments(parser)
     add_cache_arguments(parser)
@@ -57,6 +64,17 @@ def _defaults() -> dict[str, object]:
 _DEFAULTS = _defaults()
 
 
+def child_environment(environ: dict[str, str], api_key: str | None) -> dict[str, str]:
+    """The children's environment: ours, plus the internal API's shared secret (PDSERVE_SECRET: kept when set,
+    else a fresh random one, so /internal/* and the KV transfer ports of this deployment refuse strangers) and
+    the router's API key. Secrets travel by environment: `ps` shows command lines to every local user."""
+    env = dict(environ)
+    env["PDSERVE_SECRET"] = env.get("PDSERVE_SECRET") or secrets.token_hex(16)
+    if api_key:
+        env["PDSERVE_API_KEY"] = api_key
+    return env
+
+
 def run(args: argparse.Namespace) -> int:
     from pdserve.launcher import run_launcher
 
@@ -66,4 +84,4 @@ def run(args: argparse.Namespace) -> int:
         worker_args=tuple(forwarded_flags(args, _MODEL_FLAGS + _WORKER_ONLY_FLAGS) + cache_argv(args)),
         router_args=tuple(forwarded_flags(args, _MODEL_FLAGS)),
     )
-    return run_launcher(settings)
+    return run_launcher(settings, child_environment(dict(os.environ), args.api_key))

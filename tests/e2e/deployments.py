@@ -25,6 +25,9 @@ READY_TIMEOUT_S = 240.0
 # five model processes share the 2 cores of the CI machine (see pdserve/launcher.py).
 WORKER_FLAGS = ["--num-blocks", "512", "--max-num-seqs", "48", "--max-num-batched-tokens", "1024",
                 "--torch-threads", "1"]
+# The internal API's shared secret: `pdserve serve` would generate one; the tests give theirs, to call /internal/*.
+SECRET = "e2e-internal-secret"
+INTERNAL = {"X-PDServe-Secret": SECRET}
 
 
 def free_port() -> int:
@@ -60,7 +63,7 @@ class Deployment:
                 raise TimeoutError(f"{self.name} not ready after {READY_TIMEOUT_S} s:\n{self.log()}")
             self.ready = "pdserve ready" in self.log_path.read_text(errors="replace")
             time.sleep(0.2)
-        self.workers = httpx.get(f"{self.url}/internal/workers", timeout=5).json()["workers"]
+        self.workers = httpx.get(f"{self.url}/internal/workers", headers=INTERNAL, timeout=5).json()["workers"]
         return self
 
     def worker_url(self, role: str) -> str:
@@ -68,7 +71,7 @@ class Deployment:
         return worker["url"]
 
     def status(self, role: str) -> dict:
-        return httpx.get(f"{self.worker_url(role)}/internal/status", timeout=5).json()
+        return httpx.get(f"{self.worker_url(role)}/internal/status", headers=INTERNAL, timeout=5).json()
 
     def child_pids(self) -> list[int]:
         """Every process whose parent is the launcher (read from /proc: no psutil needed)."""
@@ -96,7 +99,7 @@ def launch(name: str, extra: list[str], tmp: Path, cache_dir: Path, env: dict[st
     port = free_port()
     log_path = tmp / f"{name}.log"
     argv = [sys.executable, "-m", "pdserve.cli", "serve", "--port", str(port), *WORKER_FLAGS, *extra]
-    env = {**os.environ, "PDSERVE_CACHE_DIR": str(cache_dir), **(env or {})}
+    env = {**os.environ, "PDSERVE_CACHE_DIR": str(cache_dir), "PDSERVE_SECRET": SECRET, **(env or {})}
     with log_path.open("wb") as log:
         process = subprocess.Popen(argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                                    env=env)

@@ -13,7 +13,7 @@ import httpx
 import openai
 import pytest
 
-from tests.e2e.deployments import MODEL, REPO, Deployment, free_port
+from tests.e2e.deployments import MODEL, REPO, SECRET, Deployment, free_port
 
 
 def post(deployment: Deployment, body: str | dict, path: str = "/v1/completions") -> httpx.Response:
@@ -82,7 +82,7 @@ def healthy(url: str) -> bool:
 def test_dead_decode_worker_gets_503_within_2_s(disaggregated: Deployment, model_cache_dir: Path,
                                                  tmp_path: Path) -> None:
     """Its own router: the session's P (static) and a D that registers, then is killed with SIGKILL."""
-    env = {**os.environ, "PDSERVE_CACHE_DIR": str(model_cache_dir)}
+    env = {**os.environ, "PDSERVE_CACHE_DIR": str(model_cache_dir), "PDSERVE_SECRET": SECRET}
     router_port, decode_port = free_port(), free_port()
     router_url = f"http://127.0.0.1:{router_port}"
     router = start(["router", "--port", str(router_port), "--prefill", disaggregated.worker_url("prefill")],

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import httpx
 
-from tests.e2e.deployments import Deployment
+from tests.e2e.deployments import INTERNAL, Deployment
 
 GREEDY = {"max_tokens": 4, "temperature": 0.0}
 
@@ -19,7 +19,7 @@ def reserve(client: httpx.Client, decode: str, request_id: str, num_tokens: int)
 def test_reserve_until_full_then_abort_frees_everything(disaggregated: Deployment) -> None:
     decode = disaggregated.worker_url("decode")
     free_before = disaggregated.status("decode")["free_blocks"]
-    with httpx.Client(timeout=10) as client:
+    with httpx.Client(headers=INTERNAL, timeout=10) as client:
         reserved = []
         while True:
             reply = reserve(client, decode, f"fill-{len(reserved)}", 600)  # 38 blocks of 16 each
@@ -40,7 +40,7 @@ def test_reserve_until_full_then_abort_frees_everything(disaggregated: Deploymen
 
 def test_one_stream_per_request_and_unknown_ids(disaggregated: Deployment) -> None:
     decode = disaggregated.worker_url("decode")
-    with httpx.Client(timeout=10) as client:
+    with httpx.Client(headers=INTERNAL, timeout=10) as client:
         assert client.post(f"{decode}/internal/stream/nobody").status_code == 404
         assert reserve(client, decode, "twice", 20).status_code == 200
         with client.stream("POST", f"{decode}/internal/stream/twice") as first:
@@ -54,7 +54,7 @@ def test_one_stream_per_request_and_unknown_ids(disaggregated: Deployment) -> No
 
 def test_prefill_refuses_a_target_it_cannot_fill(disaggregated: Deployment) -> None:
     decode, prefill = disaggregated.worker_url("decode"), disaggregated.worker_url("prefill")
-    with httpx.Client(timeout=10) as client:
+    with httpx.Client(headers=INTERNAL, timeout=10) as client:
         target = reserve(client, decode, "mismatch", 40).json()["transfer"]  # 3 blocks
         body = {"request_id": "mismatch", "prompt_token_ids": list(range(1000, 1100)), "sampling": GREEDY,
                 "cache_salt": None, "transfer": target}  # 100 tokens need 7 blocks

@@ -22,7 +22,7 @@ import openai
 import pytest
 import redis
 
-from tests.e2e.deployments import MODEL, Deployment, launch
+from tests.e2e.deployments import INTERNAL, MODEL, Deployment, launch
 
 ADMIN_TOKEN = "kv-cache-e2e-admin-token"
 AUTH = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
@@ -54,7 +54,7 @@ def prefill_urls(deployment: Deployment) -> dict[str, str]:
 
 
 def tier_stats(deployment: Deployment) -> dict[str, dict]:
-    return {wid: httpx.get(f"{url}/internal/cache", timeout=10).json()["stats"]
+    return {wid: httpx.get(f"{url}/internal/cache", headers=INTERNAL, timeout=10).json()["stats"]
             for wid, url in prefill_urls(deployment).items()}
 
 
@@ -80,7 +80,8 @@ def long_text(topic: str, sentences: int) -> str:
 
 def clear(deployment: Deployment, worker_id: str, device: bool = True, host: bool = True) -> None:
     url = prefill_urls(deployment)[worker_id]
-    httpx.post(f"{url}/internal/cache/clear", json={"device": device, "host": host}, timeout=10).raise_for_status()
+    httpx.post(f"{url}/internal/cache/clear", json={"device": device, "host": host}, headers=INTERNAL,
+               timeout=10).raise_for_status()
 
 
 def test_device_host_and_redis_hits_on_either_prefill_worker_give_the_same_text(cached: Deployment) -> None:
@@ -188,7 +189,7 @@ def test_admin_cache_policy_reaches_every_tier(cached: Deployment) -> None:
     answer.raise_for_status()
     for worker_id, url in prefill_urls(cached).items():
         assert "redis_ttl_s" in answer.json()["workers"][worker_id]["applied"]
-        policy = httpx.get(f"{url}/internal/cache", timeout=10).json()["policy"]
+        policy = httpx.get(f"{url}/internal/cache", headers=INTERNAL, timeout=10).json()["policy"]
         assert policy["host_eviction"] == "lfu" and policy["redis_ttl_s"] == 600
     refused = httpx.put(f"{cached.url}/admin/cache-policy", json={"write": "sometimes"}, headers=AUTH)
     assert refused.status_code == 400 and "write must be one of" in refused.json()["error"]["message"]

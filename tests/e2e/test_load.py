@@ -9,7 +9,7 @@ import time
 import httpx
 import openai
 
-from tests.e2e.deployments import MODEL, Deployment
+from tests.e2e.deployments import INTERNAL, MODEL, Deployment
 
 NUM_REQUESTS = 32
 
@@ -90,7 +90,7 @@ async def slowest_status(deployment: Deployment, busy: asyncio.Future) -> float:
     """Longest answer time of P's and D's /internal/status, polled while `busy` runs: the forwards run on
     their own threads, so the event loops keep answering."""
     slowest = 0.0
-    async with httpx.AsyncClient(timeout=30) as client:
+    async with httpx.AsyncClient(headers=INTERNAL, timeout=30) as client:
         while not busy.done():
             for role in ("prefill", "decode"):
                 started = time.perf_counter()
