@@ -133,7 +133,7 @@ def load_cache_file(path: str | Path) -> tuple[dict[str, Any], dict[str, Any]]:
 
 # ---- command line ---------------------------------------------------------------------------------------
 
-_FLAGS: dict[str, tuple[str, type | None, str]] = {  # dest -> (flag, type, help)
+_FLAGS: dict[str, tuple[str, type | None, str]] = {  # setting -> (flag, type, help)
     "host_capacity_gb": ("--host-cache-gb", float, "host (pinned RAM) KV tier size in GiB; 0: none"),
     "redis_url": ("--redis-url", str, ("Redis KV tier: redis://, rediss://, unix://, redis+cluster://h:p, "
                                        "redis+sentinel://h:p[,h:p]/service[/db]")),
@@ -148,8 +148,8 @@ _FLAGS: dict[str, tuple[str, type | None, str]] = {  # dest -> (flag, type, help
 
 def add_cache_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("KV cache tiers (host RAM, Redis)")
-    for dest, (flag, kind, text) in _FLAGS.items():
-        group.add_argument(flag, dest=dest, type=kind, default=None, help=text)
+    for flag, kind, text in _FLAGS.values():  # dest from the flag's name: PDSERVE_CACHE_WRITE_POLICY and so on
+        group.add_argument(flag, type=kind, default=None, help=text)
     group.add_argument("--cache-policy-file", default=None, help="JSON or TOML file of the settings above")
 
 
@@ -157,12 +157,12 @@ def cache_settings_from_args(args: argparse.Namespace, pin_host_memory: bool) ->
     """File first, then explicit flags on top; `pin_host_memory` comes from the worker's device."""
     tier, policy = load_cache_file(args.cache_policy_file) if args.cache_policy_file else ({}, {})
     tier_names = {f.name for f in dataclasses.fields(TierConfig)}
-    for dest in _FLAGS:
-        value = getattr(args, dest, None)
-        if dest == "redis_ttl_s" and value == 0:
-            policy[dest] = None
+    for name, (flag, _, _) in _FLAGS.items():
+        value = getattr(args, _dest(flag), None)
+        if name == "redis_ttl_s" and value == 0:
+            policy[name] = None
         elif value is not None:
-            (tier if dest in tier_names else policy)[dest] = value
+            (tier if name in tier_names else policy)[name] = value
     tier.setdefault("pin_host_memory", pin_host_memory)
     return TierConfig.from_dict(tier), CachePolicy.from_dict(policy)
 
@@ -170,10 +170,14 @@ def cache_settings_from_args(args: argparse.Namespace, pin_host_memory: bool) ->
 def cache_argv(args: argparse.Namespace) -> list[str]:
     """The cache flags given in `args`, as command-line words (`pdserve serve` passes them to its workers)."""
     argv: list[str] = []
-    for dest, (flag, _, _) in _FLAGS.items():
-        value = getattr(args, dest, None)
+    for flag, _, _ in _FLAGS.values():
+        value = getattr(args, _dest(flag), None)
         if value is not None:
             argv += [flag, str(value)]
     if getattr(args, "cache_policy_file", None):
         argv += ["--cache-policy-file", str(args.cache_policy_file)]
     return argv
+
+
+def _dest(flag: str) -> str:
+    return flag.removeprefix("--").replace("-", "_")
