@@ -1,0 +1,72 @@
+"""Reliability tests on real processes: one router + 2 prefill + 2 decode workers for the session (each its own
+`pdserve` process, under the pickle guard), healed between tests that kill workers; an offline reference
+engine in the test process. Modules run in MODULE_ORDER: the security module last, since it checks the pickle
+log of everything that ran before.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from cluster import MODEL, Cluster
+
+# 256 blocks = 4,096 tokens of KV per worker (188 MB in fp32); one torch thread each: five model processes
+# share the 2 cores of the CI machine. A short lease (renewed by every KV frame) so that stalls end quickly.
+WORKER_FLAGS = ("--num-blocks", "256", "--max-num-seqs", "32", "--max-num-batched-tokens", "512",
+                "--torch-threads", "1", "--kv-lease-timeout", "4", "--max-queued-requests", "24")
+MAX_INFLIGHT = 64  # the router's --max-inflight-requests
+MODULE_ORDER = ("test_hostile_input.py", "test_kv_failures.py", "test_worker_failures.py", "test_redis_outage.py",
+                "test_overload.py", "test_soak.py", "test_security.py")
+_names = itertools.count(1)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Reorder this folder's tests among themselves (others keep their places)."""
+    slots = [i for i, item in enumerate(items) if item.path.name in MODULE_ORDER and "reliability" in item.path.parts]
+    ordered = sorted((items[i] for i in slots), key=lambda item: MODULE_ORDER.index(item.path.name))
+    for slot, item in zip(slots, ordered, strict=True):
+        items[slot] = item
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory, model_cache_dir: Path,
+            default_model_dir: Path) -> Iterator[Cluster]:
+    tmp = tmp_path_factory.mktemp("reliability")
+    cluster = Cluster(tmp, model_cache_dir, tmp / "pickle_guard.log")
+    try:
+        router = cluster.start_router("--max-inflight-requests", str(MAX_INFLIGHT))
+        workers = [cluster.start_worker(role, f"{role}-{i}", *WORKER_FLAGS) for role in ("prefill", "decode")
+                   for i in range(2)]
+        fail_d = cluster.start_worker("decode", "decode-fail", *WORKER_FLAGS, "--kv-lease-timeout", "1",
+                                      "--kv-load-failure-policy", "fail", register=False)
+        cluster.wait_ready(router, *workers, fail_d)
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def heal(cluster: Cluster) -> None:
+    """Two prefill and two decode workers registered and idle, replacing the ones a test killed."""
+    started = [cluster.start_worker(role, f"{role}-r{next(_names)}", *WORKER_FLAGS)
+               for role in ("prefill", "decode") for _ in range(2 - len(cluster.live(role)))]
+    if started:
+        cluster.wait_ready(*started)
+    cluster.wait_idle()
+
+
+@pytest.fixture
+def healthy(cluster: Cluster) -> Cluster:
+    heal(cluster)
+    return cluster
+
+
+@pytest.fixture(scope="session")
+def reference_llm(model_cache_dir: Path):
+    """The offline engine (fp32 on CPU like the workers) for greedy reference outputs."""
+    from pdserve.llm import LLM
+
+    return LLM(MODEL, num_blocks=1024, max_num_seqs=64, max_num_batched_tokens=2048, cache_dir=model_cache_dir,
+               progress=False)
