@@ -29,6 +29,7 @@ from pdserve.engine.runner import ModelRunner
 from pdserve.engine.sampling import Sampler, TokenLogprobs
 
 logger = logging.getLogger(__name__)
+STEP_PHASES = ("schedule", "forward", "sample", "update", "publish")
 
 
 @dataclass
@@ -39,7 +40,27 @@ class DecodeStats:
     num_generated_tokens: int = 0
     num_recomputed_tokens: int = 0
     step_seconds: float = 0.0
+    # where a step's time goes (wall seconds per phase, summed over steps): the serving overhead a profile of
+    # the forward alone does not see. "forward" includes waiting for model_lock (a colocated prefill)
+    phase_seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STEP_PHASES, 0.0))
+    forward_cpu_seconds: float = 0.0  # CPU time of the step thread inside forwards (torch's other threads not
+    # counted): forward wall time well above it means the thread waited (for a core, the GIL or model_lock)
     finished: dict[str, int] = field(default_factory=dict)  # finish_reason -> requests
+
+    _step_start: float = field(default=0.0, repr=False)
+    _mark: float = field(default=0.0, repr=False)
+
+    def start_step(self) -> None:
+        self._step_start = self._mark = time.perf_counter()
+
+    def charge(self, phase: str) -> None:
+        """The time since the last phase ended (or the step started) goes to `phase`."""
+        now = time.perf_counter()
+        self.phase_seconds[phase] += now - self._mark
+        self._mark = now
+
+    def end_step(self) -> None:
+        self.step_seconds += self._mark - self._step_start
 
 
 class DecodeEngine:
@@ -126,6 +147,7 @@ class DecodeEngine:
     def _run(self) -> None:
         while not self._stop.is_set():
             self._wake.clear()  # before scheduling: a wake-up that arrives after it is not lost
+            self.stats.start_step()
             with self.state_lock:
                 batch = self.scheduler.schedule()
             if batch.outputs:
@@ -133,10 +155,12 @@ class DecodeEngine:
             if batch.empty:
                 self._wake.wait(timeout=0.5)
                 continue
+            self.stats.charge("schedule")
             self._publish(self._step(batch))
+            self.stats.charge("publish")
+            self.stats.end_step()
 
     def _step(self, batch: DecodeBatch) -> list[RequestOutput]:
-        started = time.perf_counter()
         try:
             token_ids, logprobs = self._forward(batch)
         except Exception as exc:  # a failed step must end its requests, not the worker
@@ -145,21 +169,25 @@ class DecodeEngine:
                 return self.scheduler.fail_batch(batch, f"decode step failed: {exc!r}")
         with self.state_lock:
             outputs = self.scheduler.update(batch, token_ids, logprobs)
+        self.stats.charge("update")
         self.stats.num_steps += 1
         self.stats.num_generated_tokens += len(token_ids)
-        self.stats.step_seconds += time.perf_counter() - started
         return outputs
 
     def _forward(self, batch: DecodeBatch) -> tuple[list[int], list[TokenLogprobs | None]]:
         chunks = [PrefillChunk(item.token_ids, 0, item.block_ids, need_logits=False) for item in batch.recompute]
         items = [DecodeInput(item.token_id, item.position, item.block_ids) for item in batch.decode]
         requests = [item.request.sampling_request() for item in batch.decode]
+        cpu = time.thread_time()
         with self.model_lock:
             if chunks:
                 self.runner.prefill(chunks)
                 self.stats.num_recomputed_tokens += sum(len(c.token_ids) for c in chunks)
             logits = self.runner.decode(items)
+        self.stats.forward_cpu_seconds += time.thread_time() - cpu
+        self.stats.charge("forward")
         sampled = self.sampler(logits, requests)
+        self.stats.charge("sample")
         return sampled.token_ids, sampled.logprobs
 
     def _publish(self, outputs: list[RequestOutput]) -> None:

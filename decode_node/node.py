@@ -179,6 +179,14 @@ class DecodeNode:
         yield CounterMetricFamily("pdserve_decode_kv_recomputes", "of those, requests prefilled on this worker "
                                   "(--kv-load-failure-policy recompute)", self.scheduler.num_kv_recomputes)
         yield CounterMetricFamily("pdserve_decode_step_seconds", "time spent in decode steps", stats.step_seconds)
+        phases = CounterMetricFamily("pdserve_decode_step_phase_seconds", "decode step time by phase (schedule, "
+                                     "forward, sample, update, publish)", labels=["phase"])
+        for phase, seconds in stats.phase_seconds.items():
+            phases.add_metric([phase], seconds)
+        yield phases
+        yield CounterMetricFamily("pdserve_decode_forward_cpu_seconds", "CPU time of the decode step thread inside "
+                                  "forwards (below the forward phase's wall time: the thread waited)",
+                                  stats.forward_cpu_seconds)
         finished = CounterMetricFamily("pdserve_decode_requests_finished", "finished requests",
                                        labels=["finish_reason"])
         for reason, count in sorted(stats.finished.items()):

@@ -72,6 +72,9 @@ async def test_preemption_keeps_outputs_and_frees_every_block(loaded_default, of
     assert texts == expected
     assert scheduler.num_preemptions > 0 and engine.stats.num_recomputed_tokens > 0
     assert_no_leak(pool)
+    stats = engine.stats  # every step's time is charged to one of its phases; the forwards used the CPU
+    assert stats.num_steps > 0 and stats.phase_seconds["forward"] > 0 and stats.forward_cpu_seconds > 0
+    assert sum(stats.phase_seconds.values()) == pytest.approx(stats.step_seconds, rel=1e-6)
 
 
 def play_prefill(runner: ModelRunner, request: DecodeRequest) -> int:
