@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -41,6 +42,8 @@ import openai
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL = "smollm2-135m-instruct"
+SECRET = secrets.token_hex(16)  # the deployment's internal API secret: this script calls /internal/* too
+INTERNAL = {"X-PDServe-Secret": SECRET}
 
 
 def free_port() -> int:
@@ -64,7 +67,8 @@ def start_deployment(redis_url: str, args: argparse.Namespace, log_path: Path) -
     argv = [sys.executable, "-m", "pdserve.cli", "serve", "--port", str(port), "--num-prefill", "2", "--redis-url", redis_url, "--cache-timeout", "10", "--num-blocks", "1024",
             "--max-num-batched-tokens", "2048", *args.worker_flags]
     with log_path.open("wb") as log:
-        process = subprocess.Popen(argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        process = subprocess.Popen(argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                   env={**os.environ, "PDSERVE_SECRET": SECRET})
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 600
     while "pdserve ready" not in log_path.read_text(errors="replace"):
@@ -78,15 +82,16 @@ class Bench:
     def __init__(self, url: str) -> None:
         self.url = url
         self.api = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=600)
-        workers = httpx.get(f"{url}/internal/workers", timeout=10).json()["workers"]
+        workers = httpx.get(f"{url}/internal/workers", headers=INTERNAL, timeout=10).json()["workers"]
         self.prefill = [w["url"] for w in workers if w["roles"] == ["prefill"]]
 
     def clear_prefill_caches(self) -> None:
         for url in self.prefill:
-            httpx.post(f"{url}/internal/cache/clear", json={"device": True, "host": True}, timeout=30).raise_for_status()
+            httpx.post(f"{url}/internal/cache/clear", json={"device": True, "host": True}, headers=INTERNAL,
+                       timeout=30).raise_for_status()
 
     def redis_reused_tokens(self) -> int:
-        return sum(httpx.get(f"{url}/internal/cache", timeout=10).json()["stats"]["redis_reused_tokens"]
+        return sum(httpx.get(f"{url}/internal/cache", headers=INTERNAL, timeout=10).json()["stats"]["redis_reused_tokens"]
                    for url in self.prefill)
 
     def complete(self, prompt: list[int], salt: str) -> dict[str, Any]:
