@@ -183,20 +183,25 @@ class Relay:
                 "sampling": sub.sampling.to_dict(), "cache_salt": sub.cache_salt, "arrival_time": time.time()}
         retry_after = self._config.retry_after_s
         refusals: list[str] = []
+        blocks = -(-(len(sub.prompt_token_ids) + 1) // self._config.block_size)
         for decode in ordered:
+            # counted before the call: requests that arrive together are spread, not all sent to the D that
+            # looked emptiest before any of them reserved (a heartbeat resets the count to what D reports)
+            decode.pending_blocks += blocks
             try:
                 response = await self._post(decode, "/internal/reserve", body, self._config.control_timeout_s)
             except asyncio.CancelledError:  # the reservation may be made as we leave: free it
                 await finish_despite_cancel(self._abort(decode, request_id))
                 raise
             except WorkerFailed as exc:
+                decode.pending_blocks = max(0, decode.pending_blocks - blocks)
                 if isinstance(exc.__cause__, httpx.TimeoutException):  # it may have reserved after all
                     await self._abort(decode, request_id)
                 refusals.append(str(exc))
                 continue
             if response.status_code == 200:
-                decode.pending_blocks += -(-(len(sub.prompt_token_ids) + 1) // self._config.block_size)
                 return decode, response.json()["transfer"]
+            decode.pending_blocks = max(0, decode.pending_blocks - blocks)
             error = _error_of(response)
             if response.status_code == 400:  # the request itself cannot be served (e.g. larger than the pool)
                 raise APIError(400, f"decode worker refused the request: {error.get('message')}",
