@@ -1,0 +1,44 @@
+"""The document generators on their own: variables found in command modules, units, the table region."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from pdserve.config_doc import command_flags, env_reads, split_env
+from pdserve.perf_doc import MARKER_BEGIN, MARKER_END, collect, render_table, replace_region
+
+
+def test_env_reads_finds_get_and_subscript(tmp_path: Path) -> None:
+    (tmp_path / "one.py").write_text('import os\nA = os.environ.get("PDSERVE_A")\nB = os.environ["PDSERVE_B"]\n')
+    (tmp_path / "two.py").write_text('import os\nA = os.environ.get("PDSERVE_A", "x")\nC = {}.get("NOT_ENV")\n')
+    assert env_reads(tmp_path) == {"PDSERVE_A": ["one", "two"], "PDSERVE_B": ["one"]}
+
+
+def test_flags_carry_default_unit_and_variable() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--kv-lease-timeout", type=float, default=120.0, help="lease [env PDSERVE_KV_LEASE_TIMEOUT]")
+    parser.add_argument("--mode", choices=["a", "b"], default="a")
+    parser.add_argument("--flag", action="store_true")
+    docs = {d.flags: d for d in command_flags("pdserve x", parser)}
+    lease = docs["--kv-lease-timeout"]
+    assert (lease.default, lease.unit, lease.env, lease.help) == ("`120.0`", "s", "PDSERVE_KV_LEASE_TIMEOUT", "lease")
+    assert docs["--mode {a,b}"].default == "`a`"
+    assert docs["--flag"].default == "off"
+    assert split_env("no variable") == ("no variable", None)
+
+
+def test_table_region_is_replaced_once_and_refused_without_markers(tmp_path: Path) -> None:
+    text = f"intro\n{MARKER_BEGIN}\nold table\n{MARKER_END}\nrest\n"
+    new = replace_region(text, "new table")
+    assert new == f"intro\n{MARKER_BEGIN}\nnew table\n{MARKER_END}\nrest\n"
+    assert replace_region(new, "new table") == new
+    with pytest.raises(ValueError, match="markers"):
+        replace_region("no markers here", "table")
+
+
+def test_no_result_files_no_rows(tmp_path: Path) -> None:
+    assert collect(tmp_path) == []
+    assert render_table([], "x/") == ""
