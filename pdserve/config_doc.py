@@ -39,14 +39,18 @@ ENV_ONLY_HELP = {
 UNDOCUMENTED = "(undocumented)"
 # Said here for the flags whose add_argument has no help (the command's own help, when it has one, wins).
 FALLBACK_HELP = {
-    "--host": "address to bind (0.0.0.0: every interface); bench: the server's host",
+    "--host": "address to bind (0.0.0.0: every interface)",
+    "bench --host": "host of the server under test",
     "--port": "HTTP port",
+    "bench --port": "port of the server under test",
     "--endpoint": "API route the requests go to",
     "--temperature": "sampling temperature (0: greedy)",
     "--top-p": "nucleus sampling: keep the smallest set of tokens whose probability reaches this",
     "--top-k": "sample among the k most likely tokens (-1: all)",
     "--max-concurrency": "requests in flight at most (default: no limit)",
-    "--seed": "random seed (prompts, arrivals, dummy weights)",
+    "bench --seed": "seed of the prompts and arrival times",
+    "plan --seed": "seed of the simulated workload",
+    "profile --seed": "seed of the random weights",
     "--disable-tqdm": "no progress bar",
     "--dataset-name": "where prompts come from",
     "--random-input-len": "prompt length of the random data sets",
@@ -92,14 +96,22 @@ class FlagDoc:
     help: str
 
 
+# Serving commands first, in the order a deployment starts them; any other command after these, by name.
+COMMAND_ORDER = ("serve", "router", "prefill", "decode", "bench", "profile", "plan", "generate", "model", "docs")
+
+
 def iter_commands(parser: argparse.ArgumentParser, prefix: str = "pdserve") -> Iterator[tuple[str, argparse.ArgumentParser]]:
-    """(command line, parser) of every leaf subcommand, sorted by name."""
+    """(command line, parser) of every leaf subcommand: COMMAND_ORDER first, then by name."""
     sub = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
     if not sub:
         yield prefix, parser
         return
-    for name, child in sorted(sub[0].choices.items()):
-        yield from iter_commands(child, f"{prefix} {name}")
+    for name in sorted(sub[0].choices, key=_rank):
+        yield from iter_commands(sub[0].choices[name], f"{prefix} {name}")
+
+
+def _rank(name: str) -> tuple[int, str]:
+    return (COMMAND_ORDER.index(name) if name in COMMAND_ORDER else len(COMMAND_ORDER), name)
 
 
 def command_flags(command: str, parser: argparse.ArgumentParser) -> list[FlagDoc]:
@@ -110,7 +122,9 @@ def command_flags(command: str, parser: argparse.ArgumentParser) -> list[FlagDoc
                 continue
             help_text, env = split_env(action.help or "")
             if not help_text.strip() and action.option_strings:
-                help_text = FALLBACK_HELP.get(action.option_strings[0], "")
+                flag = action.option_strings[0]
+                name = command.removeprefix("pdserve ")
+                help_text = FALLBACK_HELP.get(f"{name} {flag}", FALLBACK_HELP.get(flag, ""))
             docs.append(FlagDoc(command, _group_title(group), _flag_words(action), _default(action),
                                 _unit(action), env, help_text))
     return docs
@@ -150,9 +164,11 @@ def _environ_key(node: ast.AST) -> str | None:
 
 def render(parser: argparse.ArgumentParser, commands_dir: Path) -> str:
     """The whole of docs/configuration.md."""
+    commands = list(iter_commands(parser))
     lines = _preamble()
+    lines += ["Commands: " + ", ".join(f"[`{c}`](#{_slug(c)})" for c, _ in commands) + ".", ""]
     lines += _env_only_section(env_reads(commands_dir))
-    for command, sub in iter_commands(parser):
+    for command, sub in commands:
         lines += _command_section(command, sub)
     return "\n".join(lines).rstrip() + "\n"
 
@@ -209,6 +225,11 @@ def _command_section(command: str, parser: argparse.ArgumentParser) -> list[str]
             lines.append("| " + " | ".join([f"`{f.flags}`", _cell(f.default), f.unit, *env, _cell(f.help)]) + " |")
         lines.append("")
     return lines
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
 
 
 def _group_title(group: argparse._ArgumentGroup) -> str:
