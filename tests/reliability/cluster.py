@@ -31,6 +31,11 @@ INTERNAL = {"X-PDServe-Secret": SECRET}
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 GUARD_DIR = Path(__file__).resolve().parent / "pickle_guard"
+# 256 blocks = 4,096 tokens of KV per worker (188 MB in fp32); one torch thread each: five model processes
+# share the 2 cores of the CI machine. A short lease (renewed by every KV frame) so that stalls end quickly.
+WORKER_FLAGS = ("--num-blocks", "256", "--max-num-seqs", "32", "--max-num-batched-tokens", "512",
+                "--torch-threads", "1", "--kv-lease-timeout", "4", "--max-queued-requests", "24")
+MAX_INFLIGHT = 64  # the router's --max-inflight-requests
 READY_TIMEOUT_S = 180.0
 
 

@@ -11,13 +11,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cluster import MODEL, Cluster
+from cluster import MAX_INFLIGHT, MODEL, WORKER_FLAGS, Cluster
 
-# 256 blocks = 4,096 tokens of KV per worker (188 MB in fp32); one torch thread each: five model processes
-# share the 2 cores of the CI machine. A short lease (renewed by every KV frame) so that stalls end quickly.
-WORKER_FLAGS = ("--num-blocks", "256", "--max-num-seqs", "32", "--max-num-batched-tokens", "512",
-                "--torch-threads", "1", "--kv-lease-timeout", "4", "--max-queued-requests", "24")
-MAX_INFLIGHT = 64  # the router's --max-inflight-requests
 MODULE_ORDER = ("test_hostile_input.py", "test_kv_failures.py", "test_worker_failures.py", "test_redis_outage.py",
                 "test_overload.py", "test_soak.py", "test_security.py")
 _names = itertools.count(1)
