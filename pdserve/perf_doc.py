@@ -10,6 +10,7 @@ keys raises, so a changed result format is noticed, not silently dropped.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import statistics
@@ -100,9 +101,12 @@ def _offline_cpu(data: dict[str, Any]) -> PerfSource:
         rows.append(PerfRow(f"offline generation, default model fp32, batch {batch}, {data['new_tokens']} tokens each",
                             f"{tokens_per_s:.1f} tokens/s", f"{speedup[name]:.2f}× HF transformers "
                             f"({best['hf_sequential']:.1f} tokens/s, sequential greedy)"))
-    device = f"CPU, {data['cpu_count']} cores, {data['torch_threads']} torch threads"
-    return PerfSource("offline_cpu.json", device, data["date"][:10],
-                      ".venv/bin/python benchmarks/offline_cpu.py", tuple(rows),
+    threads = data["torch_threads"]
+    rounds = 1 + max(run["round"] for run in data["runs"])
+    device = f"CPU, {data['cpu_count']} cores, {threads} torch thread{'s' if threads != 1 else ''}"
+    command = (f".venv/bin/python benchmarks/offline_cpu.py --prompts {data['num_prompts']} --new-tokens "
+               f"{data['new_tokens']} --rounds {rounds} --threads {threads} --out {{out}}")
+    return PerfSource("offline_cpu.json", device, data["date"][:10], command, tuple(rows),
                       "Speedup: median over rounds of the paired per-round ratio; HF and pdserve alternate.")
 
 
@@ -136,7 +140,9 @@ def collect(results_dir: Path) -> list[PerfSource]:
     for name, extract in EXTRACTORS.items():
         path = results_dir / name
         if path.exists():
-            sources.append(extract(json.loads(path.read_text())))
+            source = extract(json.loads(path.read_text()))  # the file's own name, and `{out}`: its path
+            out = f"benchmarks/results/{name}"
+            sources.append(dataclasses.replace(source, file=name, command=source.command.replace("{out}", out)))
     return sources
 
 
