@@ -129,11 +129,15 @@ class Cluster:
     # ---- starting -------------------------------------------------------------------------------------
 
     def start_router(self, *extra: str) -> Proc:
-        port = free_port()
-        process, log = self._spawn("router", ["router", "--port", str(port), "--heartbeat-interval", "0.5",
-                                              "--heartbeat-timeout", "2", *extra])
-        self.router = Proc("router", "router", process, port, log)
+        self.router = self.spawn_router("router", *extra)
         return self.router
+
+    def spawn_router(self, name: str, *extra: str) -> Proc:
+        """A router process; only `start_router`'s is the cluster's (others are the caller's to stop)."""
+        port = free_port()
+        process, log = self._spawn(name, ["router", "--port", str(port), "--heartbeat-interval", "0.5",
+                                          "--heartbeat-timeout", "2", *extra])
+        return Proc(name, "router", process, port, log)
 
     def start_worker(self, role: str, name: str, *extra: str, register: bool = True) -> Proc:
         port, transfer = free_port(), free_port()
