@@ -17,8 +17,9 @@ import schemathesis
 from cluster import AUTH, MODEL, SECRET, Cluster, Proc, rss_mb, wait_until
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis.errors import Unsatisfiable
+from raw_wire import frame, read_frame
 
-from pdserve.kv_transfer.wire import WIRE_VERSION, auth_mac
+from pdserve.kv_transfer.wire import auth_mac
 
 FUZZ_EXAMPLES = 20  # per operation and generation mode: ~80 requests, well under a minute
 BIG = 33 << 20  # past the router's default --max-body-size of 32 MiB
@@ -108,28 +109,6 @@ def test_bad_bodies_get_4xx(cluster: Cluster) -> None:
 # ---- the KV transfer port -----------------------------------------------------------------------------
 
 
-def _frame(header: dict) -> bytes:
-    body = msgpack.packb({"version": WIRE_VERSION, "nbytes": 0, **header}, use_bin_type=True)
-    return struct.pack(">I", len(body)) + body
-
-
-def _read_frame(sock: socket.socket) -> dict | None:
-    prefix = _recv(sock, 4)
-    if prefix is None:
-        return None
-    return msgpack.unpackb(_recv(sock, struct.unpack(">I", prefix)[0]) or b"", raw=False)
-
-
-def _recv(sock: socket.socket, n: int) -> bytes | None:
-    data = b""
-    while len(data) < n:
-        chunk = sock.recv(n - len(data))
-        if not chunk:
-            return None
-        data += chunk
-    return data
-
-
 def _dropped(sock: socket.socket) -> bool:
     """The peer closed the connection (an error frame may come first)."""
     sock.settimeout(10)
@@ -143,11 +122,11 @@ def _dropped(sock: socket.socket) -> bool:
 
 def _connect(proc: Proc, authenticate: bool) -> socket.socket:
     sock = socket.create_connection(("127.0.0.1", proc.transfer_port), timeout=10)
-    hello = _read_frame(sock)
+    hello = read_frame(sock)
     assert hello is not None and hello["kind"] == "hello"
     if authenticate:
-        sock.sendall(_frame({"kind": "auth", "mac": auth_mac(SECRET, hello["nonce"])}))
-        assert _read_frame(sock)["kind"] == "ready"
+        sock.sendall(frame({"kind": "auth", "mac": auth_mac(SECRET, hello["nonce"])}))
+        assert read_frame(sock)["kind"] == "ready"
     return sock
 
 
@@ -155,13 +134,13 @@ ATTACKS: dict[str, tuple[bool, bytes]] = {  # name -> (authenticated first, byte
     "garbage instead of auth": (False, b"\x00\x00\x00\x10" + b"\xde\xad\xbe\xef" * 4),
     "4 GiB header length": (True, b"\xff\xff\xff\xff"),
     "header not a map": (True, struct.pack(">I", 3) + msgpack.packb([1, 2])),
-    "1 TiB kv payload": (True, _frame({"kind": "kv", "request_id": "nobody", "layer": 0, "block_ids": [0],
+    "1 TiB kv payload": (True, frame({"kind": "kv", "request_id": "nobody", "layer": 0, "block_ids": [0],
                                        "dtype": "float32", "shape": [2, 1, 16, 3, 64], "nbytes": 1 << 40,
                                        "checksum": 0})),
-    "kv for a block never reserved": (True, _frame({"kind": "kv", "request_id": "nobody", "layer": 0,
+    "kv for a block never reserved": (True, frame({"kind": "kv", "request_id": "nobody", "layer": 0,
                                                     "block_ids": [0], "dtype": "float32", "shape": [2, 1, 16, 3, 64],
                                                     "nbytes": 2 * 16 * 3 * 64 * 4, "checksum": 0})),
-    "wrong field types": (True, _frame({"kind": "done", "request_id": 7, "first_token_id": "x",
+    "wrong field types": (True, frame({"kind": "done", "request_id": 7, "first_token_id": "x",
                                         "first_logprob": None, "num_tokens": 1})),
 }
 
