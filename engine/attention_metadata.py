@@ -15,6 +15,7 @@ bucket); padded rows have slot -1 (nothing written) and seq_len 0 (attention yie
 from __future__ import annotations
 
 import bisect
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -25,9 +26,9 @@ class PrefillChunk:
     """token_ids: this chunk; start_pos: tokens of the sequence already in the cache; block_table covers
     start_pos + len(token_ids) tokens; need_logits: sample after this chunk (the prompt's last chunk)."""
 
-    token_ids: list[int]
+    token_ids: Sequence[int]
     start_pos: int
-    block_table: list[int]
+    block_table: Sequence[int]
     need_logits: bool = True
 
 
@@ -37,7 +38,7 @@ class DecodeInput:
 
     token_id: int
     position: int
-    block_table: list[int]
+    block_table: Sequence[int]
 
 
 @dataclass(frozen=True)
@@ -71,9 +72,9 @@ def _check_covers(what: str, block_table: list[int], num_tokens: int, block_size
         )
 
 
-def _pad_rows(rows: list[list[int]]) -> torch.Tensor:
+def _pad_rows(rows: list[Sequence[int]]) -> torch.Tensor:
     width = max(1, max(len(r) for r in rows))
-    return torch.tensor([r + [0] * (width - len(r)) for r in rows], dtype=torch.int32)
+    return torch.tensor([[*r] + [0] * (width - len(r)) for r in rows], dtype=torch.int32)
 
 
 def build_prefill_batch(chunks: list[PrefillChunk], block_size: int, device: torch.device) -> PrefillBatch:

@@ -70,14 +70,14 @@ def test_batched_prefill_with_cached_prefix_equals_alone(tiny: TinyModel) -> Non
     runner.prefill([PrefillChunk(b[:2] + c[:8], 0, table(40))])  # unrelated sequence first: dirty cache
     runner.prefill([PrefillChunk(c[:8], 0, table(20))])
     out = runner.prefill([
-        PrefillChunk(a, 0, table(0, 4)),
+        PrefillChunk(tuple(a), 0, tuple(table(0, 4))),  # tuples, as cache_store hands out block ids
         PrefillChunk(b, 0, table(4, 1), need_logits=False),
         PrefillChunk(c[8:], 8, table(20, 5)),
     ])
     assert out.chunk_indices == [0, 2] and out.logits.shape == (2, tiny.config.vocab_size)
     torch.testing.assert_close(out.logits[0], alone[0], atol=1e-5, rtol=0)
     torch.testing.assert_close(out.logits[1], alone[2], atol=1e-5, rtol=0)
-    logits = runner.decode([DecodeInput(7, 3, table(4, 1)), DecodeInput(9, 13, table(0, 4))])
+    logits = runner.decode([DecodeInput(7, 3, tuple(table(4, 1))), DecodeInput(9, 13, table(0, 4))])
     torch.testing.assert_close(logits[0], hf_last_logits(tiny.hf, b + [7]), atol=TOL, rtol=0)
     torch.testing.assert_close(logits[1], hf_last_logits(tiny.hf, a + [9]), atol=TOL, rtol=0)
 
