@@ -23,7 +23,7 @@ import pytest
 from tests.docs.markdown_blocks import REPO
 
 ADMIN_TOKEN = "docs-test-admin-token"
-READY_TIMEOUT_S = 120.0
+READY_TIMEOUT_S = 240.0  # as tests/e2e: a loaded 2-core machine boots three processes slowly
 # 256 blocks = 4,096 tokens of KV per worker; one torch thread each: the machine may have 2 cores
 SERVE_FLAGS = ["--num-blocks", "256", "--torch-threads", "1"]
 
