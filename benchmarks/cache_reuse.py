@@ -8,7 +8,8 @@ TTFT = request sent → first token received):
                     no reuse (a fresh cache_salt per request: no tier can match, everything is computed),
                     device hit (same salt, the prefill worker still holds the prefix),
                     Redis hit (same salt, every prefill worker's device and host caches cleared first)
-    conversation    5 turns of a chat (system prompt + each turn's question, 32-token answers, greedy);
+    conversation    5 turns of a chat (system prompt + each turn's question, 32-token answers, greedy), 3 times
+                    over with different salts (medians per turn);
                     before every turn the prefill workers' caches are cleared, so only Redis can help: the
                     history was committed there by the decode worker (prompt + answer) and the prefill worker
                     (prompt). The same turn is also sent with a fresh salt (no reuse) and must give the same text.
@@ -16,7 +17,7 @@ TTFT = request sent → first token received):
 Arms are interleaved request by request, so a busy machine slows both alike. Saves JSON (every TTFT, the
 machine's load) and prints a table.
 
-    .venv/bin/python benchmarks/cache_reuse.py                     # CPU: ~4 minutes on 2 busy cores
+    .venv/bin/python benchmarks/cache_reuse.py                     # CPU: ~8 minutes on 2 busy cores
     .venv/bin/python benchmarks/cache_reuse.py --repeats 8 --out benchmarks/results/cache_reuse.json
 """
 
@@ -145,27 +146,33 @@ def shared_prefix(bench: Bench, tokenizer: Any, repeats: int) -> dict[str, list[
     return arms
 
 
-def conversation(bench: Bench, turns: int, answer_tokens: int) -> dict[str, list[dict[str, Any]]]:
+def conversation(bench: Bench, turns: int, answer_tokens: int, samples: int) -> dict[str, list[list[dict[str, Any]]]]:
+    """Per turn, `samples` rows per arm: that many conversations of the same (greedy) text, each with its own
+    salt, so every one reuses only its own history."""
     system = " ".join(f"Rule {i}: answer briefly and mention the number {i * 11 % 23}." for i in range(24))
     messages = [{"role": "system", "content": system}]
-    salt = f"chat-{uuid.uuid4().hex}"
-    arms: dict[str, list[dict[str, Any]]] = {"no_reuse": [], "redis": []}
+    salts = [f"chat-{uuid.uuid4().hex}" for _ in range(samples)]
+    arms: dict[str, list[list[dict[str, Any]]]] = {"no_reuse": [], "redis": []}
     for turn in range(turns):
         messages.append({"role": "user", "content": f"Turn {turn + 1}: tell me one short fact about the number "
                                                     f"{turn * 7 + 3}, then name a colour."})
-        bench.clear_prefill_caches()  # only Redis can help: the history is not on any prefill worker
-        before = bench.redis_reused_tokens()
-        reused = bench.chat(messages, salt, answer_tokens)
-        reused["redis_reused_tokens"] = bench.redis_reused_tokens() - before
-        fresh = bench.chat(messages, f"fresh-{uuid.uuid4().hex}", answer_tokens)
-        if fresh["text"] != reused["text"]:
-            raise SystemExit(f"turn {turn + 1}: the text with reuse differs from the text without:\n"
-                             f"{reused['text']!r}\n{fresh['text']!r}")
-        arms["redis"].append(reused)
-        arms["no_reuse"].append(fresh)
-        messages.append({"role": "assistant", "content": reused["text"]})
-        print(f"  turn {turn + 1}: prompt {reused['prompt_tokens']} tokens; TTFT no reuse {fresh['ttft_s'] * 1000:.0f} ms,"
-              f" Redis {reused['ttft_s'] * 1000:.0f} ms (cached {reused['cached_tokens']})", flush=True)
+        arms["redis"].append([])
+        arms["no_reuse"].append([])
+        for salt in salts:
+            bench.clear_prefill_caches()  # only Redis can help: the history is not on any prefill worker
+            before = bench.redis_reused_tokens()
+            reused = bench.chat(messages, salt, answer_tokens)
+            reused["redis_reused_tokens"] = bench.redis_reused_tokens() - before
+            fresh = bench.chat(messages, f"fresh-{uuid.uuid4().hex}", answer_tokens)
+            if fresh["text"] != reused["text"]:
+                raise SystemExit(f"turn {turn + 1}: the text with reuse differs from the text without:\n"
+                                 f"{reused['text']!r}\n{fresh['text']!r}")
+            arms["redis"][-1].append(reused)
+            arms["no_reuse"][-1].append(fresh)
+            print(f"  turn {turn + 1}: prompt {reused['prompt_tokens']} tokens; TTFT no reuse "
+                  f"{fresh['ttft_s'] * 1000:.0f} ms, Redis {reused['ttft_s'] * 1000:.0f} ms "
+                  f"(cached {reused['cached_tokens']})", flush=True)
+        messages.append({"role": "assistant", "content": arms["redis"][-1][0]["text"]})
     return arms
 
 
@@ -173,7 +180,7 @@ def load_average() -> list[float]:
     return list(os.getloadavg())
 
 
-def table(prefix: dict[str, list[dict[str, Any]]], chat: dict[str, list[dict[str, Any]]]) -> list[str]:
+def table(prefix: dict[str, list[dict[str, Any]]], chat: dict[str, list[list[dict[str, Any]]]]) -> list[str]:
     def median_ms(rows: list[dict[str, Any]]) -> float:
         return statistics.median(r["ttft_s"] for r in rows) * 1000
 
@@ -184,12 +191,11 @@ def table(prefix: dict[str, list[dict[str, Any]]], chat: dict[str, list[dict[str
         rows = prefix[arm]
         lines.append(f"| {arm} | {median_ms(rows):.0f} ms | {base / median_ms(rows):.1f}x | "
                      f"{statistics.median(r['cached_tokens'] for r in rows):.0f} |")
-    lines += ["", ("| conversation turn | prompt tokens | TTFT no reuse | TTFT Redis (caches cleared) | speed-up | "
-                  "cached |"), "|---|---|---|---|---|---|"]
+    lines += ["", ("| conversation turn | prompt tokens | median TTFT no reuse | median TTFT, Redis (caches cleared) "
+                  "| speed-up | cached |"), "|---|---|---|---|---|---|"]
     for turn, (fresh, reused) in enumerate(zip(chat["no_reuse"], chat["redis"], strict=True), 1):
-        lines.append(f"| {turn} | {reused['prompt_tokens']} | {fresh['ttft_s'] * 1000:.0f} ms | "
-                     f"{reused['ttft_s'] * 1000:.0f} ms | {fresh['ttft_s'] / reused['ttft_s']:.1f}x | "
-                     f"{reused['cached_tokens']} |")
+        lines.append(f"| {turn} | {reused[0]['prompt_tokens']} | {median_ms(fresh):.0f} ms | {median_ms(reused):.0f} ms "
+                     f"| {median_ms(fresh) / median_ms(reused):.1f}x | {reused[0]['cached_tokens']} |")
     return lines
 
 
@@ -198,6 +204,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--turns", type=int, default=5)
     parser.add_argument("--answer-tokens", type=int, default=32)
+    parser.add_argument("--conversations", type=int, default=3, help="conversations per turn's median")
     parser.add_argument("--worker-flags", nargs=argparse.REMAINDER, default=[],
                         help="extra flags for every worker (last on the line), e.g. --torch-threads 1")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks/results/cache_reuse.json")
@@ -218,7 +225,7 @@ def main() -> None:
         print(f"deployment up at {url}; load average {load_before}", flush=True)
         started = time.time()
         prefix = shared_prefix(bench, tokenizer, args.repeats)
-        chat = conversation(bench, args.turns, args.answer_tokens)
+        chat = conversation(bench, args.turns, args.answer_tokens, args.conversations)
         elapsed = time.time() - started
     finally:
         os.killpg(deployment.pid, signal.SIGTERM)
