@@ -24,6 +24,7 @@ inside a forward only marks it (`update()` finishes it).
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,6 +34,8 @@ from pdserve.cache_store.prefix_cache import PrefixCache
 from pdserve.cache_store.tiered import TieredKVCache
 from pdserve.engine.attention_metadata import PrefillChunk
 from pdserve.prefill_node.request import TRANSITIONS, PrefillRequest, PrefillState
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -193,8 +196,12 @@ class Batcher:
         if self.tiered is None:
             blocks = self.cache.allocate(lookup, needed)
         else:  # device hits, then the host / Redis blocks fetched for it loaded into the first new blocks
-            blocks = self.tiered.allocate(lookup, needed, request.fetched)
-            request.fetched = None  # staged host memory: free it now
+            fetched, request.fetched = request.fetched, None  # staged host memory: freed after this
+            try:
+                blocks = self.tiered.allocate(lookup, needed, fetched)
+            except Exception:  # loading failed (nothing was taken): compute those blocks instead
+                logger.exception("loading the fetched blocks of %s failed", request.request_id)
+                blocks = self.tiered.allocate(lookup, needed)
         request.block_ids = list(blocks.block_ids)
         request.num_cached_tokens = blocks.num_cached_tokens
         return True
