@@ -56,6 +56,12 @@ def wait_until(check: Callable[[], Any], timeout_s: float, what: str, poll_s: fl
         time.sleep(poll_s)
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (/proc/<pid>/stat, clock ticks)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def rss_mb(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -135,8 +141,10 @@ class Cluster:
     def spawn_router(self, name: str, *extra: str) -> Proc:
         """A router process; only `start_router`'s is the cluster's (others are the caller's to stop)."""
         port = free_port()
+        # heartbeats every 0.5 s, a worker silent for 4 s is dropped: a dead one is noticed sooner anyway (its
+        # stream breaks, its port refuses), and five model processes on two cores can stall a loop for seconds
         process, log = self._spawn(name, ["router", "--port", str(port), "--heartbeat-interval", "0.5",
-                                          "--heartbeat-timeout", "2", *extra])
+                                          "--heartbeat-timeout", "4", *extra])
         return Proc(name, "router", process, port, log)
 
     def start_worker(self, role: str, name: str, *extra: str, register: bool = True) -> Proc:

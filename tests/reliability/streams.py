@@ -47,7 +47,7 @@ async def stream_completion(client: httpx.AsyncClient, prompt: list[int] | str, 
                 result.finish_reason = choice.get("finish_reason") or result.finish_reason
             if event.get("usage"):
                 result.completion_tokens = event["usage"]["completion_tokens"]
-            if cancel_after is not None and result.events >= cancel_after:
-                break
+            if cancel_after is not None and result.events >= cancel_after and result.finish_reason is None:
+                break  # a cancel mid-way: one whose answer is complete already is read to its end
         result.ended_at = time.monotonic()
         return result

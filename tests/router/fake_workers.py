@@ -45,7 +45,8 @@ class Reservation:
 
 
 class FakeDecodeWorker:
-    """FAKE decode worker. Knobs (set from the test thread): full, token_delay_s, break_after, free_blocks."""
+    """FAKE decode worker. Knobs (set from the test thread): full, token_delay_s, break_after, free_blocks,
+    kv_lease_s + kv_failure."""
 
     def __init__(self, worker_id: str = "fake-d", total_blocks: int = 1000) -> None:
         self.worker_id = worker_id
@@ -55,6 +56,8 @@ class FakeDecodeWorker:
         self.token_delay_s = 0.0
         self.break_after: int | None = None  # end the stream without a finish frame after this many frames
         self.stamp_times = False  # text = time.perf_counter() at send, to time the relay
+        self.kv_lease_s: float | None = None  # the KV (P's hand-off) must come within this, else kv_failure:
+        self.kv_failure = "fail"  # "fail": an error frame, as --kv-load-failure-policy fail; "recompute": go on
         self.total_blocks = total_blocks
         self.free_blocks = total_blocks
         self.cached_tokens = 0
@@ -111,7 +114,16 @@ class FakeDecodeWorker:
     async def _frames(self, r: Reservation):
         sent = 0
         try:
-            await r.kv_done.wait()
+            try:
+                await asyncio.wait_for(r.kv_done.wait(), self.kv_lease_s)
+            except TimeoutError:
+                if self.kv_failure == "fail":
+                    frame = {**self._frame(r, FIRST_TOKEN_ID, "", 0, "error"), "token_ids": [],
+                             "error": f"lease of {self.kv_lease_s} s expired"}
+                    yield encode_frame(frame)
+                    self.finished.append(r.request_id)
+                    return
+                r.first_token_id = FIRST_TOKEN_ID  # recomputed here
             max_tokens, seed = r.sampling["max_tokens"], r.sampling["seed"]
             for i in range(max_tokens):
                 if self.break_after is not None and sent >= self.break_after:
@@ -140,11 +152,12 @@ class FakeDecodeWorker:
 
 
 class FakePrefillWorker:
-    """FAKE prefill worker: hands the first token to D over HTTP. Knob: fail (answer 500)."""
+    """FAKE prefill worker: hands the first token to D over HTTP. Knobs: fail (answer 500), hang_s."""
 
     def __init__(self, worker_id: str = "fake-p") -> None:
         self.worker_id = worker_id
         self.fail = False
+        self.hang_s = 0.0  # wait this long before handing the KV off (a stalled prefill worker)
         self.prefilled: list[str] = []
         self.aborted: list[str] = []
         self.queue_len = 0
@@ -170,6 +183,8 @@ class FakePrefillWorker:
             if self.fail:
                 return JSONResponse({"error": {"message": "prefill crashed", "type": "server_error",
                                                "code": None}}, 500)
+            if self.hang_s:
+                await asyncio.sleep(self.hang_s)
             await self._client.post(f"{body['transfer']['url']}/fake/kv_done/{rid}",
                                     json={"first_token_id": FIRST_TOKEN_ID})
             n = len(body["prompt_token_ids"])
