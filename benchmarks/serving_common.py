@@ -1,0 +1,175 @@
+"""Pieces the CPU serving benchmarks share: a `pdserve serve` deployment in its own process group, the decode
+worker's step counters, machine load, and a client that talks to the workers' internal API directly
+(reserve on D, open D's token stream, drive P's prefill: what the router does, minus the router).
+
+Imported by benchmarks/serving_cpu.py and benchmarks/decode_step_cpu.py (run as scripts from the repository
+root; the scripts' folder is on sys.path).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import psutil
+
+from pdserve.router.frames import FrameDecoder
+
+PHASES = ("schedule", "forward", "sample", "update", "publish")
+SECRET_HEADER = "X-PDServe-Secret"
+
+
+def machine_load() -> dict[str, float | str]:
+    """`uptime`'s load averages (other sessions share these cores) and the time they were read."""
+    one, five, fifteen = os.getloadavg()
+    return {"at": time.strftime("%Y-%m-%d %H:%M:%S"), "load1": one, "load5": five, "load15": fifteen,
+            "cpus": os.cpu_count() or 0}
+
+
+def wait_for_quiet(max_load: float, max_wait_s: float) -> dict[str, float | str]:
+    """Wait (up to max_wait_s) for the 1-minute load to drop to max_load; returns the load when starting."""
+    deadline = time.monotonic() + max_wait_s
+    while os.getloadavg()[0] > max_load and time.monotonic() < deadline:
+        time.sleep(10.0)
+    return machine_load()
+
+
+class Deployment:
+    """`pdserve serve [flags]` on `port`, started in a new session so that stopping it reaches every child.
+    Its internal API's shared secret is ours (`headers` carry it), so /internal/* can be called directly."""
+
+    def __init__(self, port: int, flags: list[str], log: Path) -> None:
+        self.url = f"http://127.0.0.1:{port}"
+        self.argv = [sys.executable, "-m", "pdserve.cli", "serve", "--port", str(port), *flags]
+        self.log = log
+        self.secret = secrets.token_hex(16)
+        self.headers = {SECRET_HEADER: self.secret}
+        self.process: subprocess.Popen | None = None
+
+    def __enter__(self) -> Deployment:  # noqa: PYI034
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "PDSERVE_SECRET": self.secret}
+        self.process = subprocess.Popen(self.argv, stdout=self.log.open("w"), stderr=subprocess.STDOUT,
+                                        start_new_session=True, env=env)
+        deadline = time.monotonic() + 600.0
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"{' '.join(self.argv)} exited with {self.process.returncode}: "
+                                   f"{self.log.read_text()[-2000:]}")
+            try:
+                if httpx.get(self.url + "/health", timeout=2.0).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(1.0)
+        self.__exit__()
+        raise RuntimeError(f"{self.url} not ready after 600 s")
+
+    def __exit__(self, *exc: object) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        os.killpg(self.process.pid, signal.SIGTERM)
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+    def child_cpu_seconds(self) -> dict[str, float]:
+        """CPU seconds (user + system) used so far by each child: router, prefill-0, decode-0 / colocated-0."""
+        assert self.process is not None
+        out = {}
+        for child in psutil.Process(self.process.pid).children(recursive=True):
+            try:
+                argv, times = child.cmdline(), child.cpu_times()
+            except psutil.NoSuchProcess:
+                continue
+            name = argv[argv.index("--worker-id") + 1] if "--worker-id" in argv else "router"
+            out[name] = times.user + times.system
+        return out
+
+    def model(self) -> str:
+        return httpx.get(self.url + "/v1/models", timeout=10).json()["data"][0]["id"]
+
+    def workers(self) -> list[dict]:
+        return httpx.get(self.url + "/internal/workers", headers=self.headers, timeout=10).json()["workers"]
+
+    def worker_url(self, role: str) -> str:
+        return next(w["url"] for w in self.workers() if role in w["roles"])
+
+
+def decode_counters(worker_url: str) -> dict[str, float]:
+    """The decode worker's step counters from its /metrics (names without the `_total` suffix)."""
+    values: dict[str, float] = {}
+    for line in httpx.get(worker_url + "/metrics", timeout=10).text.splitlines():
+        if line.startswith("pdserve_decode_"):
+            name, _, value = line.rpartition(" ")
+            values[name.replace("_total", "")] = float(value)
+    return values
+
+
+def step_summary(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """Mean decode step between two counter readings: batch, wall ms, ms per phase, forward CPU ms."""
+    def delta(name: str) -> float:
+        return after.get(name, 0.0) - before.get(name, 0.0)
+
+    steps = max(delta("pdserve_decode_steps"), 1.0)
+    out = {"steps": delta("pdserve_decode_steps"), "mean_batch": delta("pdserve_decode_generated_tokens") / steps,
+           "step_ms": 1000 * delta("pdserve_decode_step_seconds") / steps,
+           "forward_cpu_ms": 1000 * delta("pdserve_decode_forward_cpu_seconds") / steps,
+           "preemptions": delta("pdserve_decode_preemptions")}
+    for phase in PHASES:
+        out[f"{phase}_ms"] = 1000 * delta(f'pdserve_decode_step_phase_seconds{{phase="{phase}"}}') / steps
+    return out
+
+
+@dataclass
+class DirectOutput:
+    """One request driven through the internal API: when each token frame arrived (perf_counter seconds)."""
+
+    sent_at: float
+    frame_times: list[float] = field(default_factory=list)
+    num_tokens: int = 0
+    error: str = ""
+
+
+async def direct_request(http: httpx.AsyncClient, prefill_url: str, decode_url: str, prompt: list[int],
+                         max_tokens: int, headers: dict[str, str]) -> DirectOutput:
+    """Reserve on D, open D's stream and prefill on P concurrently (as the router does), time D's frames.
+    `headers`: the deployment's shared secret."""
+    rid = f"direct-{uuid.uuid4().hex[:12]}"
+    sampling = {"max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True}
+    out = DirectOutput(time.perf_counter())
+    reply = await http.post(f"{decode_url}/internal/reserve", headers=headers, json={
+        "request_id": rid, "prompt_token_ids": prompt, "sampling": sampling, "arrival_time": time.time()})
+    if reply.status_code != 200:
+        out.error = f"reserve: HTTP {reply.status_code} {reply.text[:200]}"
+        return out
+    body = {"request_id": rid, "prompt_token_ids": prompt, "sampling": sampling, "cache_salt": None,
+            "transfer": reply.json()["transfer"]}
+    async with http.stream("POST", f"{decode_url}/internal/stream/{rid}", headers=headers) as stream:
+        prefill = asyncio.create_task(http.post(f"{prefill_url}/internal/prefill", json=body, headers=headers))
+        decoder, finished = FrameDecoder(), False
+        async for chunk in stream.aiter_raw():
+            now = time.perf_counter()
+            for frame in decoder.feed(chunk):
+                if frame.token_ids:
+                    out.frame_times.append(now)
+                    out.num_tokens += len(frame.token_ids)
+                finished = finished or frame.finish_reason is not None
+                if frame.error:
+                    out.error = frame.error
+            if finished:
+                break
+        answer = await prefill
+        if answer.status_code != 200:
+            out.error = f"prefill: HTTP {answer.status_code} {answer.text[:200]}"
+    return out
