@@ -106,8 +106,9 @@ def _offline_cpu(data: dict[str, Any]) -> PerfSource:
     device = f"CPU, {data['cpu_count']} cores, {threads} torch thread{'s' if threads != 1 else ''}"
     command = (f".venv/bin/python benchmarks/offline_cpu.py --prompts {data['num_prompts']} --new-tokens "
                f"{data['new_tokens']} --rounds {rounds} --threads {threads} --out {{out}}")
+    load = _load_note(data["load_average_before"], data["load_average_after"], data["cpu_count"])
     return PerfSource("offline_cpu.json", device, data["date"][:10], command, tuple(rows),
-                      "Speedup: median over rounds of the paired per-round ratio; HF and pdserve alternate.")
+                      f"Speedup: median over rounds of the paired per-round ratio; HF and pdserve alternate. {load}")
 
 
 def _median_ttft(runs: list[dict[str, Any]]) -> float:
@@ -122,8 +123,16 @@ def _cache_reuse(data: dict[str, Any]) -> PerfSource:
                 f"{cold / _median_ttft(shared[key]):.1f}× faster than no reuse ({cold:.1f} s)")
         for key, label in (("device_hit", "device-tier hit"), ("redis_hit", "Redis-tier hit")))
     device = f"CPU, {data['machine']['cpus']} cores; {data['deployment']}"
+    load = _load_note(data["machine"]["load_average_before"], data["machine"]["load_average_after"],
+                      data["machine"]["cpus"])
     return PerfSource("cache_reuse.json", device, data["date"][:10], ".venv/bin/python benchmarks/cache_reuse.py",
-                      rows, "Streaming openai client, TTFT = request sent to first token; arms interleaved.")
+                      rows, f"Streaming openai client, TTFT = request sent to first token; arms interleaved. {load}")
+
+
+def _load_note(before: list[float], after: list[float], cpus: int) -> str:
+    """These CPU machines are shared: the load the run saw says how far to trust its absolute times."""
+    return (f"Load average {before[0]:.1f} before, {after[0]:.1f} after, on {cpus} cores: read the ratios, "
+            "not the absolute times.")
 
 
 EXTRACTORS: dict[str, Callable[[dict[str, Any]], PerfSource]] = {
