@@ -135,11 +135,42 @@ def _load_note(before: list[float], after: list[float], cpus: int) -> str:
             "not the absolute times.")
 
 
+def _serving_cpu(data: dict[str, Any]) -> PerfSource:
+    """1P+1D against one colocated worker on the same requests (benchmarks/serving_cpu.py)."""
+    settings = dict(re.findall(r"--([\w-]+) (\S+)", data["command"]))
+    deployments = data["deployments"]
+    disaggregated, colocated = deployments["disaggregated"], deployments.get("colocated")
+    workload = f"{settings['num-prompts']} requests, ~{settings['input-len']} → {settings['output-len']} tokens"
+    rows = []
+    for case, arrivals in (("poisson", f"Poisson {settings['rate']} req/s"), ("max", "all at once")):
+        ours = disaggregated[case]["metrics"]
+        other = colocated[case]["metrics"] if colocated and case in colocated else None
+        rows.append(PerfRow(f"serving 1P+1D, {workload}, {arrivals}: TTFT p50 / TPOT p50, output",
+                            _serving_cell(ours), f"one colocated worker: {_serving_cell(other)}" if other else ""))
+    relay = disaggregated.get("relay")
+    if relay:
+        delay = relay["relay_delay_ms"]
+        rows.append(PerfRow("router's added delay per streamed token, p50 / p99",
+                            f"{delay['p50']:.2f} / {delay['p99']:.2f} ms",
+                            f"inter-token latency straight from the decode worker, p50 {relay['itl_direct_ms']['p50']:.0f} ms"))
+    start, end = data["load_at_start"], data.get("load_at_end", data["load_at_start"])
+    return PerfSource("serving_cpu.json", f"CPU, {start['cpus']} cores", data["date"][:10],
+                      f".venv/bin/python {data['command']} --out {{out}}", tuple(rows),
+                      "`pdserve bench` metrics; both deployments in one run. "
+                      + _load_note([start["load1"]], [end["load1"]], int(start["cpus"])))
+
+
+def _serving_cell(metrics: dict[str, Any]) -> str:
+    return (f"{metrics['median_ttft_ms']:.0f} / {metrics['median_tpot_ms']:.0f} ms, "
+            f"{metrics['output_throughput']:.1f} tokens/s")
+
+
 EXTRACTORS: dict[str, Callable[[dict[str, Any]], PerfSource]] = {
     "kernels_h200.json": _kernels_h200,
     "engine_cuda_h200.json": _engine_cuda_h200,
     "offline_cpu.json": _offline_cpu,
     "offline_cpu_threads1.json": _offline_cpu,  # the same benchmark with --threads 1
+    "serving_cpu.json": _serving_cpu,
     "cache_reuse.json": _cache_reuse,
 }
 

@@ -42,3 +42,27 @@ def test_table_region_is_replaced_once_and_refused_without_markers(tmp_path: Pat
 def test_no_result_files_no_rows(tmp_path: Path) -> None:
     assert collect(tmp_path) == []
     assert render_table([], "x/") == ""
+
+
+def _fake_serving_metrics(ttft: float) -> dict:
+    return {"metrics": {"median_ttft_ms": ttft, "median_tpot_ms": 80.0, "output_throughput": 12.5}}
+
+
+def test_serving_extractor_reads_the_structure_serving_cpu_writes(tmp_path: Path) -> None:
+    """A FAKE result of the shape benchmarks/serving_cpu.py saves (its real one may not be committed yet)."""
+    import json
+
+    load = {"at": "x", "load1": 2.0, "load5": 2.0, "load15": 2.0, "cpus": 2}
+    fake = {"date": "2026-11-29 12:00", "command": "benchmarks/serving_cpu.py --num-prompts 64 --input-len 200 "
+            "--output-len 64 --rate 0.2 --relay-prompts 12", "load_at_start": load, "load_at_end": load,
+            "deployments": {
+                "disaggregated": {"poisson": _fake_serving_metrics(300.0), "max": _fake_serving_metrics(900.0),
+                                  "relay": {"relay_delay_ms": {"p50": 0.4, "p99": 2.0},
+                                            "itl_direct_ms": {"p50": 70.0}}},
+                "colocated": {"poisson": _fake_serving_metrics(350.0), "max": _fake_serving_metrics(1200.0)}}}
+    (tmp_path / "serving_cpu.json").write_text(json.dumps(fake))
+    [source] = collect(tmp_path)
+    assert source.command.endswith("--relay-prompts 12 --out benchmarks/results/serving_cpu.json")
+    assert [row.result for row in source.rows] == ["300 / 80 ms, 12.5 tokens/s", "900 / 80 ms, 12.5 tokens/s",
+                                                   "0.40 / 2.00 ms"]
+    assert source.rows[0].baseline == "one colocated worker: 350 / 80 ms, 12.5 tokens/s"
