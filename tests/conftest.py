@@ -18,6 +18,11 @@ from pdserve.engine.weights import DEFAULT_MODEL, KNOWN_MODELS, LoadedModel, loa
 from pdserve.engine.weights.fetch import default_cache_dir, fetch_default_model, fetch_gguf
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--soak-full", action="store_true", default=False,
+                     help="tests/reliability/test_soak.py: the full 2,000-request soak (CI runs a shorter one)")
+
+
 @pytest.fixture(scope="session")
 def model_cache_dir() -> Path:
     """The per-user model cache, shared with the CLI (downloads happen once per machine)."""
