@@ -169,7 +169,6 @@ EXTRACTORS: dict[str, Callable[[dict[str, Any]], PerfSource]] = {
     "kernels_h200.json": _kernels_h200,
     "engine_cuda_h200.json": _engine_cuda_h200,
     "offline_cpu.json": _offline_cpu,
-    "offline_cpu_threads1.json": _offline_cpu,  # the same benchmark with --threads 1
     "serving_cpu.json": _serving_cpu,
     "cache_reuse.json": _cache_reuse,
 }
