@@ -11,8 +11,17 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import pytest
 import torch
+
+# Without a GPU the kernel tests run Triton under its interpreter. TRITON_INTERPRET is read when triton is first
+# imported (its own `tl.cdiv` & co. are jit functions made then), and anything may import it first: torch._dynamo
+# does, and transformers' generate touches that. So it is set here, before any test runs, and not only in
+# tests/kernels/conftest.py (that order failed 79 kernel tests in a whole-suite run).
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import pytest
+
 from pdserve.engine.tokenizer import Tokenizer
 from pdserve.engine.weights import DEFAULT_MODEL, KNOWN_MODELS, LoadedModel, load_model
 from pdserve.engine.weights.fetch import default_cache_dir, fetch_default_model, fetch_gguf

@@ -8,12 +8,21 @@ added (the interpreter's bf16 arithmetic is wrong, so CPU runs skip it).
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable
 
 import torch
 
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
+    # tests/conftest.py sets it before anything runs; a triton imported earlier without it would fail every
+    # kernel test with "Cannot call @triton.jit'd outside of the scope of a kernel", so say so once instead
+    if "triton" in sys.modules:
+        import triton.language as tl
+        from triton.runtime.interpreter import InterpretedFunction
+
+        assert isinstance(tl.cdiv, InterpretedFunction), \
+            "triton was imported before TRITON_INTERPRET=1 was set (tests/conftest.py sets it first)"
 
 import pytest
 
