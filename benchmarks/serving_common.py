@@ -47,16 +47,17 @@ class Deployment:
     """`pdserve serve [flags]` on `port`, started in a new session so that stopping it reaches every child.
     Its internal API's shared secret is ours (`headers` carry it), so /internal/* can be called directly."""
 
-    def __init__(self, port: int, flags: list[str], log: Path) -> None:
+    def __init__(self, port: int, flags: list[str], log: Path, env: dict[str, str] | None = None) -> None:
         self.url = f"http://127.0.0.1:{port}"
         self.argv = [sys.executable, "-m", "pdserve.cli", "serve", "--port", str(port), *flags]
         self.log = log
+        self.env = env or {}  # extra environment of every process (e.g. PYTHONPATH for an experiment)
         self.secret = secrets.token_hex(16)
         self.headers = {SECRET_HEADER: self.secret}
         self.process: subprocess.Popen | None = None
 
     def __enter__(self) -> Deployment:  # noqa: PYI034
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "PDSERVE_SECRET": self.secret}
+        env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1", "PDSERVE_SECRET": self.secret}
         self.process = subprocess.Popen(self.argv, stdout=self.log.open("w"), stderr=subprocess.STDOUT,
                                         start_new_session=True, env=env)
         deadline = time.monotonic() + 600.0

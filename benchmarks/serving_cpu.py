@@ -51,6 +51,7 @@ from pdserve.bench.metrics import compute_metrics
 from pdserve.bench.runner import LoadSpec, run_benchmark
 
 DEPLOYMENTS = {"disaggregated": [], "colocated": ["--colocated"]}
+CASES = ("poisson", "max", "relay")
 _KEYS = ("completed", "failed", "duration", "request_throughput", "output_throughput", "median_ttft_ms",
          "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms", "median_itl_ms", "p99_itl_ms", "median_e2el_ms")
 
@@ -97,14 +98,14 @@ def relay_delays(routed: list[list[float]], starts: list[float], max_s: float) -
 async def _relay_requests(dep: Deployment, ids: list[list[int]], output_len: int):
     prefill_url, decode_url = dep.worker_url("prefill"), dep.worker_url("decode")
     target = ApiTarget(dep.url, model=dep.model(), ignore_eos=True)
-    half = len(ids) // 2
     limits = httpx.Limits(max_connections=2 * len(ids), max_keepalive_connections=2 * len(ids))
     async with httpx.AsyncClient(timeout=httpx.Timeout(3600.0), limits=limits) as http:
         t0 = time.perf_counter()
-        tasks = [send_request(http, target, p, output_len, len(p), t0) for p in ids[:half]]
-        tasks += [direct_request(http, prefill_url, decode_url, p, output_len, dep.headers) for p in ids[half:]]
+        # alternate routed and direct, so that both kinds are prefilled alike and decode in the same batches
+        tasks = [send_request(http, target, p, output_len, len(p), t0) if i % 2 == 0 else
+                 direct_request(http, prefill_url, decode_url, p, output_len, dep.headers) for i, p in enumerate(ids)]
         done = await asyncio.gather(*tasks)
-    return t0, done[:half], done[half:]
+    return t0, done[0::2], done[1::2]
 
 
 def relay_case(dep: Deployment, num: int, args: argparse.Namespace) -> dict:
@@ -138,17 +139,21 @@ def _stats(values_s: list[float]) -> dict[str, float]:
 # ---- the run ---------------------------------------------------------------------------------------------------
 
 def run_deployment(name: str, args: argparse.Namespace, logs: Path) -> dict:
-    with Deployment(args.port, DEPLOYMENTS[name], logs / f"{name}.log") as dep:
+    env = dict(item.split("=", 1) for item in args.deployment_env)
+    with Deployment(args.port, DEPLOYMENTS[name], logs / f"{name}.log", env) as dep:
         warm = sample_random(2, LengthSpec(args.input_len), LengthSpec(8), None, seed=5)
         run_case(dep, warm, LoadSpec(math.inf))
-        out = {"argv": dep.argv[2:]}
-        out["poisson"] = run_case(dep, prompts(args, seed=1), LoadSpec(args.rate, seed=1))
-        print(f"{name} poisson: {_line(out['poisson'])}", flush=True)
-        out["max"] = run_case(dep, prompts(args, seed=2), LoadSpec(math.inf))
-        print(f"{name} max: {_line(out['max'])}", flush=True)
-        if args.relay_prompts:
+        out: dict = {"argv": dep.argv[2:], "env": env}
+        if "poisson" in args.cases:
+            out["poisson"] = run_case(dep, prompts(args, seed=1), LoadSpec(args.rate, seed=1))
+            print(f"{name} poisson: {_line(out['poisson'])}", flush=True)
+        if "max" in args.cases:
+            out["max"] = run_case(dep, prompts(args, seed=2), LoadSpec(math.inf))
+            print(f"{name} max: {_line(out['max'])}", flush=True)
+        if "relay" in args.cases and args.relay_prompts:
             out["relay"] = relay_case(dep, args.relay_prompts, args)
-            print(f"{name} relay: {json.dumps(out['relay']['relay_delay_ms'])}", flush=True)
+            print(f"{name} relay: {json.dumps(out['relay']['relay_delay_ms'])}, router CPU "
+                  f"{out['relay']['router_cpu_ms_per_token']:.2f} ms/token", flush=True)
     return out
 
 
@@ -159,6 +164,8 @@ def _line(case: dict) -> str:
 
 
 def print_table(report: dict) -> None:
+    if not all(case in d for d in report["deployments"].values() for case in ("poisson", "max")):
+        return  # a partial run (--cases): the JSON and the lines above hold it
     rows = [("TTFT p50 / p99 (ms)", "median_ttft_ms", "p99_ttft_ms"), ("TPOT p50 / p99 (ms)", "median_tpot_ms",
             "p99_tpot_ms"), ("ITL p50 / p99 (ms)", "median_itl_ms", "p99_itl_ms")]
     names = list(report["deployments"])
@@ -188,13 +195,16 @@ def main() -> int:
     parser.add_argument("--rate", type=float, default=0.2, help="Poisson arrivals per second")
     parser.add_argument("--relay-prompts", type=int, default=12, help="routed and as many direct (0: skip)")
     parser.add_argument("--deployments", nargs="+", default=list(DEPLOYMENTS), choices=list(DEPLOYMENTS))
+    parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
+    parser.add_argument("--deployment-env", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="extra environment of the deployment's processes")
     parser.add_argument("--port", type=int, default=8731)
     parser.add_argument("--max-load", type=float, default=3.0, help="wait for the 1-minute load to drop to this")
     parser.add_argument("--max-wait", type=float, default=300.0, help="seconds to wait for --max-load at most")
     parser.add_argument("--out", default="benchmarks/results/serving_cpu.json")
     args = parser.parse_args()
     report: dict = {"date": time.strftime("%Y-%m-%d %H:%M"), "command": "benchmarks/serving_cpu.py " + " ".join(
-        f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k not in ("out", "deployments")),
+        f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k not in ("out", "deployments", "cases", "deployment_env")),
         "machine": f"this CPU machine ({machine_load()['cpus']} cores), shared with other sessions",
         "load_at_start": wait_for_quiet(args.max_load, args.max_wait), "deployments": {}}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
