@@ -127,6 +127,22 @@ class DecodeBuffers:
             raise ValueError(f"decode batch of {num_seqs} exceeds the largest bucket {self.buckets[-1]}")
         return self.buckets[i]
 
+    def padding_batch(self, bucket: int) -> DecodeBatch:
+        """A batch of `bucket` padding rows (slot -1: nothing written; seq_len 0: attention yields zeros), what
+        a CUDA graph is warmed up and captured on: running it changes no KV."""
+        if bucket not in self.buckets:
+            raise ValueError(f"{bucket} is not one of the decode buckets {self.buckets}")
+        self.input_ids[:bucket].zero_()
+        self.positions[:bucket].zero_()
+        self.slot_mapping[:bucket].fill_(-1)
+        self.seq_lens[:bucket].zero_()
+        self.block_tables[:bucket].zero_()
+        return self._batch(0, bucket)
+
+    def _batch(self, num_seqs: int, bucket: int) -> DecodeBatch:
+        return DecodeBatch(num_seqs, self.input_ids[:bucket], self.positions[:bucket], self.slot_mapping[:bucket],
+                           self.seq_lens[:bucket], self.block_tables[:bucket])
+
     def prepare(self, items: list[DecodeInput]) -> DecodeBatch:
         """Copy the items into the buffers' first rows and pad up to the bucket."""
         n, bs = len(items), self.block_size
@@ -149,5 +165,4 @@ class DecodeBuffers:
         view = self.block_tables[:bucket]
         view.zero_()
         view[:, : tables.shape[1]].copy_(tables)
-        return DecodeBatch(n, self.input_ids[:bucket], self.positions[:bucket], self.slot_mapping[:bucket],
-                           self.seq_lens[:bucket], view)
+        return self._batch(n, bucket)

@@ -12,14 +12,16 @@ from dataclasses import dataclass
 import torch
 
 from pdserve.engine.attention_metadata import (
+    DecodeBatch,
     DecodeBuffers,
     DecodeInput,
     PrefillChunk,
     build_prefill_batch,
 )
 from pdserve.engine.config import CacheConfig, ModelConfig
+from pdserve.engine.cuda_graphs import DecodeGraphs, use_cuda_graphs
 from pdserve.engine.kv_cache import allocate_kv_caches
-from pdserve.engine.model import LayerDone, LlamaModel, fuse_weights
+from pdserve.engine.model import LayerDone, LlamaModel, ModelWeights, fuse_weights
 
 
 @dataclass(frozen=True)
@@ -47,17 +49,22 @@ class ModelRunner:
         self,
         config: ModelConfig,
         cache_config: CacheConfig,
-        weights: dict[str, torch.Tensor],
+        weights: dict[str, torch.Tensor] | ModelWeights,
         device: torch.device | str,
         dtype: torch.dtype,
         max_num_seqs: int = 256,
         decode_buckets: list[int] | None = None,
+        enforce_eager: bool = False,
     ) -> None:
+        """On CUDA the decode step is captured as one CUDA graph per bucket here, once the KV pool exists
+        (engine/cuda_graphs.py); `enforce_eager` keeps every step eager (debugging, profiling per kernel).
+        `weights` are HF-named, or already fused (a worker fuses first, to size the KV pool by what is left)."""
         self.config = config
         self.cache_config = cache_config
         self.device = torch.device(device)
         self.dtype = dtype
-        self.model = LlamaModel(config, fuse_weights(config, weights, self.device, dtype))
+        fused = weights if isinstance(weights, ModelWeights) else fuse_weights(config, weights, self.device, dtype)
+        self.model = LlamaModel(config, fused)
         self.kv_caches: list[torch.Tensor] = allocate_kv_caches(config, cache_config, self.device, dtype)
         self.max_blocks_per_seq = -(-config.max_model_len // cache_config.block_size)
         self.decode_buffers = DecodeBuffers(
@@ -67,6 +74,10 @@ class ModelRunner:
             self.device,
             decode_buckets or default_decode_buckets(max_num_seqs, self.device),
         )
+        self.graphs: DecodeGraphs | None = None
+        if use_cuda_graphs(self.device, enforce_eager):
+            self.graphs = DecodeGraphs(self._forward_decode, self.decode_buffers, self.device)
+            self.graphs.capture()
 
     @torch.inference_mode()
     def prefill(self, chunks: list[PrefillChunk], layer_done: LayerDone | None = None) -> PrefillOutput:
@@ -84,7 +95,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def decode(self, items: list[DecodeInput]) -> torch.Tensor:
-        """One step for each item -> fp32 logits [len(items), V]."""
+        """One step for each item -> fp32 logits [len(items), V]. With CUDA graphs the rows are a view of the
+        bucket's graph output, valid until the next decode call: sample from them first."""
         if not items:
             raise ValueError("a decode batch needs at least one item")
         for i, it in enumerate(items):
@@ -92,4 +104,9 @@ class ModelRunner:
                 raise ValueError(f"decode item {i} is at position {it.position}, beyond max_model_len "
                                  f"{self.config.max_model_len}")
         batch = self.decode_buffers.prepare(items)
-        return self.model.forward_decode(batch, self.kv_caches)[: batch.num_seqs]
+        if self.graphs is not None:
+            return self.graphs.replay(batch)
+        return self._forward_decode(batch)[: batch.num_seqs]
+
+    def _forward_decode(self, batch: DecodeBatch) -> torch.Tensor:
+        return self.model.forward_decode(batch, self.kv_caches)

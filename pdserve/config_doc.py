@@ -293,7 +293,8 @@ def _unit(action: argparse.Action) -> str:
     name = action.dest
     if getattr(action.type, "__name__", "") == "parse_size":
         return "bytes"
-    rules = (("_ms", "ms"), ("_gbps", "GB/s"), ("_gb", "GiB"), ("_fraction", "0–1"), ("_ratio", "0–1"))
+    rules = (("_ms", "ms"), ("_gbps", "GB/s"), ("_gb", "GiB"), ("_fraction", "0–1"), ("_ratio", "0–1"),
+             ("_utilization", "0–1"))
     for suffix, unit in rules:
         if name.endswith(suffix):
             return unit

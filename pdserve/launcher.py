@@ -80,7 +80,7 @@ def plan_children(settings: LaunchSettings, python: str = sys.executable,
 
 def place_on_gpus(worker_args: list[str], num_workers: int, num_gpus: int | None) -> list[list[str]]:
     """Extra flags per worker: round-robin over the GPUs (`--device cuda:i`), and when k workers share one,
-    `--gpu-memory-fraction 0.8/k` each (unless the flags already say). Nothing on a machine without CUDA."""
+    `--gpu-memory-utilization 0.8/k` each (unless the flags already say). Nothing on a machine without CUDA."""
     device = _flag(worker_args, "--device", "auto")
     if device == "cpu" or not device.startswith(("auto", "cuda")):
         return [[] for _ in range(num_workers)]
@@ -90,12 +90,12 @@ def place_on_gpus(worker_args: list[str], num_workers: int, num_gpus: int | None
         return [[] for _ in range(num_workers)]
     devices = [device] * num_workers if device.startswith("cuda:") else [f"cuda:{i % num_gpus}"
                                                                         for i in range(num_workers)]
-    sized = any(flag in worker_args for flag in ("--num-blocks", "--kv-cache-memory", "--gpu-memory-fraction"))
+    sized = any(flag in worker_args for flag in ("--num-blocks", "--kv-cache-memory", "--gpu-memory-utilization"))
     placements = []
     for dev in devices:
         flags = [] if dev == device else ["--device", dev]
         if not sized and devices.count(dev) > 1:
-            flags += ["--gpu-memory-fraction", f"{0.8 / devices.count(dev):.3f}"]
+            flags += ["--gpu-memory-utilization", f"{0.8 / devices.count(dev):.3f}"]
         placements.append(flags)
     return placements
 

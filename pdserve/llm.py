@@ -77,6 +77,7 @@ class LLM:
         enable_prefix_caching: bool = True,
         cache_dir: str | Path | None = None,
         progress: bool = True,
+        enforce_eager: bool = False,
     ) -> None:
         if max_num_seqs <= 0 or max_num_batched_tokens < max_num_seqs:
             raise ValueError(f"need 0 < max_num_seqs ({max_num_seqs}) <= max_num_batched_tokens "
@@ -91,7 +92,8 @@ class LLM:
         self.cache_config = CacheConfig(num_blocks=num_blocks, block_size=block_size)
         self.eos_token_ids = frozenset(self.tokenizer.eos_token_ids) | frozenset(self.config.eos_token_ids)
         self.runner = ModelRunner(self.config, self.cache_config, loaded.weights, device,
-                                  parse_dtype(dtype, device), max_num_seqs=max_num_seqs)
+                                  parse_dtype(dtype, device), max_num_seqs=max_num_seqs,
+                                  enforce_eager=enforce_eager)
         self.sampler = Sampler(device)
         self.pool = BlockPool(num_blocks)
         self.prefix_cache = PrefixCache(self.pool, block_size) if enable_prefix_caching else None

@@ -58,6 +58,7 @@ class ModelSettings:
     max_model_len: int | None = None
     seed: int = 0  # dummy weights
     torch_threads: int | None = None
+    enforce_eager: bool = False  # no CUDA graphs for decode steps (CPU is always eager)
 
     def __post_init__(self) -> None:
         if self.load_format not in LOAD_FORMATS:
@@ -78,7 +79,7 @@ class KVCacheSettings:
     # when neither is given: this much host memory on CPU; on CUDA, up to this fraction of the device's memory
     # for this process (weights included), so that workers sharing a GPU can be given a share each
     default_cpu_memory: int = 1 << 30
-    device_memory_fraction: float = 0.8
+    gpu_memory_utilization: float = 0.8
 
     def __post_init__(self) -> None:
         if self.num_blocks is not None and self.kv_cache_memory is not None:
@@ -89,20 +90,22 @@ class KVCacheSettings:
             raise ValueError(f"num_blocks must be positive, got {self.num_blocks}")
         if self.kv_cache_memory is not None and self.kv_cache_memory <= 0:
             raise ValueError(f"kv_cache_memory must be positive, got {self.kv_cache_memory}")
-        if not 0 < self.device_memory_fraction <= 1:
-            raise ValueError(f"gpu memory fraction must be in (0, 1], got {self.device_memory_fraction}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(f"gpu memory utilization must be in (0, 1], got {self.gpu_memory_utilization}")
 
-    def resolve_num_blocks(self, bytes_per_block: int, device_total: int | None = None,
-                           device_used: int = 0) -> int:
+    @property
+    def sized_explicitly(self) -> bool:
+        return self.num_blocks is not None or self.kv_cache_memory is not None
+
+    def resolve_num_blocks(self, bytes_per_block: int, device_budget: int | None = None) -> int:
         """Blocks that fit: num_blocks as given, or a memory budget // bytes_per_block. The budget is
-        kv_cache_memory; else on CUDA `device_memory_fraction` of the device's `device_total` bytes minus what
-        this process holds already (`device_used`: weights); else `default_cpu_memory`."""
+        kv_cache_memory; else on CUDA `device_budget` (engine/kv_cache.gpu_kv_budget, from
+        `gpu_memory_utilization`); else `default_cpu_memory`."""
         if self.num_blocks is not None:
             return self.num_blocks
         budget = self.kv_cache_memory
         if budget is None:
-            budget = (int(device_total * self.device_memory_fraction) - device_used if device_total is not None
-                      else self.default_cpu_memory)
+            budget = device_budget if device_budget is not None else self.default_cpu_memory
         count = budget // bytes_per_block
         if count < 1:
             raise ValueError(f"a KV budget of {budget} bytes holds no block ({bytes_per_block} bytes each)")
@@ -242,6 +245,9 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
                        help="CPU threads per worker (default: torch's, one per core; use 1 when several "
                             "workers share few cores)")
     group.add_argument("--max-model-len", type=int, default=None, help="cap on prompt + output tokens")
+    group.add_argument("--enforce-eager", action="store_true",
+                       help="run decode steps eagerly instead of replaying one CUDA graph per batch bucket "
+                            "(CUDA only; CPU always runs eagerly)")
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
@@ -249,9 +255,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     size = group.add_mutually_exclusive_group()
     size.add_argument("--num-blocks", type=int, default=None, help="KV blocks in the pool")
     size.add_argument("--kv-cache-memory", type=parse_size, default=None, help="KV pool size, e.g. 2GiB")
-    group.add_argument("--gpu-memory-fraction", type=float, default=KVCacheSettings.device_memory_fraction,
+    group.add_argument("--gpu-memory-utilization", type=float, default=KVCacheSettings.gpu_memory_utilization,
                        help="without --num-blocks/--kv-cache-memory on CUDA: the share of the GPU's memory this "
-                            "worker may fill, weights included")
+                            "worker may fill, weights included (workers sharing a GPU take a share each)")
     group.add_argument("--block-size", type=int, default=16)
     group.add_argument("--max-num-seqs", type=int, default=SchedulerSettings.max_num_seqs)
     group.add_argument("--max-num-batched-tokens", type=int, default=SchedulerSettings.max_num_batched_tokens)
@@ -288,7 +294,8 @@ def add_worker_arguments(parser: argparse.ArgumentParser, role: str) -> None:
 def model_settings_from_args(args: argparse.Namespace, cache_dir: str | None) -> ModelSettings:
     return ModelSettings(model=args.model, load_format=args.load_format, model_preset=args.model_preset,
                          tokenizer=args.tokenizer, device=args.device, dtype=args.dtype, cache_dir=cache_dir,
-                         max_model_len=args.max_model_len, torch_threads=args.torch_threads)
+                         max_model_len=args.max_model_len, torch_threads=args.torch_threads,
+                         enforce_eager=args.enforce_eager)
 
 
 def worker_settings_from_args(args: argparse.Namespace, cache_dir: str | None,
@@ -299,7 +306,7 @@ def worker_settings_from_args(args: argparse.Namespace, cache_dir: str | None,
         roles=parse_roles(args.role),
         model=model_settings_from_args(args, cache_dir),
         cache=KVCacheSettings(num_blocks=args.num_blocks, kv_cache_memory=args.kv_cache_memory,
-                              block_size=args.block_size, device_memory_fraction=args.gpu_memory_fraction),
+                              block_size=args.block_size, gpu_memory_utilization=args.gpu_memory_utilization),
         scheduler=SchedulerSettings(max_num_seqs=args.max_num_seqs,
                                     max_num_batched_tokens=args.max_num_batched_tokens,
                                     kv_lease_timeout_s=args.kv_lease_timeout,

@@ -18,7 +18,8 @@ from pdserve.cache_store.policy import add_cache_arguments, cache_argv
 from pdserve.settings import LaunchSettings, add_engine_arguments, add_model_arguments
 
 _MODEL_FLAGS = ("model", "load_format", "model_preset", "tokenizer", "max_model_len")
-_WORKER_ONLY_FLAGS = ("device", "dtype", "torch_threads", "num_blocks", "kv_cache_memory", "gpu_memory_fraction",
+_WORKER_ONLY_FLAGS = ("device", "dtype", "torch_threads", "enforce_eager", "num_blocks", "kv_cache_memory",
+                      "gpu_memory_utilization",
                       "block_size", "max_num_seqs",
                       "max_num_batched_tokens", "kv_lease_timeout", "kv_load_failure_policy", "max_queued_requests")
 
@@ -50,7 +51,8 @@ def forwarded_flags(args: argparse.Namespace, names: tuple[str, ...]) -> list[st
         value = getattr(args, name)
         if value is None or value == _DEFAULTS.get(name):
             continue
-        out += [f"--{name.replace('_', '-')}", str(value)]
+        flag = f"--{name.replace('_', '-')}"
+        out += [flag] if value is True else [flag, str(value)]  # an on/off flag takes no value
     return out
 
 

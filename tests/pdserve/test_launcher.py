@@ -39,9 +39,9 @@ def test_colocated_and_pool_sizes() -> None:
 def test_workers_share_out_the_gpus() -> None:
     assert place_on_gpus([], 2, num_gpus=0) == [[], []]
     assert place_on_gpus([], 3, num_gpus=4) == [["--device", f"cuda:{i}"] for i in range(3)]
-    two_on_one = [["--device", "cuda:0", "--gpu-memory-fraction", "0.400"]] * 2
+    two_on_one = [["--device", "cuda:0", "--gpu-memory-utilization", "0.400"]] * 2
     assert place_on_gpus([], 2, num_gpus=1) == two_on_one
-    assert place_on_gpus(["--device", "cuda:1"], 2, num_gpus=2) == [["--gpu-memory-fraction", "0.400"]] * 2
+    assert place_on_gpus(["--device", "cuda:1"], 2, num_gpus=2) == [["--gpu-memory-utilization", "0.400"]] * 2
     assert place_on_gpus(["--num-blocks", "100"], 2, num_gpus=1) == [["--device", "cuda:0"]] * 2
     assert place_on_gpus(["--device", "cpu"], 2, num_gpus=8) == [[], []]
 
@@ -52,6 +52,8 @@ def test_serve_forwards_only_changed_flags() -> None:
     worker = forwarded_flags(args, _MODEL_FLAGS + _WORKER_ONLY_FLAGS)
     assert worker == ["--load-format", "dummy", "--model-preset", "llama3-8b", "--num-blocks", "100"]
     assert forwarded_flags(args, _MODEL_FLAGS) == ["--load-format", "dummy", "--model-preset", "llama3-8b"]
+    eager = build_parser().parse_args(["serve", "--enforce-eager", "--gpu-memory-utilization", "0.4"])
+    assert forwarded_flags(eager, _WORKER_ONLY_FLAGS) == ["--enforce-eager", "--gpu-memory-utilization", "0.4"]
 
 
 PARENT = """

@@ -48,9 +48,10 @@ def test_kv_pool_size_from_count_budget_or_device_memory() -> None:
     assert KVCacheSettings(num_blocks=100).resolve_num_blocks(per_block) == 100
     assert KVCacheSettings(kv_cache_memory=per_block * 7 + 1).resolve_num_blocks(per_block) == 7
     assert KVCacheSettings().resolve_num_blocks(per_block) == (1 << 30) // per_block  # CPU: 1 GiB
-    # CUDA: 80% of a 10 GiB device, less the 2 GiB this process holds already
-    assert KVCacheSettings().resolve_num_blocks(1 << 20, device_total=10 << 30, device_used=2 << 30) == 6144
-    assert KVCacheSettings(device_memory_fraction=0.4).resolve_num_blocks(1 << 20, 10 << 30, 2 << 30) == 2048
+    # CUDA: the budget engine/kv_cache.gpu_kv_budget computed (tests/engine/test_kv_budget.py)
+    assert KVCacheSettings().resolve_num_blocks(1 << 20, device_budget=6 << 30) == 6144
+    assert KVCacheSettings(num_blocks=5).resolve_num_blocks(1 << 20, device_budget=6 << 30) == 5
+    assert not KVCacheSettings().sized_explicitly and KVCacheSettings(num_blocks=5).sized_explicitly
     with pytest.raises(ValueError, match="holds no block"):
         KVCacheSettings(kv_cache_memory=10).resolve_num_blocks(per_block)
 
@@ -66,5 +67,9 @@ def test_worker_flags_become_settings() -> None:
     assert (settings.server.port, settings.transfer.port, settings.transfer.backend) == (9001, 9002, "tcp")
     assert settings.server.router_url == "http://10.0.0.1:8000" and settings.server.secret == "s"
     assert settings.model.dtype == "bfloat16" and settings.model.cache_dir == "/tmp/models"
+    assert not settings.model.enforce_eager and settings.cache.gpu_memory_utilization == 0.8
+    tuned = worker_settings_from_args(parser.parse_args(["--enforce-eager", "--gpu-memory-utilization", "0.45"]),
+                                      None, None)
+    assert tuned.model.enforce_eager and tuned.cache.gpu_memory_utilization == 0.45
     both = worker_settings_from_args(parser.parse_args(["--role", "both"]), None, None)
     assert both.colocated and both.transfer.backend == "local"
