@@ -74,7 +74,8 @@ class Sampler:
             sampled = self._sample(penalised, requests)
             greedy = torch.tensor([r.params.greedy for r in requests], device=raw.device)
             tokens = torch.where(greedy, tokens, sampled)
-        return SamplerOutput(token_ids=tokens.tolist(), logprobs=compute_logprobs(raw, tokens, requests))
+        token_ids = tokens.tolist()  # the step's one device -> host sync (without logprobs)
+        return SamplerOutput(token_ids=token_ids, logprobs=compute_logprobs(raw, tokens, requests, token_ids))
 
     def _sample(self, logits: torch.Tensor, requests: list[SamplingRequest]) -> torch.Tensor:
         params = [r.params for r in requests]
@@ -157,21 +158,23 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Te
 
 
 def compute_logprobs(
-    raw: torch.Tensor, tokens: torch.Tensor, requests: list[SamplingRequest]
+    raw: torch.Tensor, tokens: torch.Tensor, requests: list[SamplingRequest], token_ids: list[int]
 ) -> list[TokenLogprobs | None]:
-    """Logprobs from the raw model distribution (before penalties and temperature), for the rows that ask."""
+    """Logprobs from the raw model distribution (before penalties and temperature), for the rows that ask.
+    `token_ids` is `tokens` on the host already: two more syncs for the whole batch, none per row."""
     rows = [i for i, r in enumerate(requests) if r.params.logprobs is not None]
     out: list[TokenLogprobs | None] = [None] * len(requests)
     if not rows:
         return out
     index = torch.tensor(rows, device=raw.device)
     logprobs = raw[index].log_softmax(dim=-1)
-    chosen = logprobs.gather(1, tokens[index][:, None])[:, 0].tolist()
+    chosen = logprobs.gather(1, tokens[index][:, None])
     k = max(requests[i].params.logprobs or 0 for i in rows)
     top_values, top_ids = logprobs.topk(k, dim=-1) if k else (logprobs[:, :0], logprobs[:, :0].long())
-    top_values, top_ids = top_values.tolist(), top_ids.tolist()
+    values = torch.cat([chosen, top_values], dim=1).tolist()  # one copy for the chosen and the top values
+    top_ids = top_ids.tolist()
     for j, i in enumerate(rows):
         n = requests[i].params.logprobs or 0
-        top = list(zip(top_ids[j][:n], top_values[j][:n], strict=True))
-        out[i] = TokenLogprobs(token_id=int(tokens[i]), logprob=chosen[j], top=top)
+        top = list(zip(top_ids[j][:n], values[j][1:n + 1], strict=True))
+        out[i] = TokenLogprobs(token_id=token_ids[i], logprob=values[j][0], top=top)
     return out
