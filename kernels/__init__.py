@@ -2,7 +2,7 @@
 Triton launcher (`op_triton`). Nothing here imports anything above it."""
 
 from pdserve.kernels.activation import silu_and_mul
-from pdserve.kernels.block_copy import gather_blocks, scatter_blocks
+from pdserve.kernels.block_copy import copy_blocks, gather_blocks, scatter_blocks
 from pdserve.kernels.decode_attention import decode_attention
 from pdserve.kernels.dispatch import get_backend, set_backend
 from pdserve.kernels.linear import linear
@@ -13,6 +13,7 @@ from pdserve.kernels.rope import Llama3RopeScaling, build_cos_sin_cache, rope_kv
 __all__ = [
     "Llama3RopeScaling",
     "build_cos_sin_cache",
+    "copy_blocks",
     "decode_attention",
     "fused_add_rms_norm",
     "gather_blocks",

@@ -11,22 +11,25 @@ import triton.language as tl
 
 @triton.jit
 def _block_copy_kernel(
-    src_ptr, dst_ptr, ids_ptr, num_ids, block_numel,
+    src_ptr, dst_ptr, src_ids_ptr, dst_ids_ptr, block_numel,
     src_stride_kv, src_stride_blk, dst_stride_kv, dst_stride_blk,
-    GATHER: tl.constexpr, BLOCK: tl.constexpr, EVEN: tl.constexpr,
+    SRC_INDEXED: tl.constexpr, DST_INDEXED: tl.constexpr, BLOCK: tl.constexpr, EVEN: tl.constexpr,
 ):
-    # gather: src = kv_cache [2, num_blocks, E], dst = packed [2, n, E]; scatter: the other way round
-    # (E = block_size * Hkv * D); grid: (n, 2, cdiv(E, BLOCK))
+    # src, dst: [2, blocks, E] (E = block_size * Hkv * D); program i copies block src_ids[i] (or i) of src to
+    # block dst_ids[i] (or i) of dst. gather: a cache into a packed buffer (SRC_INDEXED); scatter: a packed buffer
+    # into a cache (DST_INDEXED); copy: a cache into another cache, e.g. a peer's pool over CUDA IPC (both).
+    # grid: (n, 2, cdiv(E, BLOCK))
     i = tl.program_id(0)
     kv = tl.program_id(1).to(tl.int64)
     offs = tl.program_id(2) * BLOCK + tl.arange(0, BLOCK)
-    block_id = tl.load(ids_ptr + i).to(tl.int64)
-    if GATHER:
-        src = src_ptr + kv * src_stride_kv + block_id * src_stride_blk + offs
-        dst = dst_ptr + kv * dst_stride_kv + i * dst_stride_blk + offs
-    else:
-        src = src_ptr + kv * src_stride_kv + i * src_stride_blk + offs
-        dst = dst_ptr + kv * dst_stride_kv + block_id * dst_stride_blk + offs
+    src_block = i.to(tl.int64)
+    dst_block = i.to(tl.int64)
+    if SRC_INDEXED:
+        src_block = tl.load(src_ids_ptr + i).to(tl.int64)
+    if DST_INDEXED:
+        dst_block = tl.load(dst_ids_ptr + i).to(tl.int64)
+    src = src_ptr + kv * src_stride_kv + src_block * src_stride_blk + offs
+    dst = dst_ptr + kv * dst_stride_kv + dst_block * dst_stride_blk + offs
     if EVEN:
         tl.store(dst, tl.load(src).to(dst_ptr.dtype.element_ty))
     else:
@@ -42,28 +45,37 @@ def _check_blocks(t: torch.Tensor, name: str) -> None:
         raise ValueError(f"{name} needs contiguous blocks (strides {t.stride()}, shape {tuple(t.shape)})")
 
 
-def _copy(src, dst, block_ids, gather):
+def _check_ids(block_ids: torch.Tensor) -> None:
     if block_ids.dim() != 1:
         raise ValueError(f"block_ids must be 1-D, got shape {tuple(block_ids.shape)}")
     if block_ids.dtype not in (torch.int32, torch.int64):
         raise ValueError(f"block_ids must be int32/int64, got {block_ids.dtype}")
+
+
+def _copy(src, dst, src_ids, dst_ids, n):
+    for ids in (src_ids, dst_ids):
+        if ids is not None:
+            _check_ids(ids)
     block_numel = src.shape[2] * src.shape[3] * src.shape[4]
     block = min(4096, triton.next_power_of_2(block_numel))
-    n = block_ids.shape[0]
     if n == 0:
         return
     grid = (n, 2, triton.cdiv(block_numel, block))
+    # a missing id list is never read (its constexpr flag is off): any tensor stands in for the pointer
+    src_arg = src_ids.to(src.device) if src_ids is not None else src
+    dst_arg = dst_ids.to(src.device) if dst_ids is not None else src
     _block_copy_kernel[grid](
-        src, dst, block_ids.to(src.device), n, block_numel,
+        src, dst, src_arg, dst_arg, block_numel,
         src.stride(0), src.stride(1), dst.stride(0), dst.stride(1),
-        GATHER=gather, BLOCK=block, EVEN=block_numel % block == 0, num_warps=4,
+        SRC_INDEXED=src_ids is not None, DST_INDEXED=dst_ids is not None,
+        BLOCK=block, EVEN=block_numel % block == 0, num_warps=4,
     )
 
 
 def gather_blocks_triton(kv_cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
     _check_blocks(kv_cache, "kv_cache")
     out = torch.empty((2, block_ids.shape[0], *kv_cache.shape[2:]), dtype=kv_cache.dtype, device=kv_cache.device)
-    _copy(kv_cache, out, block_ids, gather=True)
+    _copy(kv_cache, out, block_ids, None, block_ids.shape[0])
     return out
 
 
@@ -73,4 +85,16 @@ def scatter_blocks_triton(kv_cache: torch.Tensor, block_ids: torch.Tensor, block
     expected = (2, block_ids.shape[0], *kv_cache.shape[2:])
     if tuple(blocks.shape) != expected:
         raise ValueError(f"blocks shape {tuple(blocks.shape)} != {expected}")
-    _copy(blocks, kv_cache, block_ids, gather=False)
+    _copy(blocks, kv_cache, None, block_ids, block_ids.shape[0])
+
+
+def copy_blocks_triton(src_cache: torch.Tensor, src_ids: torch.Tensor, dst_cache: torch.Tensor,
+                       dst_ids: torch.Tensor) -> None:
+    """Runs on src_cache's device; dst_cache may live on a peer GPU (mapped through CUDA IPC with peer access):
+    each program then stores its block over NVLink."""
+    _check_blocks(src_cache, "src_cache")
+    _check_blocks(dst_cache, "dst_cache")
+    if tuple(src_cache.shape[2:]) != tuple(dst_cache.shape[2:]) or src_ids.shape != dst_ids.shape:
+        raise ValueError(f"copy of blocks {tuple(src_cache.shape)} -> {tuple(dst_cache.shape)} with "
+                         f"{tuple(src_ids.shape)} source and {tuple(dst_ids.shape)} destination ids")
+    _copy(src_cache, dst_cache, src_ids, dst_ids, src_ids.shape[0])

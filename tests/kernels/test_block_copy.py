@@ -5,7 +5,7 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from pdserve.kernels.block_copy import gather_blocks_ref, scatter_blocks_ref
+from pdserve.kernels.block_copy import copy_blocks_ref, gather_blocks_ref, scatter_blocks_ref
 
 
 @pytest.mark.parametrize("block_size,heads,dim,ids", [(16, 1, 64, [3]), (16, 3, 64, [0, 5, 2]), (4, 9, 48, [7, 1])])
@@ -34,6 +34,24 @@ def test_scatter_blocks_matches_ref(
     assert torch.equal(cache, expected)
 
 
+@pytest.mark.parametrize("block_size,heads,dim,src,dst", [(16, 3, 64, [6, 0, 2], [1, 7, 3]), (4, 9, 48, [5], [5])])
+def test_copy_blocks_between_caches_matches_ref(
+    block_size: int, heads: int, dim: int, src: list[int], dst: list[int], dtype: torch.dtype, randn: Callable,
+    device: str,
+) -> None:
+    from pdserve.kernels.block_copy_triton import copy_blocks_triton
+
+    source = randn(2, 8, block_size, heads, dim, dtype=dtype)
+    target = randn(2, 10, block_size, heads, dim, dtype=dtype)  # another pool, of another size
+    src_ids = torch.tensor(src, dtype=torch.int64, device=device)
+    dst_ids = torch.tensor(dst, dtype=torch.int32, device=device)
+    expected = target.clone()
+    copy_blocks_ref(source, src_ids, expected, dst_ids)
+    copy_blocks_triton(source, src_ids, target, dst_ids)
+    assert torch.equal(target, expected)
+    assert torch.equal(target[:, dst], source[:, src])
+
+
 def test_empty_gather_and_mismatched_scatter(randn: Callable, device: str) -> None:
     from pdserve.kernels.block_copy_triton import gather_blocks_triton, scatter_blocks_triton
 
@@ -42,3 +60,7 @@ def test_empty_gather_and_mismatched_scatter(randn: Callable, device: str) -> No
     assert gather_blocks_triton(cache, none).shape == (2, 0, 16, 2, 64)
     with pytest.raises(ValueError, match="blocks shape"):
         scatter_blocks_triton(cache, torch.tensor([1, 2], device=device), randn(2, 1, 16, 2, 64))
+    from pdserve.kernels.block_copy_triton import copy_blocks_triton
+
+    with pytest.raises(ValueError, match="destination ids"):
+        copy_blocks_triton(cache, torch.tensor([1, 2], device=device), cache, torch.tensor([0], device=device))
