@@ -1,7 +1,8 @@
 """Moving KV blocks from prefill to decode workers: one interface, several backends, one wire format.
 
 See base.py for the life of a transfer, wire.py for the frames, and registry.py for the backends
-(`local`: same process and pool, no copy; `tcp`: asyncio streams, any host).
+(`local`: same process and pool, no copy; `tcp`: asyncio streams, any host; `cuda_ipc`: P's kernels write
+into D's pool on the same host, tcp's connection carries only control frames).
 """
 
 from pdserve.kv_transfer.base import KVReceiver, KVSender, KVTransferError, PoolLayout

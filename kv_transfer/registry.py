@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pdserve.kv_transfer.base import KVReceiver, KVSender
+from pdserve.kv_transfer.cuda_ipc import CudaIpcKVReceiver, CudaIpcKVSender
 from pdserve.kv_transfer.local import LocalKVReceiver, LocalKVSender
 from pdserve.kv_transfer.tcp_receiver import TcpKVReceiver
 from pdserve.kv_transfer.tcp_sender import TcpKVSender
@@ -42,3 +43,4 @@ def backend_names() -> list[str]:
 
 register_backend(KVBackend("local", LocalKVSender, LocalKVReceiver))
 register_backend(KVBackend("tcp", TcpKVSender, TcpKVReceiver))
+register_backend(KVBackend("cuda_ipc", CudaIpcKVSender, CudaIpcKVReceiver))

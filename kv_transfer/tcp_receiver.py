@@ -46,6 +46,7 @@ from pdserve.kv_transfer.wire import (
     Header,
     Hello,
     KVHeader,
+    Pools,
     ProtocolError,
     Ready,
     check_auth,
@@ -146,9 +147,13 @@ class TcpKVReceiver(KVReceiver):
             await write_frame(writer, encode_frame(Error("", str(exc))))  # tell a misconfigured sender why
             raise
         await write_frame(writer, encode_frame(Ready()))
+        await self._after_ready(writer)
+
+    async def _after_ready(self, writer: asyncio.StreamWriter) -> None:
+        """What a backend on this control path sends once a sender is authenticated (cuda_ipc: its pools)."""
 
     async def _handle(self, header: Header, reader: asyncio.StreamReader, carried: set[str]) -> None:
-        if isinstance(header, Hello | Auth | Ready):
+        if isinstance(header, Hello | Auth | Ready | Pools):
             raise ProtocolError(f"unexpected {header.KIND} frame after the handshake")
         live = header.request_id in self.table
         if not live and not self.table.recently_ended(header.request_id):

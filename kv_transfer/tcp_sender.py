@@ -25,6 +25,7 @@ import concurrent.futures
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 
@@ -92,6 +93,8 @@ class _Connection:
 
 
 class TcpKVSender(KVSender):
+    backend: ClassVar[str] = "tcp"
+
     def __init__(
         self,
         *,
@@ -109,8 +112,8 @@ class TcpKVSender(KVSender):
         self._locks: dict[tuple[str, int], asyncio.Lock] = {}
 
     def begin(self, target: TransferTarget) -> None:
-        if target.backend != "tcp":
-            raise KVTransferError(f"tcp sender got a {target.backend!r} target for {target.request_id!r}")
+        if target.backend != self.backend:
+            raise KVTransferError(f"{self.backend} sender got a {target.backend!r} target for {target.request_id!r}")
         target.address  # noqa: B018 - raises when the target has no address
         if target.request_id in self._transfers:
             raise KVTransferError(f"transfer for {target.request_id!r} already begun")
@@ -235,8 +238,16 @@ class TcpKVSender(KVSender):
             writer.close()
             reason = reply.reason if isinstance(reply, Error) else f"a {type(reply).__name__} frame"
             raise ProtocolError(f"receiver refused the connection: {reason}")
+        try:
+            await self._after_ready(address, reader)
+        except BaseException:
+            writer.close()
+            raise
         self._connections[address] = connection = _Connection(reader, writer)
         return connection
+
+    async def _after_ready(self, address: tuple[str, int], reader: asyncio.StreamReader) -> None:
+        """What a backend on this control path reads once accepted (cuda_ipc: the receiver's pools)."""
 
     def _drop(self, address: tuple[str, int]) -> None:
         connection = self._connections.pop(address, None)

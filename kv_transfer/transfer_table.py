@@ -105,6 +105,14 @@ class TransferTable:
         pending.received[layer].update(block_ids)
         pending.last_progress = time.monotonic()  # renews the lease
 
+    def record_all(self, request_id: str) -> None:
+        """Every layer of every reserved block arrived (cuda_ipc: the sender wrote them into the pool itself and
+        says so with its "done")."""
+        pending = self._pending[request_id]
+        for received in pending.received:
+            received.update(pending.block_ids)
+        pending.last_progress = time.monotonic()
+
     def complete(self, request_id: str, first_token_id: int, first_logprob: float | None, num_tokens: int) -> bool:
         """Finish on the sender's "done": on_complete if everything arrived, otherwise on_failure."""
         pending = self._pending.get(request_id)

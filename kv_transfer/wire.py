@@ -12,6 +12,8 @@ sees them:
     hello  receiver → sender   {nonce}                          first frame on every connection
     auth   sender → receiver   {mac}                            HMAC-SHA256(secret, nonce), None without secret
     ready  receiver → sender   {}                               accepted (else an error frame, then close)
+    pools  receiver → sender   {descriptor}                     cuda_ipc only, right after ready: D's pool
+                               handles, msgpack bytes of kv_transfer/cuda_ipc/descriptor.PoolDescriptor
     kv     sender → receiver   {request_id, layer, block_ids, dtype, shape, nbytes, checksum}
                                payload = blocks [2, len(block_ids), block_size, Hkv, D] in C order,
                                block_ids are the RECEIVER's destination blocks, checksum = zlib.crc32
@@ -92,6 +94,12 @@ class Ready:
 
 
 @dataclass(frozen=True)
+class Pools:
+    KIND: ClassVar[str] = "pools"
+    descriptor: bytes
+
+
+@dataclass(frozen=True)
 class KVHeader:
     KIND: ClassVar[str] = "kv"
     request_id: str
@@ -119,8 +127,8 @@ class Error:
     reason: str
 
 
-Header = Hello | Auth | Ready | KVHeader | Done | Error
-_HEADER_TYPES: dict[str, type] = {cls.KIND: cls for cls in (Hello, Auth, Ready, KVHeader, Done, Error)}
+Header = Hello | Auth | Ready | Pools | KVHeader | Done | Error
+_HEADER_TYPES: dict[str, type] = {cls.KIND: cls for cls in (Hello, Auth, Ready, Pools, KVHeader, Done, Error)}
 _FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "bytes": (bytes,), "bytes | None": (bytes, NoneType), "str": (str,), "int": (int,),
     "list[int]": (list,), "float | None": (float, NoneType),

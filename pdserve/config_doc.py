@@ -62,7 +62,8 @@ FALLBACK_HELP = {
     "--result-filename": "name of the result JSON (default: from the run's settings)",
     "--role": "which work the worker admits; both: prefill and decode over one block pool",
     "--worker-id": "name in the router's registry, metrics and admin API (default: generated)",
-    "--transfer-backend": "how KV moves P → D: auto is local for --role both, tcp otherwise",
+    "--transfer-backend": "how KV moves P → D: auto is local for --role both, tcp otherwise; cuda_ipc: P writes "
+                          "into D's GPU pool (one host, one GPU or two with P2P)",
     "--load-format": "auto: from --model (embedded name, .gguf file, HF directory); dummy: random weights",
     "--dtype": "weights and KV dtype; auto: bfloat16 on CUDA, float32 on CPU",
     "--block-size": "tokens per KV block (the router and every worker must agree)",

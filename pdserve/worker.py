@@ -47,6 +47,8 @@ from pdserve.engine.model import ModelWeights, fuse_weights
 from pdserve.engine.runner import ModelRunner
 from pdserve.engine.sampling import Sampler
 from pdserve.engine.weights import LoadedModel, ModelSpec, load_model, parse_dtype, resolve_model
+from pdserve.kv_transfer.base import KVReceiver
+from pdserve.kv_transfer.cuda_ipc import CudaIpcKVReceiver, CudaIpcKVSender
 from pdserve.kv_transfer.local import LocalKVReceiver, LocalKVSender
 from pdserve.kv_transfer.tcp_receiver import TcpKVReceiver
 from pdserve.kv_transfer.tcp_sender import TcpKVSender
@@ -173,6 +175,8 @@ class Worker:
             if self.settings.transfer.backend == "local":
                 assert self.roles.decode is not None
                 sender = LocalKVSender(self.roles.decode.receiver)
+            elif self.settings.transfer.backend == "cuda_ipc":
+                sender = CudaIpcKVSender(self.device, secret=secret)
             else:
                 sender = TcpKVSender(secret=secret)
             batcher = Batcher(self.prefix_cache, self.settings.scheduler.max_num_batched_tokens,
@@ -199,13 +203,14 @@ class Worker:
                               max_waiting=limits.max_queued_requests)
         return DecodeEngine(scheduler, self.runner, Sampler(self.device), self.state_lock, self.model_lock)
 
-    def _receiver(self, engine: DecodeEngine, secret: str | None) -> LocalKVReceiver | TcpKVReceiver:
+    def _receiver(self, engine: DecodeEngine, secret: str | None) -> KVReceiver:
         pools = self.runner.kv_caches
         if self.settings.transfer.backend == "local":
             return LocalKVReceiver(pools, engine.kv_complete, engine.kv_failed)
         transfer = self.settings.transfer
-        return TcpKVReceiver(transfer.host, transfer.port, pools, engine.kv_complete, engine.kv_failed,
-                             secret=secret, advertise_host=self.advertised(transfer.host))
+        receiver = CudaIpcKVReceiver if transfer.backend == "cuda_ipc" else TcpKVReceiver
+        return receiver(transfer.host, transfer.port, pools, engine.kv_complete, engine.kv_failed,
+                        secret=secret, advertise_host=self.advertised(transfer.host))
 
     # ---- lifecycle ----------------------------------------------------------------------------------
 

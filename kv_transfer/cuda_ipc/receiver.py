@@ -1,0 +1,62 @@
+"""`cuda_ipc` backend, decode side: tcp's authenticated control server, plus the pool handles it hands out.
+
+The pools are exported once, at construction (one reference per layer in torch's IPC counter files, whatever
+the number of connections); every sender that passes the HMAC handshake gets them in a "pools" frame right
+after "ready", so a stranger without the secret never learns a handle. On such a connection no "kv" frame
+may arrive (the sender writes into the pool itself); its "done" means every layer of every reserved block
+was written and the sender's copies have completed, so the request is recorded whole and completed at once.
+A request whose sender vanishes before "done" fails by its lease, as with tcp.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import torch
+
+from pdserve.kv_transfer.base import OnComplete, OnFailure
+from pdserve.kv_transfer.cuda_ipc.descriptor import export_pools, require_cuda
+from pdserve.kv_transfer.tcp_receiver import TcpKVReceiver
+from pdserve.kv_transfer.wire import (
+    Done,
+    FrameLimits,
+    Header,
+    KVHeader,
+    Pools,
+    ProtocolError,
+    encode_frame,
+    write_frame,
+)
+
+
+class CudaIpcKVReceiver(TcpKVReceiver):
+    backend = "cuda_ipc"
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        pools: Sequence[torch.Tensor],
+        on_complete: OnComplete,
+        on_failure: OnFailure,
+        *,
+        secret: str | None = None,
+        limits: FrameLimits | None = None,
+        advertise_host: str | None = None,
+    ) -> None:
+        if pools:
+            require_cuda("the decode worker's KV pool", pools[0].device)
+        super().__init__(host, port, pools, on_complete, on_failure, secret=secret, limits=limits,
+                         advertise_host=advertise_host)
+        self.descriptor = export_pools(self.pools).to_bytes()
+
+    async def _after_ready(self, writer: asyncio.StreamWriter) -> None:
+        await write_frame(writer, encode_frame(Pools(self.descriptor)))
+
+    async def _handle(self, header: Header, reader: asyncio.StreamReader, carried: set[str]) -> None:
+        if isinstance(header, KVHeader):
+            raise ProtocolError("a cuda_ipc connection carries no kv frames: the sender writes into the pool")
+        if isinstance(header, Done) and header.request_id in self.table:
+            self.table.record_all(header.request_id)
+        await super()._handle(header, reader, carried)

@@ -1,0 +1,139 @@
+"""cuda_ipc: the pool descriptor's msgpack round trip and bounds, the registry entry, the errors without CUDA
+(all on CPU); on a GPU (skipped elsewhere), a second process writes 3 layers into this process's pool."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import msgpack
+import pytest
+import torch
+from kv_helpers import NUM_LAYERS, Outcomes, make_pools
+
+from pdserve.kv_transfer import get_backend
+from pdserve.kv_transfer.base import KVTransferError
+from pdserve.kv_transfer.cuda_ipc import CudaIpcKVReceiver, CudaIpcKVSender, LayerHandle, PoolDescriptor
+from pdserve.kv_transfer.cuda_ipc.descriptor import MAX_DESCRIPTOR_BYTES, MAX_LAYERS
+from pdserve.kv_transfer.wire import Pools, decode_header, encode_frame
+from pdserve.settings import TransferSettings
+
+SHAPE = (2, 8, 16, 2, 8)
+POOL_BYTES = 2 * 8 * 16 * 2 * 8 * 2  # bfloat16
+
+
+def descriptor(num_layers: int = 3) -> PoolDescriptor:
+    layers = tuple(LayerHandle(bytes([i]) * 64, POOL_BYTES + 512, 512 * i, 0, b"/torch_123_456", i)
+                   for i in range(num_layers))
+    return PoolDescriptor("GPU-8a1b-uuid", "bfloat16", SHAPE, layers)
+
+
+def raw(**changes: object) -> bytes:
+    obj = msgpack.unpackb(descriptor().to_bytes(), raw=False)
+    obj.update(changes)
+    return msgpack.packb(obj, use_bin_type=True)
+
+
+def test_descriptor_round_trips_through_the_pools_frame() -> None:
+    sent = descriptor(80)  # Llama-3-70B's layer count
+    frame = b"".join(bytes(b) for b in encode_frame(Pools(sent.to_bytes())))
+    header = decode_header(frame[4:])
+    assert isinstance(header, Pools)
+    assert PoolDescriptor.from_bytes(header.descriptor) == sent
+    assert len(sent.to_bytes()) < MAX_DESCRIPTOR_BYTES
+
+
+@pytest.mark.parametrize("blob,message", [
+    (b"\xc1", "undecodable"),
+    (raw(version=2), "version must be 1"),
+    (raw(dtype="int64"), "dtype 'int64'"),
+    (raw(shape=[2, 8, 16, 2]), "shape must be"),
+    (raw(shape=[3, 8, 16, 2, 8]), "shape must be"),
+    (raw(shape=[2, 8, 16, True, 8]), "shape must be"),
+    (raw(layers=[]), "1..1024 layers"),
+    (raw(device_uuid=""), "device_uuid"),
+    (raw(layers=[[b"h" * 64, 10, 0, 0, b"c", 0]]), "does not fit a 10-byte storage"),
+    (raw(layers=[[b"h" * 300, POOL_BYTES, 0, 0, b"c", 0]]), "handles must be 1..256 bytes"),
+    (raw(layers=[[b"h" * 64, POOL_BYTES, 0, 0, "c", 0]]), "bytes/ints"),
+    (raw(layers=[[b"h" * 64, POOL_BYTES, -1, 0, b"c", 0]]), "does not fit"),
+    (raw(layers=[[b"h" * 64, POOL_BYTES, 0, 0, b"c", 0]] * (MAX_LAYERS + 1)), "exceeds"),
+])
+def test_descriptor_refuses(blob: bytes, message: str) -> None:
+    with pytest.raises(KVTransferError, match=message):
+        PoolDescriptor.from_bytes(blob)
+
+
+def test_registry_and_settings_know_cuda_ipc() -> None:
+    backend = get_backend("cuda_ipc")
+    assert backend.sender is CudaIpcKVSender and backend.receiver is CudaIpcKVReceiver
+    assert TransferSettings(backend="cuda_ipc").backend == "cuda_ipc"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error a machine without CUDA gives")
+def test_without_cuda_both_sides_say_why() -> None:
+    with pytest.raises(KVTransferError, match="cuda_ipc KV transfer backend needs CUDA.*use --transfer-backend tcp"):
+        CudaIpcKVSender("cpu")
+    with pytest.raises(KVTransferError, match="decode worker's KV pool is on cpu"):
+        CudaIpcKVReceiver("127.0.0.1", 0, make_pools(), lambda *a: None, lambda *a: None)
+
+
+_PREFILL_PROCESS = """
+import asyncio, json, sys, threading
+import torch
+from kv_helpers import make_pools
+from pdserve.kv_transfer.cuda_ipc import CudaIpcKVSender
+from pdserve.kv_transfer.target import TransferTarget
+
+async def main(target, device):
+    pools = [p.to(device) for p in make_pools(torch.bfloat16, random=True, seed=7)]
+    sender = CudaIpcKVSender(device, secret="s3cret")
+    sender.begin(target)
+    thread = threading.Thread(target=lambda: [sender.submit_layer("r1", layer, pools[layer], [1, 2, 5], [7, 0, 3])
+                                              for layer in (0, 1)])
+    thread.start()
+    await asyncio.to_thread(thread.join)
+    await sender.send_layer("r1", 2, pools[2], [1, 2, 5], [7, 0, 3])
+    await sender.finish("r1", 5, -0.25, 40)
+    await sender.close()
+
+asyncio.run(main(TransferTarget.from_dict(json.loads(sys.argv[1])), sys.argv[2]))
+"""
+
+
+async def _other_process_writes(device: str) -> tuple[list[torch.Tensor], Outcomes]:
+    outcomes = Outcomes()
+    pools = [p.cuda() for p in make_pools(torch.bfloat16)]
+    receiver = CudaIpcKVReceiver("127.0.0.1", 0, pools, outcomes.on_complete, outcomes.on_failure, secret="s3cret")
+    await receiver.start()
+    target = receiver.expect("r1", [7, 0, 3], deadline=None, num_tokens=40)
+    here = Path(__file__).parent
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _PREFILL_PROCESS, json.dumps(target.to_dict()), device, cwd=here,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(here), os.environ.get("PYTHONPATH", "")])}, stderr=subprocess.PIPE)
+    _, stderr = await asyncio.wait_for(process.communicate(), timeout=120)
+    assert process.returncode == 0, stderr.decode()[-3000:]
+    await outcomes.wait("r1")
+    await receiver.close()
+    return pools, outcomes
+
+
+def _devices() -> list[str]:
+    if not torch.cuda.is_available():
+        return ["cuda:0"]
+    return ["cuda:0"] + (["cuda:1"] if torch.cuda.device_count() > 1 else [])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA IPC needs a GPU")
+@pytest.mark.parametrize("prefill_device", _devices())
+def test_a_second_process_writes_three_layers_into_this_pool(prefill_device: str) -> None:
+    pools, outcomes = asyncio.run(_other_process_writes(prefill_device))
+    assert outcomes.completed == {"r1": (5, -0.25)} and not outcomes.failed
+    sent = make_pools(torch.bfloat16, random=True, seed=7)
+    for layer in range(NUM_LAYERS):
+        got = pools[layer].cpu()
+        assert torch.equal(got[:, [7, 0, 3]].view(torch.int16), sent[layer][:, [1, 2, 5]].view(torch.int16))
+        assert not got[:, [1, 2, 4, 5, 6]].any()
