@@ -13,7 +13,8 @@ Each deployment (default model, default flags: the launcher gives each worker it
 The relay case gives the ITL seen through the router and straight from D, and the router's delay per token:
 D sends every running request's frame of a step at once, so a routed token's arrival minus the first
 arrival of a direct frame of the same step is what the hop through the router added (client parsing of
-the frames of one step included, so this is an upper bound).
+the frames of one step included, so this is an upper bound). The paired figure takes, per step, the median
+routed arrival minus the median direct arrival: the client's own parsing delays both kinds alike and cancels.
 
 Metrics are `pdserve bench`'s (vLLM's definitions); the decode worker's step counters (mean batch, step time
 by phase, forward CPU time) are read from its /metrics around every case. The 1-minute load average is
@@ -26,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import bisect
+import collections
 import json
 import math
 import statistics
@@ -95,6 +97,23 @@ def relay_delays(routed: list[list[float]], starts: list[float], max_s: float) -
     return delays
 
 
+def step_offsets(routed: list[list[float]], direct: list[DirectOutput], starts: list[float],
+                 max_s: float) -> list[float]:
+    """Per decode step, the median arrival of its routed tokens minus the median arrival of its direct frames.
+
+    The client reads both kinds in one process, in the order they come: its parsing of a step's earlier frames
+    delays the later ones whichever way they came, so it adds to both medians alike and cancels here, while
+    `relay_delays` counts it against the router."""
+    steps: dict[int, tuple[list[float], list[float]]] = collections.defaultdict(lambda: ([], []))
+    for side, arrivals in ((0, [t for times in routed for t in times]),
+                           (1, [t for out in direct for t in out.frame_times[1:]])):
+        for t in arrivals:
+            i = bisect.bisect_right(starts, t) - 1
+            if i >= 0 and t - starts[i] < max_s:
+                steps[i][side].append(t)
+    return [statistics.median(r) - statistics.median(d) for r, d in steps.values() if r and d]
+
+
 async def _relay_requests(dep: Deployment, ids: list[list[int]], output_len: int):
     prefill_url, decode_url = dep.worker_url("prefill"), dep.worker_url("decode")
     target = ApiTarget(dep.url, model=dep.model(), ignore_eos=True)
@@ -120,10 +139,13 @@ def relay_case(dep: Deployment, num: int, args: argparse.Namespace) -> dict:
     itl_routed = [x for o in routed for x in o.itl]
     itl_direct = [b - a for o in direct for a, b in zip(o.frame_times[1:], o.frame_times[2:])]
     starts = step_starts(direct, gap_s=0.02)
-    delays = relay_delays([routed_times(o, t0) for o in routed], starts, max_s=0.5 * statistics.median(itl_direct))
+    routed_arrivals, max_s = [routed_times(o, t0) for o in routed], 0.5 * statistics.median(itl_direct)
+    delays = relay_delays(routed_arrivals, starts, max_s)
+    offsets = step_offsets(routed_arrivals, direct, starts, max_s)
     return {"requests_routed": len(routed), "requests_direct": len(direct),
             "itl_routed_ms": _stats(itl_routed), "itl_direct_ms": _stats(itl_direct),
             "relay_delay_ms": _stats(delays), "tokens_matched": len(delays),
+            "relay_step_offset_ms": _stats(offsets),
             "tokens_routed": sum(len(o.itl) for o in routed), "process_cpu_s": cpu,
             # the router's CPU time per token it relayed (every routed token: its only work in this case)
             "router_cpu_ms_per_token": 1000 * cpu["router"] / max(1, sum(o.output_len for o in routed)),
@@ -152,7 +174,8 @@ def run_deployment(name: str, args: argparse.Namespace, logs: Path) -> dict:
             print(f"{name} max: {_line(out['max'])}", flush=True)
         if "relay" in args.cases and args.relay_prompts:
             out["relay"] = relay_case(dep, args.relay_prompts, args)
-            print(f"{name} relay: {json.dumps(out['relay']['relay_delay_ms'])}, router CPU "
+            print(f"{name} relay: upper bound {json.dumps(out['relay']['relay_delay_ms'])}, per step "
+                  f"{json.dumps(out['relay']['relay_step_offset_ms'])}, router CPU "
                   f"{out['relay']['router_cpu_ms_per_token']:.2f} ms/token", flush=True)
     return out
 
