@@ -1,0 +1,131 @@
+"""The parts of benchmarks/engine_gpu.py that are not our engine's own step: HF transformers on the same
+workloads, the cuda_ipc transfer between two processes against a device copy, and the bf16-vs-fp32 parity.
+
+HF decode step = (generate of N + k new tokens - generate of N new tokens) / k, both with
+cache_implementation="static" (transformers 5 then compiles the decode forward itself, generation/utils.py
+_valid_auto_compile_criteria): the prefill and generate's setup cancel, what is left is one decode step as
+an HF user gets it (compiled forward, logits processors, stopping checks). HF prefill: one eager forward of
+the prompt with logits_to_keep=1, what generate's prefill runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from pdserve.engine.config import ModelConfig
+
+PARITY_PROMPTS = [
+    "The capital of France is", "def fibonacci(n):", "Water boils at", "List three primary colors:",
+    "Once upon a time, in a small village,", "The theory of relativity says", "SELECT name FROM users WHERE",
+    "To make a cup of tea, first", "The largest planet in the solar system is", "import numpy as np\n",
+    "Translate to French: Good morning", "The sum of 17 and 25 is", "A haiku about autumn:",
+    "Photosynthesis is the process", "The first president of the United States was", "In 1969, humans",
+    "My favourite book is", "HTTP status code 404 means", "The recipe needs two eggs and", "Q: What is DNA?\nA:",
+]
+
+
+def time_ms(fn: Callable[[], object], device: torch.device, repeat: int, warmup: int) -> float:
+    """Median wall time of fn in ms: CUDA events on a GPU (synchronised after each), perf_counter on CPU."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeat):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def hf_model(config: ModelConfig, device: torch.device) -> torch.nn.Module:
+    """LlamaForCausalLM of the same shape, random bf16 weights, built in bf16 on the device (16 GB, not 32)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    hf_config = LlamaConfig(
+        vocab_size=config.vocab_size, hidden_size=config.hidden_size, intermediate_size=config.intermediate_size,
+        num_hidden_layers=config.num_layers, num_attention_heads=config.num_heads,
+        num_key_value_heads=config.num_kv_heads, head_dim=config.head_dim, max_position_embeddings=8192,
+        rms_norm_eps=config.rms_norm_eps, tie_word_embeddings=config.tie_word_embeddings,
+    )
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with torch.device(device):
+            model = LlamaForCausalLM(hf_config)
+    finally:
+        torch.set_default_dtype(previous)
+    return model.eval()
+
+
+@torch.inference_mode()
+def hf_decode_ms(model: torch.nn.Module, batch: int, context: int, device: torch.device, k: int = 64,
+                 n: int = 16, repeat: int = 3) -> float:
+    ids = torch.randint(0, model.config.vocab_size, (batch, context), device=device)
+
+    def generate(new: int) -> None:
+        model.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0,
+                       cache_implementation="static")
+
+    short = time_ms(lambda: generate(n), device, repeat, warmup=2)  # warm-up compiles (once per batch shape)
+    long = time_ms(lambda: generate(n + k), device, repeat, warmup=1)
+    return (long - short) / k
+
+
+@torch.inference_mode()
+def hf_prefill_ms(model: torch.nn.Module, tokens: int, device: torch.device, repeat: int = 5) -> float:
+    ids = torch.randint(0, model.config.vocab_size, (1, tokens), device=device)
+    return time_ms(lambda: model(ids, logits_to_keep=1, use_cache=False), device, repeat, warmup=2)
+
+
+@dataclass(frozen=True)
+class TransferResult:
+    bytes: int
+    cuda_ipc_gpu_ms: float  # the copies' own span into D's pool (launches queued), median
+    cuda_ipc_wall_ms: float  # P: first layer sent -> finish returned, median
+    device_copy_ms: float  # one contiguous copy of the same bytes on one GPU, median
+    cuda_ipc_gbps: float  # from gpu_ms
+    device_copy_gbps: float
+    fraction_of_copy: float  # target >= 0.7
+
+
+def transfer_benchmark(config: ModelConfig, tokens: int, device: torch.device, repeat: int = 5) -> TransferResult:
+    """A 2-process cuda_ipc transfer of `tokens` tokens of KV (every layer) vs a device copy of its bytes."""
+    from engine_gpu_ipc import BLOCK_SIZE, run_receiver
+
+    blocks = tokens // BLOCK_SIZE
+    nbytes = config.num_layers * 2 * blocks * BLOCK_SIZE * config.kv_size * 2  # bf16
+    ipc = asyncio.run(run_receiver(config, blocks, repeat, device))
+    src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device=device).normal_()
+    dst = torch.empty_like(src)
+    copy = time_ms(lambda: dst.copy_(src), device, repeat=10, warmup=2)
+    ipc_gbps, copy_gbps = nbytes / ipc["gpu_ms"] / 1e6, nbytes / copy / 1e6
+    return TransferResult(nbytes, ipc["gpu_ms"], ipc["wall_ms"], copy, ipc_gbps, copy_gbps, ipc_gbps / copy_gbps)
+
+
+def parity(device: torch.device, new_tokens: int = 16) -> dict[str, object]:
+    """The default model's first greedy tokens in bf16 on the GPU against fp32 on the CPU, prompt by prompt."""
+    from pdserve.engine.sampling_params import SamplingParams
+    from pdserve.llm import LLM
+
+    params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
+    outputs = {}
+    for name, dev, dtype in (("gpu_bf16", str(device), "bfloat16"), ("cpu_fp32", "cpu", "float32")):
+        llm = LLM(device=dev, dtype=dtype, progress=False)
+        outputs[name] = [o.token_ids for o in llm.generate(PARITY_PROMPTS, params)]
+        del llm
+    same = [a == b for a, b in zip(outputs["gpu_bf16"], outputs["cpu_fp32"], strict=True)]
+    return {"prompts": len(same), "same_first_tokens": sum(same), "fraction": sum(same) / len(same),
+            "target_fraction": 0.9, "new_tokens": new_tokens}
