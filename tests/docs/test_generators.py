@@ -58,11 +58,12 @@ def test_serving_extractor_reads_the_structure_serving_cpu_writes(tmp_path: Path
             "deployments": {
                 "disaggregated": {"poisson": _fake_serving_metrics(300.0), "max": _fake_serving_metrics(900.0),
                                   "relay": {"relay_delay_ms": {"p50": 0.4, "p99": 2.0},
+                                            "relay_step_offset_ms": {"p50": 0.3, "p99": 1.5},
                                             "itl_direct_ms": {"p50": 70.0}}},
                 "colocated": {"poisson": _fake_serving_metrics(350.0), "max": _fake_serving_metrics(1200.0)}}}
     (tmp_path / "serving_cpu.json").write_text(json.dumps(fake))
     [source] = collect(tmp_path)
     assert source.command.endswith("--relay-prompts 12 --out benchmarks/results/serving_cpu.json")
     assert [row.result for row in source.rows] == ["300 / 80 ms, 12.5 tokens/s", "900 / 80 ms, 12.5 tokens/s",
-                                                   "0.40 / 2.00 ms"]
+                                                   "0.30 / 1.50 ms per step, paired; 0.40 / 2.00 ms (upper bound)"]
     assert source.rows[0].baseline == "one colocated worker: 350 / 80 ms, 12.5 tokens/s"
