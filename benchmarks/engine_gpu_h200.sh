@@ -5,6 +5,7 @@
 # The default model for --parity must be in ~/.cache/pdserve (`pdserve model fetch`, or carried there): the
 # machine has no network. Without it the run goes on with --parity off and says so.
 set -uo pipefail
+# -o addopts="": the device has no pytest-rerunfailures, which pyproject's --reruns needs
 : "${OUT:?set OUT to the folder for logs and JSON}"
 export PYTHONUNBUFFERED=1
 t0=$SECONDS
@@ -12,7 +13,7 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/pip.log" 2>
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv >"$OUT/gpu.csv" 2>&1
 python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__,
 'transformers', transformers.__version__)" | tee -a "$OUT/gpu.csv"
-timeout 240 python3 -m pytest -q -p no:cacheprovider tests/engine/test_cuda_graphs.py tests/kv_transfer/test_cuda_ipc.py \
+timeout 240 python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/engine/test_cuda_graphs.py tests/kv_transfer/test_cuda_ipc.py \
   tests/kernels/test_block_copy.py tests/kv_transfer/test_tcp_cuda.py 2>&1 | tee "$OUT/engine_gpu_tests.log" | tail -n 15
 parity=()
 python3 -c "import sys; from pdserve.engine.weights.fetch import default_cache_dir

@@ -14,7 +14,7 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', tr
 logs=/tmp/kernels_run && mkdir -p $logs
 for f in tests/kernels/test_*.py; do
   name=$(basename "$f" .py)
-  (timeout 420 python3 -m pytest -q -p no:cacheprovider --confcutdir=tests/kernels --durations=5 "$f" \
+  (timeout 420 python3 -m pytest -q -p no:cacheprovider -o addopts="" --confcutdir=tests/kernels --durations=5 "$f" \
      >"$logs/$name.log" 2>&1; echo "exit $?" >>"$logs/$name.log") &
 done
 extra=()
