@@ -172,6 +172,10 @@ def run_deployment(name: str, args: argparse.Namespace, logs: Path) -> dict:
         if "max" in args.cases:
             out["max"] = run_case(dep, prompts(args, seed=2), LoadSpec(math.inf))
             print(f"{name} max: {_line(out['max'])}", flush=True)
+        for streams in args.relay_sweep:  # the router's delay against how many streams it relays at once
+            out.setdefault("relay_by_streams", {})[str(streams)] = case = relay_case(dep, streams, args)
+            print(f"{name} relay, {streams} routed streams: per step p50 {case['relay_step_offset_ms']['p50']:.2f} "
+                  f"ms, upper bound p50 {case['relay_delay_ms']['p50']:.2f} ms", flush=True)
         if "relay" in args.cases and args.relay_prompts:
             out["relay"] = relay_case(dep, args.relay_prompts, args)
             print(f"{name} relay: upper bound {json.dumps(out['relay']['relay_delay_ms'])}, per step "
@@ -217,6 +221,8 @@ def main() -> int:
     parser.add_argument("--output-len", type=int, default=64)
     parser.add_argument("--rate", type=float, default=0.2, help="Poisson arrivals per second")
     parser.add_argument("--relay-prompts", type=int, default=12, help="routed and as many direct (0: skip)")
+    parser.add_argument("--relay-sweep", type=int, nargs="*", default=[], metavar="N",
+                        help="relay cases with N routed (and N direct) streams each, before the main one")
     parser.add_argument("--deployments", nargs="+", default=list(DEPLOYMENTS), choices=list(DEPLOYMENTS))
     parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
     parser.add_argument("--deployment-env", nargs="*", default=[], metavar="KEY=VALUE",
