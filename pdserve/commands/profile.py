@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     from pdserve.engine.config import CacheConfig
     from pdserve.engine.runner import ModelRunner
     from pdserve.engine.weights.dummy import dummy_weights
-    from pdserve.planner.measure import ProfileGrid, profile_runner
+    from pdserve.planner.measure import ProfileGrid, decode_shapes, profile_runner
 
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     dtype_name = args.dtype if args.dtype != "auto" else ("bfloat16" if device.startswith("cuda") else "float32")
@@ -61,14 +61,14 @@ def run(args: argparse.Namespace) -> int:
                          dummy_weights(config, dtype, device, args.seed), device, dtype,
                          max_num_seqs=max(grid.decode_batches))
     print(f"profiling {config.name} on {device} ({dtype_name}): {len(grid.prefill_shapes())} prefill "
-          f"shapes, {len(grid.decode_batches) * len(grid.decode_ctxs)} decode shapes, {grid.repeats} repeats")
+          f"shapes, {len(decode_shapes(grid))} decode shapes, {grid.repeats} repeats")
     profile = profile_runner(runner, grid, config.name)
     path = profile.save(args.output)
     pf, df = profile.prefill, profile.decode
     print(f"prefill  t = {pf.coef[0] * 1e6:.3f} us·Σl + {pf.coef[1] * 1e9:.4f} ns·Σl² + {pf.coef[2] * 1e3:.2f} ms"
           f"   R² = {pf.r2:.4f}")
-    print(f"decode   t = {df.coef[0] * 1e9:.3f} ns·Σctx + {df.coef[1] * 1e6:.2f} us·batch + {df.coef[2] * 1e3:.2f} ms"
-          f"   R² = {df.r2:.4f}")
+    print(f"decode   t = {df.coef[0] * 1e9:.3f} ns·Σctx + {df.coef[1] * 1e9:.3f} ns·batch·max(ctx) + "
+          f"{df.coef[2] * 1e6:.2f} us·batch + {df.coef[3] * 1e3:.2f} ms   R² = {df.r2:.4f}")
     print(f"profile saved to {path}")
     return 0
 

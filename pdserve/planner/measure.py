@@ -2,7 +2,9 @@
 
 Each shape runs once to warm up, then `repeats` times; the median is kept. Sequences get distinct KV blocks
 (sharing one block table would let every row of a decode batch read the same, cache-hot KV and flatter the
-context term)."""
+context term). Decode batches come uniform (every sequence ctx long) and mixed (one sequence ctx long, the
+others the shortest ctx of the grid), as served batches are: the two tell the Σctx term from the
+batch·max(ctx) term (see profile.py)."""
 
 from __future__ import annotations
 
@@ -74,14 +76,24 @@ def measure_prefill(runner: ModelRunner, grid: ProfileGrid) -> list[PrefillSampl
     return samples
 
 
+def decode_shapes(grid: ProfileGrid) -> list[list[int]]:
+    """Each decode batch as its sequences' contexts: uniform ones, then mixed ones (one long, the rest short)."""
+    uniform = [[ctx] * batch for ctx in grid.decode_ctxs for batch in grid.decode_batches]
+    short = min(grid.decode_ctxs)
+    mixed = [[ctx] + [short] * (batch - 1) for ctx in grid.decode_ctxs if ctx > short
+             for batch in grid.decode_batches if batch > 1]
+    return uniform + mixed
+
+
 def measure_decode(runner: ModelRunner, grid: ProfileGrid) -> list[DecodeSample]:
     bs = runner.cache_config.block_size
     samples = []
-    for ctx in grid.decode_ctxs:
-        for batch in grid.decode_batches:
-            items = [DecodeInput(token_id=11, position=ctx - 1, block_table=t) for t in _tables(batch, ctx, bs)]
-            seconds = time_median(lambda items=items: runner.decode(items), grid.repeats, runner.device)
-            samples.append(DecodeSample(batch, batch * ctx, seconds))
+    for ctxs in decode_shapes(grid):
+        tables = _tables(len(ctxs), max(ctxs), bs)
+        items = [DecodeInput(token_id=11, position=ctx - 1, block_table=t[: -(-ctx // bs)])
+                 for ctx, t in zip(ctxs, tables, strict=True)]
+        seconds = time_median(lambda items=items: runner.decode(items), grid.repeats, runner.device)
+        samples.append(DecodeSample(len(ctxs), sum(ctxs), seconds, max(ctxs)))
     return samples
 
 

@@ -2,7 +2,15 @@
 
   prefill iteration  t ≈ a·Σl + b·Σl·(s+l) + c     l = chunk tokens, s = tokens already cached before the
                                                       chunk (s = 0 for a whole prompt: the l² attention term)
-  decode step        t ≈ a·Σctx + b·batch + c       ctx = tokens each sequence attends over
+  decode step        t ≈ a·Σctx + p·batch·max(ctx)  ctx = tokens each sequence attends over; the p term:
+                         + b·batch + c                attention that pads every row to the longest (CPU)
+
+The padded term is there because the CPU decode attention (kernels/decode_attention.py) gathers every row up
+to the batch's longest context: on one thread (SmolLM2-135M, fp32, 2-core machine), one 1,024-token sequence
+among 15 of 64 tokens (Σctx 1,984) made a step cost 382 ms, more than 16 × 256 (Σctx 4,096: 221 ms) and near
+16 × 1,024 (464 ms); `OMP_NUM_THREADS=1 taskset -c 0 pdserve profile --device cpu --repeats 2 --decode-batches
+1,2,4,8,16,32 --max-num-batched-tokens 1024`, 2026-12-01. A GPU kernel that stops at each row's end fits p ≈ 0;
+the profile measures batches of mixed contexts so that the two terms can be told apart.
 
 A `Profile` holds both fits, the R² of each, the samples they came from and what the planner needs to know
 about KV (bytes per token, block size); it is saved as JSON.
@@ -18,7 +26,7 @@ from typing import Any
 import numpy as np
 
 PREFILL_TERMS = ("sum_tokens", "sum_attn", "const")
-DECODE_TERMS = ("sum_ctx", "batch", "const")
+DECODE_TERMS = ("sum_ctx", "pad_ctx", "batch", "const")  # pad_ctx = batch·max(ctx)
 
 
 @dataclass(frozen=True)
@@ -36,14 +44,22 @@ class PrefillSample:
 
 @dataclass(frozen=True)
 class DecodeSample:
-    """One measured decode step: batch size, the batch's total context (tokens), and its time (s)."""
+    """One measured decode step: batch size, the batch's total context (tokens), its time (s) and its longest
+    context (0: every sequence has sum_ctx / batch)."""
 
     batch: int
     sum_ctx: int
     seconds: float
+    max_ctx: int = 0
 
-    def features(self) -> tuple[float, float, float]:
-        return (float(self.sum_ctx), float(self.batch), 1.0)
+    def features(self) -> tuple[float, ...]:
+        return decode_features(self.batch, self.sum_ctx, self.max_ctx)
+
+
+def decode_features(batch: int, sum_ctx: int, max_ctx: int = 0) -> tuple[float, ...]:
+    """In DECODE_TERMS order; max_ctx 0: a uniform batch (every sequence sum_ctx / batch long)."""
+    longest = max_ctx if max_ctx > 0 else sum_ctx / max(batch, 1)
+    return (float(sum_ctx), float(batch) * longest, float(batch), 1.0)
 
 
 def prefill_features(lens: tuple[int, ...] | list[int], starts: tuple[int, ...] | list[int]) -> tuple[float, float, float]:
@@ -61,6 +77,13 @@ class LinearFit:
     def predict(self, features: tuple[float, ...]) -> float:
         return float(sum(c * f for c, f in zip(self.coef, features)))
 
+    def coef_of(self, term: str) -> float:
+        """A term's coefficient; 0 for a term the fit does not have (a profile saved before it existed)."""
+        return self.coef[self.terms.index(term)] if term in self.terms else 0.0
+
+    def predict_named(self, features: dict[str, float]) -> float:
+        return float(sum(c * features[t] for t, c in zip(self.terms, self.coef)))
+
     def as_dict(self) -> dict[str, Any]:
         return {"terms": list(self.terms), "coef": list(self.coef), "r2": self.r2,
                 **{name: value for name, value in zip(self.terms, self.coef)}}
@@ -69,7 +92,8 @@ class LinearFit:
 def fit_linear(features: np.ndarray, seconds: np.ndarray, terms: tuple[str, ...]) -> LinearFit:
     """Least squares on relative error (rows scaled by 1/t, so a 5 ms step counts as much as a 500 ms one),
     with every coefficient >= 0: a negative per-token cost or intercept is noise, and would make the model
-    predict negative times. With three terms the exact non-negative solution is the best of the 7 subsets."""
+    predict negative times. The exact non-negative solution is the best of the 2^k - 1 subsets of terms (the
+    active set of a non-negative least-squares solution is one of them; 15 subsets for the decode fit)."""
     if features.shape[0] < features.shape[1]:
         raise ValueError(f"need at least {features.shape[1]} samples to fit {terms}, got {features.shape[0]}")
     weight = 1.0 / np.maximum(seconds, 1e-9)
@@ -118,8 +142,14 @@ class Profile:
     def prefill_time(self, lens: list[int], starts: list[int] | None = None) -> float:
         return max(0.0, self.prefill.predict(prefill_features(lens, starts or [0] * len(lens))))
 
-    def decode_time(self, batch: int, sum_ctx: int) -> float:
-        return max(0.0, self.decode.predict((float(sum_ctx), float(batch), 1.0)))
+    def decode_time(self, batch: int, sum_ctx: int, max_ctx: int = 0) -> float:
+        """One step; max_ctx 0: a uniform batch. A profile saved with the older three terms still reads."""
+        features = dict(zip(DECODE_TERMS, decode_features(batch, sum_ctx, max_ctx), strict=True))
+        return max(0.0, self.decode.predict_named(features))
+
+    def decode_coef(self) -> tuple[float, float, float, float]:
+        """(sum_ctx, pad_ctx, batch, const) coefficients, 0 for a term the fit lacks."""
+        return tuple(self.decode.coef_of(t) for t in DECODE_TERMS)  # type: ignore[return-value]
 
     def to_json(self) -> str:
         return json.dumps({
@@ -139,7 +169,8 @@ class Profile:
             prefill=_fit_from(raw["prefill_fit"]), decode=_fit_from(raw["decode_fit"]),
             prefill_samples=[PrefillSample(tuple(s["lens"]), s["seconds"], tuple(s.get("starts", ())))
                              for s in raw.get("prefill_samples", [])],
-            decode_samples=[DecodeSample(s["batch"], s["sum_ctx"], s["seconds"]) for s in raw.get("decode_samples", [])],
+            decode_samples=[DecodeSample(s["batch"], s["sum_ctx"], s["seconds"], s.get("max_ctx", 0))
+                            for s in raw.get("decode_samples", [])],
         )
 
     def save(self, path: str | Path) -> Path:

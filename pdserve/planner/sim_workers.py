@@ -10,9 +10,10 @@ while a preempted request waits); a request whose KV arrived waits for a running
 each step every running request gets room for its next token, the newest being preempted (and later
 recomputed on D) when blocks run out.
 
-A decode step costs O(1) + O(finished) here, not O(batch): a request's block needs and its finishing step are
-arithmetic in the worker's step counter (see `DecodeWorker._blocks_due`), so clusters of hundreds of workers
-simulate in seconds.
+A step's time is the profile's decode model at the batch's Σctx and longest context (the CPU attention pads
+every row to the longest: profile.py). A decode step costs O(1) + O(finished) here, not O(batch): a request's
+block needs and its finishing step are arithmetic in the worker's step counter (see `DecodeWorker._due_over`),
+the longest context comes from a heap, so clusters of hundreds of workers simulate in seconds.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from collections import deque
 from dataclasses import dataclass
 
 from pdserve.planner.profile import Profile
+
+DecodeCoef = tuple[float, float, float, float]  # Profile.decode_coef(): Σctx, batch·max(ctx), batch, const
 
 
 def blocks_for(tokens: int, block_size: int) -> int:
@@ -107,6 +110,7 @@ class DecodeWorker:
         self.preempted: deque[tuple[int, int, int]] = deque()
         self.running: dict[int, tuple[int, int, int]] = {}
         self.finishing: list[tuple[int, int]] = []  # heap of (last_step, rid)
+        self._longest: list[tuple[int, int]] = []  # heap of (s0 - ctx0, rid): the longest context on top
         self.due = [0] * block_size
         self.sum_ctx = 0
         self.step = 0
@@ -186,20 +190,38 @@ class DecodeWorker:
         total = (n // bs) * sum(self.due)
         return total + sum(self.due[(-j) % bs] for j in range(start, start + n % bs))
 
-    def run_time(self, m: int, decode_coef: tuple[float, float, float], profile: Profile, overhead_s: float) -> float:
-        """Time of the run's first m steps: step i has context sum_ctx + i·batch."""
-        a, b, c = decode_coef
+    @property
+    def max_ctx(self) -> int:
+        """The longest running context at the current step (the CPU attention pads every row to it): the
+        request of largest ctx0 - s0, found in a heap whose entries of requests gone since are dropped here."""
+        heap = self._longest
+        while heap:
+            key, rid = heap[0]
+            entry = self.running.get(rid)
+            if entry is not None and entry[1] - entry[0] == key:
+                return self.step - key
+            heapq.heappop(heap)
+        return 0
+
+    def _step_cost(self, decode_coef: DecodeCoef, overhead_s: float) -> tuple[float, float]:
+        """(first step's time, how much each later step of the run adds): all contexts grow by one a step."""
+        a, p, b, c = decode_coef
         batch = len(self.running)
-        t = m * (a * self.sum_ctx + b * batch + c + overhead_s) + a * batch * m * (m - 1) / 2
+        first = a * self.sum_ctx + p * batch * self.max_ctx + b * batch + c + overhead_s
+        return first, (a + p) * batch
+
+    def run_time(self, m: int, decode_coef: DecodeCoef, profile: Profile, overhead_s: float) -> float:
+        """Time of the run's first m steps: step i has context sum_ctx + i·batch, longest max_ctx + i."""
+        first, growth = self._step_cost(decode_coef, overhead_s)
+        t = m * first + growth * m * (m - 1) / 2
         if self.recompute_tokens:
             t += sum(profile.prefill_time([n]) for n in self.recompute_tokens)
         return t
 
-    def steps_done_by(self, elapsed: float, decode_coef: tuple[float, float, float], overhead_s: float) -> int:
+    def steps_done_by(self, elapsed: float, decode_coef: DecodeCoef, overhead_s: float) -> int:
         """The step of the current run in progress after `elapsed` s, counted from 1."""
-        a, b, c = decode_coef
-        batch = len(self.running)
-        quad, lin = a * batch / 2, a * self.sum_ctx + b * batch + c + overhead_s - a * batch / 2
+        first, growth = self._step_cost(decode_coef, overhead_s)
+        quad, lin = growth / 2, first - growth / 2
         m = elapsed / lin if quad <= 0 else (-lin + (lin * lin + 4 * quad * elapsed) ** 0.5) / (2 * quad)
         return min(self.run_len, max(1, math.ceil(m - 1e-9)))
 
@@ -220,6 +242,7 @@ class DecodeWorker:
         heapq.heappush(self.finishing, (s0 + steps - 1, rid))
         self.due[(ctx0 - s0 - 1) % self.block_size] += 1
         self.sum_ctx += ctx0
+        heapq.heappush(self._longest, (s0 - ctx0, rid))
 
     def _leave(self, rid: int) -> tuple[int, int]:
         """Remove a running request; returns (tokens it holds now, blocks it holds)."""

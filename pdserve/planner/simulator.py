@@ -67,6 +67,11 @@ class SimResult:
     e2e: np.ndarray
     refused: np.ndarray  # bool
     num_preemptions: int
+    # model time the workers spent, summed over workers: what a real run's /metrics (forward_seconds,
+    # step_seconds, steps) can be checked against, the model apart from the queueing
+    prefill_busy_s: float = 0.0
+    decode_busy_s: float = 0.0
+    num_decode_steps: int = 0
 
     @property
     def duration(self) -> float:
@@ -111,10 +116,12 @@ class Simulation:
         self.first, self.finish = np.full(n, np.nan), np.full(n, np.nan)
         self.refused = np.zeros(n, dtype=bool)
         self.d_of = np.zeros(n, dtype=np.int64)
-        a, b, c = profile.decode.coef
-        self.decode_coef = (a, b + cluster.decode_overhead_per_seq_s, c)
+        a, pad, b, c = profile.decode_coef()
+        self.decode_coef = (a, pad, b + cluster.decode_overhead_per_seq_s, c)
         self.events: list[tuple[float, int, int, int, int]] = []
         self.seq = 0
+        self.prefill_busy_s = self.decode_busy_s = 0.0
+        self.num_decode_steps = 0
 
     def push(self, t: float, kind: int, index: int, version: int = 0) -> None:
         self.seq += 1
@@ -160,7 +167,8 @@ class Simulation:
         out = self.w.output_len
         tpot = np.where(out > 1, (self.finish - self.first) / np.maximum(out - 1, 1), 0.0)
         return SimResult(self.w.arrival, self.first - self.w.arrival, np.where(self.refused, np.nan, tpot),
-                         self.finish - self.w.arrival, self.refused, sum(d.num_preemptions for d in self.decode))
+                         self.finish - self.w.arrival, self.refused, sum(d.num_preemptions for d in self.decode),
+                         self.prefill_busy_s, self.decode_busy_s, self.num_decode_steps)
 
     def _decode_order(self) -> np.ndarray:
         """LeastKV: lowest KV usage (reported + reserved since), then fewest running (reported + in flight)."""
@@ -200,7 +208,9 @@ class Simulation:
             worker.busy = False
             return
         worker.busy = True
-        self.push(t + worker.iteration_time(plan, self.profile, self.cluster.prefill_overhead_s), P_DONE, p)
+        dt = worker.iteration_time(plan, self.profile, self.cluster.prefill_overhead_s)
+        self.prefill_busy_s += dt
+        self.push(t + dt, P_DONE, p)
 
     def _p_done(self, t: float, p: int) -> None:
         worker = self.prefill[p]
@@ -258,6 +268,8 @@ class Simulation:
         worker = self.decode[d]
         if version != worker.version:
             return  # the run was cut short; its new end event follows
+        self.decode_busy_s += t - worker.run_start_t
+        self.num_decode_steps += worker.run_len
         done = worker.finish_run()
         for rid in done:
             self.finish[rid] = t

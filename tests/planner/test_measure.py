@@ -24,7 +24,9 @@ def test_profile_a_real_runner() -> None:
                          "cpu", torch.float32, max_num_seqs=4)
     prof = profile_runner(runner, grid, "tiny")
     assert [s.lens for s in prof.prefill_samples][:2] == [(8,), (8, 8)]
-    assert len(prof.decode_samples) == 6 and prof.decode_samples[-1].sum_ctx == 4 * 64
+    assert len(prof.decode_samples) == 6 + 2 and prof.decode_samples[5].sum_ctx == 4 * 64
+    mixed = prof.decode_samples[-1]  # one sequence of the longest context, the others of the shortest
+    assert (mixed.batch, mixed.sum_ctx, mixed.max_ctx) == (4, 64 + 3 * 16, 64)
     assert all(s.seconds > 0 for s in prof.prefill_samples + prof.decode_samples)
     assert prof.kv_bytes_per_token == 2 * 2 * 2 * 16 * 4 and prof.block_size == 16
     assert all(c >= 0 for c in prof.prefill.coef + prof.decode.coef)
@@ -39,4 +41,5 @@ def test_profile_command_writes_json(tmp_path) -> None:
     assert rc == 0
     raw = json.loads(out.read_text())
     assert raw["model"] == tmp_path.name and set(raw["prefill_fit"]) >= {"sum_tokens", "sum_attn", "const", "r2"}
-    assert set(raw["decode_fit"]) >= {"sum_ctx", "batch", "const", "r2"} and len(raw["decode_samples"]) == 4
+    assert set(raw["decode_fit"]) >= {"sum_ctx", "pad_ctx", "batch", "const", "r2"}
+    assert len(raw["decode_samples"]) == 4 + 1  # 2 batches × 2 contexts, and one mixed batch (32 + 16)

@@ -3,7 +3,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pdserve.planner.profile import DecodeSample, PrefillSample, Profile, fit_decode, fit_prefill
+from pdserve.planner.profile import DecodeSample, LinearFit, PrefillSample, Profile, fit_decode, fit_prefill
 
 
 def _prefill_samples(rng: np.random.Generator, noise: float) -> list[PrefillSample]:
@@ -27,12 +27,35 @@ def test_prefill_fit_recovers_the_coefficients() -> None:
     assert noisy.r2 > 0.99
 
 
+def _decode_time(batch: int, ctxs: list[int]) -> float:
+    return 1e-8 * sum(ctxs) + 2e-8 * batch * max(ctxs) + 5e-5 * batch + 0.01
+
+
 def test_decode_fit_and_non_negative_coefficients() -> None:
-    samples = [DecodeSample(b, b * ctx, 1e-8 * b * ctx + 5e-5 * b + 0.01) for b in (1, 4, 16) for ctx in (64, 512)]
+    shapes = [[ctx] * b for b in (1, 4, 16) for ctx in (64, 512)] + [[512] + [64] * (b - 1) for b in (4, 16)]
+    samples = [DecodeSample(len(c), sum(c), _decode_time(len(c), c), max(c)) for c in shapes]
     fit = fit_decode(samples)
-    assert fit.coef == pytest.approx((1e-8, 5e-5, 0.01), rel=1e-6)
+    assert fit.coef == pytest.approx((1e-8, 2e-8, 5e-5, 0.01), rel=1e-6)
     flat = [DecodeSample(b, b * 100, 0.02 - 1e-4 * b) for b in (1, 2, 4, 8)]  # cost falls with batch: noise
     assert all(c >= 0 for c in fit_decode(flat).coef)
+
+
+def test_decode_time_pads_to_the_longest_context() -> None:
+    """One long sequence costs the batch·max(ctx) term for every row, as the CPU attention pads."""
+    shapes = [[ctx] * b for b in (1, 4, 16) for ctx in (64, 512)] + [[512] + [64] * (b - 1) for b in (4, 16)]
+    samples = [DecodeSample(len(c), sum(c), _decode_time(len(c), c), max(c)) for c in shapes]
+    prof = Profile("m", "cpu", "float32", 1024, 16, fit_prefill(_prefill_samples(np.random.default_rng(0), 0.0)),
+                   fit_decode(samples))
+    mixed = [900] + [100] * 15
+    assert prof.decode_time(16, sum(mixed), 900) == pytest.approx(_decode_time(16, mixed), rel=1e-6)
+    assert prof.decode_time(16, sum(mixed)) < prof.decode_time(16, sum(mixed), 900)  # uniform: 150 each
+
+
+def test_a_profile_with_the_older_three_decode_terms_still_reads() -> None:
+    old = LinearFit(("sum_ctx", "batch", "const"), (1e-8, 5e-5, 0.01), 1.0)
+    prof = Profile("m", "cpu", "float32", 1024, 16, old, old)
+    assert prof.decode_time(4, 256, 64) == pytest.approx(1e-8 * 256 + 4 * 5e-5 + 0.01)
+    assert prof.decode_coef() == (1e-8, 0.0, 5e-5, 0.01)
 
 
 def test_profile_json_round_trip(tmp_path) -> None:
@@ -44,5 +67,5 @@ def test_profile_json_round_trip(tmp_path) -> None:
     assert loaded.prefill_time([256, 256]) == pytest.approx(2 * (2e-5 * 256 + 3e-9 * 256**2) + 4e-3)
     assert loaded.prefill_time([128], [128]) > loaded.prefill_time([128])  # a chunk after a cached prefix
     assert loaded.decode_time(4, 256) == pytest.approx(0.01 + 4e-4, rel=1e-6)
-    with pytest.raises(ValueError, match="at least 3 samples"):
-        fit_decode(dsamples[:2])
+    with pytest.raises(ValueError, match="at least 4 samples"):
+        fit_decode(dsamples[:3])

@@ -47,6 +47,22 @@ def test_prompts_queued_during_an_iteration_share_the_next(gpu_like_profile: Pro
     assert r.tpot[1] == pytest.approx((p.decode_time(1, 101) + p.decode_time(2, 102 + 201)) / 2)
 
 
+def test_a_decode_step_costs_the_padded_longest_context(cpu_like_profile: Profile) -> None:
+    """A CPU step pads every row to the longest context: the 1,000-token prompt's row costs the 100-token one
+    a step priced at batch 2 × 1,001+, not at Σctx."""
+    p = cpu_like_profile
+    cluster = ClusterSpec(1, 1, kv_latency_s=0.0, kv_bandwidth=1e30)
+    r = simulate(p, cluster, _one([0.0, 0.001], [1000, 100], [12, 3]))
+    # the long prompt's KV arrives first and runs alone until the short one's joins, then both run together
+    joined_at = r.ttft[1] + r.arrival[1]
+    alone = [p.decode_time(1, 1001 + j) for j in range(11)]
+    done_alone = np.cumsum(alone) + r.ttft[0]
+    k = int(np.searchsorted(done_alone, joined_at))  # the long one's step in progress when the short one joins
+    both = [p.decode_time(2, 1002 + k + j + 101 + j, 1002 + k + j) for j in range(2)]
+    assert r.tpot[1] == pytest.approx((done_alone[k] - joined_at + both[0] + both[1]) / 2)
+    assert both[0] > p.decode_time(2, 1002 + k + 101)  # more than a uniform batch of the same Σctx
+
+
 def test_max_num_seqs_makes_requests_wait_for_a_slot(gpu_like_profile: Profile) -> None:
     cluster = ClusterSpec(1, 1, max_num_seqs=1, kv_latency_s=0.0, kv_bandwidth=1e30)
     r = simulate(gpu_like_profile, cluster, _one([0.0, 0.0001], [64, 64], [10, 10]))
@@ -101,22 +117,25 @@ def test_two_hundred_workers_twenty_thousand_requests(gpu_like_profile: Profile)
     assert np.isfinite(r.e2e).all() and r.attainment(SLOs(ttft_ms=500, tpot_ms=50)) > 0.95
 
 
-def test_multi_step_runs_match_step_by_step(gpu_like_profile: Profile, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("profile_name", ["gpu_like_profile", "cpu_like_profile"])
+def test_multi_step_runs_match_step_by_step(profile_name: str, request: pytest.FixtureRequest,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """Decode steps are simulated in runs (one event until something joins or leaves); the results must be
-    those of simulating every step, preemptions and refusals included."""
+    those of simulating every step, preemptions and refusals included (with the padded CPU step too)."""
     from pdserve.planner import sim_workers
 
+    profile: Profile = request.getfixturevalue(profile_name)
     w = make_workload(WorkloadSpec(60.0, 1500, LengthSpec(1024, 0.9), LengthSpec(256, 0.9), prefix_ratio=0.3,
                                    num_prefix_groups=5, burstiness=0.3))
     cluster = ClusterSpec(3, 4, num_blocks=600, max_num_seqs=32)
-    runs = simulate(gpu_like_profile, cluster, w)
+    runs = simulate(profile, cluster, w)
 
     def one_step(self: sim_workers.DecodeWorker, joined: bool) -> int:
         self.run_taken = 1
         return 1
 
     monkeypatch.setattr(sim_workers.DecodeWorker, "_plan_run", one_step)
-    steps = simulate(gpu_like_profile, cluster, w)
+    steps = simulate(profile, cluster, w)
     assert runs.num_preemptions == steps.num_preemptions > 0
     assert (runs.refused == steps.refused).all() and runs.refused.any()
     np.testing.assert_allclose(runs.e2e, steps.e2e, rtol=1e-9)
