@@ -167,12 +167,42 @@ def _serving_cell(metrics: dict[str, Any]) -> str:
             f"{metrics['output_throughput']:.1f} tokens/s")
 
 
+def _plan_validation(data: dict[str, Any]) -> PerfSource:
+    """`pdserve plan`'s simulation against measured runs of the same split (benchmarks/plan_validation.py)."""
+    rows = []
+    for case in data["cases"]:
+        w, m = case["workload"], case["measured"]
+        lengths = f"~{w['input_len']}" if w["input_len"] else "ShareGPT prompts"
+        bursts = f", burstiness {w['burstiness']:g}" if w["burstiness"] != 1.0 else ""
+        rows.append(PerfRow(
+            f"plan validation, {w['name']}: {w['num_prompts']} requests, {w['rate']:g} req/s{bursts}, {lengths} → "
+            f"{w['output_len']} tokens; p50 simulated / measured",
+            _validation_cell(m, case["simulated_calibrated"], case["error_calibrated"]),
+            "profile alone, no overheads: " + _validation_cell(m, case["simulated_raw"], case["error_raw"])))
+    verdict = "all within 25%" if data["within_25pct_calibrated"] else "not all within 25%"
+    command = re.sub(r" --out \S+", "", data["command"]) + " --out {out}"
+    start, end, cal = data["load_at_start"], data["load_at_end"], data["overheads_from_calibration"]
+    return PerfSource("plan_validation_cpu.json", f"CPU, {start['cpus']} cores; {data['machine']}", data["date"][:10],
+                      f".venv/bin/python {command}", tuple(rows),
+                      f"Simulated on the requests actually sent. Calibrated from separate runs: overheads of single "
+                      f"requests, and P's and D's model time × {cal['prefill_slowdown_side_by_side']:.2f} / "
+                      f"{cal['decode_slowdown_side_by_side']:.2f} while the other worker runs beside it; {verdict}. "
+                      + _load_note([start["load1"]], [end["load1"]], int(start["cpus"])))
+
+
+def _validation_cell(measured: dict[str, Any], simulated: dict[str, Any], error: dict[str, Any]) -> str:
+    return (f"TTFT {simulated['p50_ttft_ms']:.0f} / {measured['p50_ttft_ms']:.0f} ms "
+            f"({100 * error['p50_ttft_ms_rel_error']:.0f}% off), TPOT {simulated['p50_tpot_ms']:.0f} / "
+            f"{measured['p50_tpot_ms']:.0f} ms ({100 * error['p50_tpot_ms_rel_error']:.0f}% off)")
+
+
 EXTRACTORS: dict[str, Callable[[dict[str, Any]], PerfSource]] = {
     "kernels_h200.json": _kernels_h200,
     "engine_cuda_h200.json": _engine_cuda_h200,
     "offline_cpu.json": _offline_cpu,
     "serving_cpu.json": _serving_cpu,
     "cache_reuse.json": _cache_reuse,
+    "plan_validation_cpu.json": _plan_validation,
 }
 
 
