@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import tempfile
 import time
@@ -23,6 +22,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "engine"))
+from engine_gpu_baselines import time_ms
 from tiny_hf_models import KINDS, hf_last_logits, make_tiny
 
 from pdserve.engine.attention_metadata import DecodeInput, PrefillChunk
@@ -54,17 +54,7 @@ def check_tiny(kind: str, dtype: torch.dtype, root: Path) -> dict[str, float]:
 
 
 def cuda_ms(fn: Callable[[], object], repeat: int = 20, warmup: int = 3) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeat):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    return time_ms(fn, torch.device("cuda"), repeat, warmup)
 
 
 def time_llama3_8b() -> dict[str, float]:
