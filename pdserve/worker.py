@@ -48,8 +48,9 @@ from pdserve.engine.runner import ModelRunner
 from pdserve.engine.sampling import Sampler
 from pdserve.engine.weights import LoadedModel, ModelSpec, load_model, parse_dtype, resolve_model
 from pdserve.kv_transfer.base import KVReceiver
-from pdserve.kv_transfer.cuda_ipc import CudaIpcKVReceiver, CudaIpcKVSender
+from pdserve.kv_transfer.cuda_ipc import CudaIpcKVSender
 from pdserve.kv_transfer.local import LocalKVReceiver, LocalKVSender
+from pdserve.kv_transfer.registry import get_backend
 from pdserve.kv_transfer.tcp_receiver import TcpKVReceiver
 from pdserve.kv_transfer.tcp_sender import TcpKVSender
 from pdserve.kv_transfer.wire import dtype_name
@@ -208,8 +209,8 @@ class Worker:
         if self.settings.transfer.backend == "local":
             return LocalKVReceiver(pools, engine.kv_complete, engine.kv_failed)
         transfer = self.settings.transfer
-        receiver = CudaIpcKVReceiver if transfer.backend == "cuda_ipc" else TcpKVReceiver
-        return receiver(transfer.host, transfer.port, pools, engine.kv_complete, engine.kv_failed,
+        receiver = get_backend(transfer.backend).receiver  # tcp and cuda_ipc: one constructor (an address)
+        return receiver(transfer.host, transfer.port, pools, engine.kv_complete, engine.kv_failed,  # type: ignore[call-arg]
                         secret=secret, advertise_host=self.advertised(transfer.host))
 
     # ---- lifecycle ----------------------------------------------------------------------------------
