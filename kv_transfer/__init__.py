@@ -2,7 +2,8 @@
 
 See base.py for the life of a transfer, wire.py for the frames, and registry.py for the backends
 (`local`: same process and pool, no copy; `tcp`: asyncio streams, any host; `cuda_ipc`: P's kernels write
-into D's pool on the same host, tcp's connection carries only control frames).
+into D's pool on the same host, tcp's connection carries only control frames; `nccl`: control frames as
+cuda_ipc, the bytes through a two-rank torch.distributed group, nccl on GPUs and gloo on CPUs).
 """
 
 from pdserve.kv_transfer.base import KVReceiver, KVSender, KVTransferError, PoolLayout

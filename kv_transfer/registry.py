@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pdserve.kv_transfer.base import KVReceiver, KVSender
 from pdserve.kv_transfer.cuda_ipc import CudaIpcKVReceiver, CudaIpcKVSender
 from pdserve.kv_transfer.local import LocalKVReceiver, LocalKVSender
+from pdserve.kv_transfer.nccl import NcclKVReceiver, NcclKVSender
 from pdserve.kv_transfer.tcp_receiver import TcpKVReceiver
 from pdserve.kv_transfer.tcp_sender import TcpKVSender
 
@@ -44,3 +45,4 @@ def backend_names() -> list[str]:
 register_backend(KVBackend("local", LocalKVSender, LocalKVReceiver))
 register_backend(KVBackend("tcp", TcpKVSender, TcpKVReceiver))
 register_backend(KVBackend("cuda_ipc", CudaIpcKVSender, CudaIpcKVReceiver))
+register_backend(KVBackend("nccl", NcclKVSender, NcclKVReceiver))

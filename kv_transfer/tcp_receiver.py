@@ -40,6 +40,7 @@ from pdserve.kv_transfer.base import KVReceiver, OnComplete, OnFailure
 from pdserve.kv_transfer.wire import (
     DTYPES,
     Auth,
+    BulkKVHeader,
     Done,
     Error,
     FrameLimits,
@@ -49,6 +50,7 @@ from pdserve.kv_transfer.wire import (
     Pools,
     ProtocolError,
     Ready,
+    Rendezvous,
     check_auth,
     dtype_name,
     encode_frame,
@@ -153,8 +155,8 @@ class TcpKVReceiver(KVReceiver):
         """What a backend on this control path sends once a sender is authenticated (cuda_ipc: its pools)."""
 
     async def _handle(self, header: Header, reader: asyncio.StreamReader, carried: set[str]) -> None:
-        if isinstance(header, Hello | Auth | Ready | Pools):
-            raise ProtocolError(f"unexpected {header.KIND} frame after the handshake")
+        if isinstance(header, Hello | Auth | Ready | Pools | Rendezvous | BulkKVHeader):
+            raise ProtocolError(f"unexpected {header.KIND} frame on a {self.backend} connection after the handshake")
         live = header.request_id in self.table
         if not live and not self.table.recently_ended(header.request_id):
             raise ProtocolError(f"{header.KIND} frame for unknown request id {header.request_id!r}")
@@ -186,20 +188,27 @@ class TcpKVReceiver(KVReceiver):
         self.table.record_layer(header.request_id, header.layer, header.block_ids)
 
     def _check_kv(self, header: KVHeader) -> str | None:
-        if header.request_id in self.table:
-            problem = self.table.check_layer(header.request_id, header.layer, header.block_ids)
+        return self._check_blocks(header.request_id, header.layer, header.block_ids, header.dtype, header.shape,
+                                  header.nbytes)
+
+    def _check_blocks(self, request_id: str, layer: int, block_ids: list[int], dtype: str, shape: list[int],
+                      nbytes: int) -> str | None:
+        """Why blocks announced by a header may not be read into the pool (None: they may); the nccl
+        backend checks its kv_bulk headers with this too."""
+        if request_id in self.table:
+            problem = self.table.check_layer(request_id, layer, block_ids)
             if problem is not None:
                 return problem
-        elif not 0 <= header.layer < self.layout.num_layers or not 0 < len(header.block_ids) <= self.layout.num_blocks:
-            return f"layer {header.layer} / {len(header.block_ids)} blocks outside the pool"
-        if header.dtype not in DTYPES or header.dtype != dtype_name(self.layout.dtype):
-            return f"dtype {header.dtype!r} is not the pool's {dtype_name(self.layout.dtype)}"
-        expected_shape = self.layout.block_shape(len(header.block_ids))
-        if header.shape != expected_shape:
-            return f"shape {header.shape} != {expected_shape}"
+        elif not 0 <= layer < self.layout.num_layers or not 0 < len(block_ids) <= self.layout.num_blocks:
+            return f"layer {layer} / {len(block_ids)} blocks outside the pool"
+        if dtype not in DTYPES or dtype != dtype_name(self.layout.dtype):
+            return f"dtype {dtype!r} is not the pool's {dtype_name(self.layout.dtype)}"
+        expected_shape = self.layout.block_shape(len(block_ids))
+        if shape != expected_shape:
+            return f"shape {shape} != {expected_shape}"
         expected_nbytes = math.prod(expected_shape) * self.layout.dtype.itemsize
-        if header.nbytes != expected_nbytes:
-            return f"nbytes {header.nbytes} != {expected_nbytes} for shape {expected_shape}"
-        if header.nbytes > self.limits.max_payload_bytes:
-            return f"payload of {header.nbytes} bytes exceeds the {self.limits.max_payload_bytes} byte limit"
+        if nbytes != expected_nbytes:
+            return f"nbytes {nbytes} != {expected_nbytes} for shape {expected_shape}"
+        if nbytes > self.limits.max_payload_bytes:
+            return f"payload of {nbytes} bytes exceeds the {self.limits.max_payload_bytes} byte limit"
         return None

@@ -14,9 +14,15 @@ sees them:
     ready  receiver → sender   {}                               accepted (else an error frame, then close)
     pools  receiver → sender   {descriptor}                     cuda_ipc only, right after ready: D's pool
                                handles, msgpack bytes of kv_transfer/cuda_ipc/descriptor.PoolDescriptor
+    rendezvous receiver → sender {backend, store_host, store_port, key, timeout_ms}
+                               nccl only, right after ready: where both join this connection's two-rank
+                               torch.distributed group (D rank 0, P rank 1; backend "nccl" or "gloo")
     kv     sender → receiver   {request_id, layer, block_ids, dtype, shape, nbytes, checksum}
                                payload = blocks [2, len(block_ids), block_size, Hkv, D] in C order,
                                block_ids are the RECEIVER's destination blocks, checksum = zlib.crc32
+    kv_bulk sender → receiver  {request_id, layer, block_ids, dtype, shape, bulk_nbytes}
+                               nccl only: as kv, but the payload follows through the group (a send of
+                               bulk_nbytes to rank 0), not the socket; nbytes is 0
     done   sender → receiver   {request_id, first_token_id, first_logprob, num_tokens}
     error  sender → receiver   {request_id, reason}              the sender gave the request up
            receiver → sender   {request_id: "", reason}          handshake refused (bad secret, version)
@@ -100,6 +106,16 @@ class Pools:
 
 
 @dataclass(frozen=True)
+class Rendezvous:
+    KIND: ClassVar[str] = "rendezvous"
+    backend: str
+    store_host: str
+    store_port: int
+    key: str
+    timeout_ms: int
+
+
+@dataclass(frozen=True)
 class KVHeader:
     KIND: ClassVar[str] = "kv"
     request_id: str
@@ -109,6 +125,17 @@ class KVHeader:
     shape: list[int]
     nbytes: int
     checksum: int
+
+
+@dataclass(frozen=True)
+class BulkKVHeader:
+    KIND: ClassVar[str] = "kv_bulk"
+    request_id: str
+    layer: int
+    block_ids: list[int]
+    dtype: str
+    shape: list[int]
+    bulk_nbytes: int
 
 
 @dataclass(frozen=True)
@@ -127,8 +154,10 @@ class Error:
     reason: str
 
 
-Header = Hello | Auth | Ready | Pools | KVHeader | Done | Error
-_HEADER_TYPES: dict[str, type] = {cls.KIND: cls for cls in (Hello, Auth, Ready, Pools, KVHeader, Done, Error)}
+Header = Hello | Auth | Ready | Pools | Rendezvous | KVHeader | BulkKVHeader | Done | Error
+_HEADER_TYPES: dict[str, type] = {
+    cls.KIND: cls for cls in (Hello, Auth, Ready, Pools, Rendezvous, KVHeader, BulkKVHeader, Done, Error)
+}
 _FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "bytes": (bytes,), "bytes | None": (bytes, NoneType), "str": (str,), "int": (int,),
     "list[int]": (list,), "float | None": (float, NoneType),

@@ -63,7 +63,8 @@ FALLBACK_HELP = {
     "--role": "which work the worker admits; both: prefill and decode over one block pool",
     "--worker-id": "name in the router's registry, metrics and admin API (default: generated)",
     "--transfer-backend": "how KV moves P → D: auto is local for --role both, tcp otherwise; cuda_ipc: P writes "
-                          "into D's GPU pool (one host, one GPU or two with P2P)",
+                          "into D's GPU pool (one host, one GPU or two with P2P); nccl: control on tcp, bytes "
+                          "through torch.distributed (NCCL on GPUs, gloo on CPUs; GPUs without P2P, any hosts)",
     "--load-format": "auto: from --model (embedded name, .gguf file, HF directory); dummy: random weights",
     "--dtype": "weights and KV dtype; auto: bfloat16 on CUDA, float32 on CPU",
     "--block-size": "tokens per KV block (the router and every worker must agree)",

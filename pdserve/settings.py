@@ -20,7 +20,7 @@ ROLES = ("prefill", "decode")
 DEFAULT_MODEL = "smollm2-135m-instruct"
 LOAD_FORMATS = ("auto", "gguf", "hf", "dummy")  # hf: a Hugging Face directory of safetensors
 DTYPES = ("auto", "float32", "float16", "bfloat16")
-TRANSFER_BACKENDS = ("auto", "local", "tcp", "cuda_ipc")  # cuda_ipc: P and D on one host's GPUs
+TRANSFER_BACKENDS = ("auto", "local", "tcp", "cuda_ipc", "nccl")  # cuda_ipc: one host's GPUs; nccl: torch.distributed
 KV_LOAD_FAILURE_POLICIES = ("fail", "recompute")  # decode_node/scheduler.py
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20,
                "mib": 1 << 20, "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30}

@@ -50,6 +50,7 @@ from pdserve.engine.weights import LoadedModel, ModelSpec, load_model, parse_dty
 from pdserve.kv_transfer.base import KVReceiver
 from pdserve.kv_transfer.cuda_ipc import CudaIpcKVSender
 from pdserve.kv_transfer.local import LocalKVReceiver, LocalKVSender
+from pdserve.kv_transfer.nccl import NcclKVSender
 from pdserve.kv_transfer.registry import get_backend
 from pdserve.kv_transfer.tcp_receiver import TcpKVReceiver
 from pdserve.kv_transfer.tcp_sender import TcpKVSender
@@ -178,6 +179,8 @@ class Worker:
                 sender = LocalKVSender(self.roles.decode.receiver)
             elif self.settings.transfer.backend == "cuda_ipc":
                 sender = CudaIpcKVSender(self.device, secret=secret)
+            elif self.settings.transfer.backend == "nccl":
+                sender = NcclKVSender(self.device, secret=secret)
             else:
                 sender = TcpKVSender(secret=secret)
             batcher = Batcher(self.prefix_cache, self.settings.scheduler.max_num_batched_tokens,
@@ -209,7 +212,7 @@ class Worker:
         if self.settings.transfer.backend == "local":
             return LocalKVReceiver(pools, engine.kv_complete, engine.kv_failed)
         transfer = self.settings.transfer
-        receiver = get_backend(transfer.backend).receiver  # tcp and cuda_ipc: one constructor (an address)
+        receiver = get_backend(transfer.backend).receiver  # tcp, cuda_ipc, nccl: one constructor (an address)
         return receiver(transfer.host, transfer.port, pools, engine.kv_complete, engine.kv_failed,  # type: ignore[call-arg]
                         secret=secret, advertise_host=self.advertised(transfer.host))
 

@@ -1,0 +1,172 @@
+"""`nccl` backend, decode side: tcp's authenticated control server; the KV bytes arrive through a process group.
+
+A connection's life (tcp's, with a group beside it):
+
+    accept ─▶ hello ─▶ auth (HMAC) ─▶ ready ─▶ rendezvous{backend, store, key} ─▶ PairGroup.join(rank 0)
+           ─▶ loop: kv_bulk header ─▶ tcp's checks (request, layer, blocks, dtype, shape, nbytes ≤ limit)
+                    ─▶ buffer [2, n, block_size, Hkv, D] on the pool's device ─▶ group recv ─▶ wait
+                    ─▶ scatter_blocks into pools[layer] ─▶ record the layer
+                    done / error ─▶ as tcp
+           ─▶ close: the group is given up; requests this connection carried that are still pending fail
+
+Nothing is allocated before the header passed the checks, and the receive is posted with exactly the
+header's size (see group.py: gloo ends the process on a larger message). A receive that fails or passes its
+deadline (`group_timeout_s`: a dead or stalled peer) drops the connection like a bad frame. One receive is in
+flight per connection; its frames are handled in order, which is the order the sender posted its sends.
+Frames of a request that ended meanwhile are still received (the group's stream must stay aligned) and dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Coroutine, Sequence
+from typing import Any, TypeVar
+
+import torch
+
+from pdserve.kernels.block_copy import scatter_blocks
+from pdserve.kv_transfer.base import KVTransferError, OnComplete, OnFailure
+from pdserve.kv_transfer.nccl.group import (
+    RECEIVER_RANK,
+    PairGroup,
+    RendezvousStore,
+    group_backend,
+    in_thread,
+)
+from pdserve.kv_transfer.tcp_receiver import TcpKVReceiver
+from pdserve.kv_transfer.wire import (
+    DTYPES,
+    BulkKVHeader,
+    FrameLimits,
+    Header,
+    KVHeader,
+    ProtocolError,
+    Rendezvous,
+    encode_frame,
+    write_frame,
+)
+
+T = TypeVar("T")
+
+
+class NcclKVReceiver(TcpKVReceiver):
+    backend = "nccl"
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        pools: Sequence[torch.Tensor],
+        on_complete: OnComplete,
+        on_failure: OnFailure,
+        *,
+        secret: str | None = None,
+        limits: FrameLimits | None = None,
+        advertise_host: str | None = None,
+        group_timeout_s: float = 30.0,
+    ) -> None:
+        """`group_timeout_s`: how long a peer may take to join the group, and each layer's receive."""
+        super().__init__(host, port, pools, on_complete, on_failure, secret=secret, limits=limits,
+                         advertise_host=advertise_host)
+        if group_timeout_s <= 0:
+            raise ValueError(f"group_timeout_s must be positive, got {group_timeout_s}")
+        self.device = self.pools[0].device
+        self.group_backend = group_backend(self.device)
+        self.group_timeout_s = group_timeout_s
+        self._store: RendezvousStore | None = None
+        self._groups: dict[asyncio.Task[None], PairGroup] = {}
+        self._waits: set[asyncio.Future[Any]] = set()
+
+    async def start(self) -> None:
+        self._store = RendezvousStore(self.host, self.group_timeout_s)
+        await super().start()
+
+    async def close(self) -> None:
+        # a handler awaiting a receive does not see its socket close: end those waits first
+        for wait in list(self._waits):
+            wait.cancel()
+        await super().close()
+        self._store = None
+
+    # ---- one connection -------------------------------------------------------------------------
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        try:
+            await super()._serve(reader, writer)
+        finally:
+            group = self._groups.pop(task, None)
+            if group is not None:
+                group.close()
+
+    async def _after_ready(self, writer: asyncio.StreamWriter) -> None:
+        assert self._store is not None, "start() first"
+        key = os.urandom(16).hex()
+        timeout_ms = int(self.group_timeout_s * 1000)
+        await write_frame(writer, encode_frame(Rendezvous(self.group_backend, self.advertise_host, self._store.port,
+                                                          key, timeout_ms)))
+        local_host = writer.get_extra_info("sockname")[0]
+        try:
+            group = await self._wait(in_thread(PairGroup.join, self.group_backend, self._store.prefixed(key),
+                                               RECEIVER_RANK, self.device, local_host, self.group_timeout_s))
+        except KVTransferError as exc:
+            raise ProtocolError(f"the sender did not join the {self.group_backend} group: {exc}") from None
+        task = asyncio.current_task()
+        assert task is not None
+        self._groups[task] = group
+
+    async def _handle(self, header: Header, reader: asyncio.StreamReader, carried: set[str]) -> None:
+        if isinstance(header, KVHeader):
+            raise ProtocolError("an nccl connection carries no kv frames: the bytes go through the process group")
+        if not isinstance(header, BulkKVHeader):
+            await super()._handle(header, reader, carried)
+            return
+        if header.request_id not in self.table and not self.table.recently_ended(header.request_id):
+            raise ProtocolError(f"kv_bulk frame for unknown request id {header.request_id!r}")
+        carried.add(header.request_id)
+        problem = self._check_blocks(header.request_id, header.layer, header.block_ids, header.dtype,
+                                     header.shape, header.bulk_nbytes)
+        if problem is not None:
+            raise ProtocolError(f"kv_bulk frame for {header.request_id!r} layer {header.layer}: {problem}")
+        await self._receive(header)
+
+    async def _receive(self, header: BulkKVHeader) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        group = self._groups[task]
+        pool = self.pools[header.layer]
+        with group.side_stream():  # the buffer, the receive and the scatter: all ordered on the group's stream
+            blocks = torch.empty(header.shape, dtype=DTYPES[header.dtype], device=pool.device)
+            try:
+                work = group.recv(blocks)
+            except KVTransferError as exc:
+                raise ProtocolError(str(exc)) from None
+        what = f"receive of {header.request_id!r} layer {header.layer} ({header.bulk_nbytes} bytes)"
+        try:
+            await self._wait(in_thread(group.wait, work, what))
+        except KVTransferError as exc:
+            raise ProtocolError(str(exc)) from None
+        if header.request_id not in self.table:
+            return
+        with group.side_stream():
+            block_ids = torch.tensor(header.block_ids, dtype=torch.int64, device=pool.device)
+            scatter_blocks(pool, block_ids, blocks)
+        if pool.device.type == "cuda":  # recorded means written: D admits the request on this
+            await self._wait(in_thread(group.synchronize))
+        self.table.record_layer(header.request_id, header.layer, header.block_ids)
+
+    async def _wait(self, waiting: Coroutine[Any, Any, T]) -> T:
+        """Await a thread's result; `close` cancels it (the thread itself ends at its own deadline)."""
+        future = asyncio.ensure_future(waiting)
+        self._waits.add(future)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise
+            raise ProtocolError("receiver closed") from None
+        finally:
+            self._waits.discard(future)
