@@ -150,13 +150,21 @@ def local_index(uuid: str) -> int:
                           f"on one host")
 
 
+def check_peer_access(index: int, peer: int) -> None:
+    """P's GPU `index` must be able to store into D's GPU `peer` (same GPU, or P2P over NVLink / PCIe). Peer
+    access itself is then enabled by the open (cudaIpcMemLazyEnablePeerAccess), for these mappings only."""
+    if peer != index and not torch.cuda.can_device_access_peer(index, peer):
+        raise KVTransferError(f"cuda:{index} (the prefill worker's GPU) cannot access peer cuda:{peer} (the decode "
+                              f"worker's GPU): no P2P between them, so cuda_ipc cannot write into its pool; use "
+                              f"--transfer-backend nccl (NCCL moves the KV through host memory or the network "
+                              f"then) or tcp")
+
+
 def open_pools(descriptor: PoolDescriptor, device: torch.device) -> list[torch.Tensor]:
     """P's side: D's pools as tensors P's kernels on `device` can write (see the module docstring)."""
     require_cuda("the prefill worker's KV pool", device)
     index = device.index if device.index is not None else torch.cuda.current_device()
-    peer = local_index(descriptor.device_uuid)
-    if peer != index and not torch.cuda.can_device_access_peer(index, peer):
-        raise KVTransferError(f"cuda:{index} cannot access peer cuda:{peer} (no P2P between them): use tcp")
+    check_peer_access(index, local_index(descriptor.device_uuid))
     dtype, shape = DTYPES[descriptor.dtype], descriptor.shape
     strides = tuple(math.prod(shape[i + 1:]) for i in range(len(shape)))
     pools = []

@@ -18,7 +18,7 @@ from kv_helpers import NUM_LAYERS, Outcomes, make_pools
 from pdserve.kv_transfer import get_backend
 from pdserve.kv_transfer.base import KVTransferError
 from pdserve.kv_transfer.cuda_ipc import CudaIpcKVReceiver, CudaIpcKVSender, LayerHandle, PoolDescriptor
-from pdserve.kv_transfer.cuda_ipc.descriptor import MAX_DESCRIPTOR_BYTES, MAX_LAYERS
+from pdserve.kv_transfer.cuda_ipc.descriptor import MAX_DESCRIPTOR_BYTES, MAX_LAYERS, check_peer_access
 from pdserve.kv_transfer.wire import Pools, decode_header, encode_frame
 from pdserve.settings import TransferSettings
 
@@ -137,3 +137,13 @@ def test_a_second_process_writes_three_layers_into_this_pool(prefill_device: str
         got = pools[layer].cpu()
         assert torch.equal(got[:, [7, 0, 3]].view(torch.int16), sent[layer][:, [1, 2, 5]].view(torch.int16))
         assert not got[:, [1, 2, 4, 5, 6]].any()
+
+
+def test_gpus_without_peer_access_name_the_nccl_backend(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stand-in for a host whose GPUs have no P2P (this machine has no GPU): the answer torch would give."""
+    monkeypatch.setattr(torch.cuda, "can_device_access_peer", lambda index, peer: False)
+    check_peer_access(1, 1)  # one GPU: nothing to ask
+    with pytest.raises(KVTransferError, match=r"cuda:0 .* cannot access peer cuda:1 .*--transfer-backend nccl"):
+        check_peer_access(0, 1)
+    monkeypatch.setattr(torch.cuda, "can_device_access_peer", lambda index, peer: True)
+    check_peer_access(0, 1)
