@@ -95,6 +95,7 @@ class TransferResult:
     bytes: int
     cuda_ipc_gpu_ms: float  # the copies' own span into D's pool (launches queued), median
     cuda_ipc_wall_ms: float  # P: first layer sent -> finish returned, median
+    cuda_ipc_enqueue_ms_max: float  # P's Python enqueuing the 32 layers (gpu_ms is valid when this < the ~50 ms spin)
     device_copy_ms: float  # one contiguous copy of the same bytes on one GPU, median
     cuda_ipc_gbps: float  # from gpu_ms
     device_copy_gbps: float
@@ -112,7 +113,7 @@ def transfer_benchmark(config: ModelConfig, tokens: int, device: torch.device, r
     dst = torch.empty_like(src)
     copy = time_ms(lambda: dst.copy_(src), device, repeat=10, warmup=2)
     ipc_gbps, copy_gbps = nbytes / ipc["gpu_ms"] / 1e6, nbytes / copy / 1e6
-    return TransferResult(nbytes, ipc["gpu_ms"], ipc["wall_ms"], copy, ipc_gbps, copy_gbps, ipc_gbps / copy_gbps)
+    return TransferResult(nbytes, ipc["gpu_ms"], ipc["wall_ms"], ipc["enqueue_ms_max"], copy, ipc_gbps, copy_gbps, ipc_gbps / copy_gbps)
 
 
 def parity(device: torch.device, new_tokens: int = 16) -> dict[str, object]:

@@ -17,7 +17,7 @@ timeout 240 python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/engine/
   tests/kernels/test_block_copy.py tests/kv_transfer/test_tcp_cuda.py 2>&1 | tee "$OUT/engine_gpu_tests.log" | tail -n 15
 parity=()
 python3 -c "import sys; from pdserve.engine.weights.fetch import default_cache_dir
-d = default_cache_dir() / 'models'; sys.exit(0 if d.exists() and any(d.iterdir()) else 1)" \
+d = default_cache_dir(); sys.exit(0 if any((d / 'gguf').glob('*.gguf')) or any((d / 'models').glob('*/')) else 1)" \
   && parity=(--parity) || echo "no cached default model: --parity off"
 echo "tests: $((SECONDS - t0)) s"
 timeout $((580 - (SECONDS - t0))) python3 benchmarks/engine_gpu.py "${parity[@]}" --out "$OUT/engine_gpu_h200.json" 2>&1 \

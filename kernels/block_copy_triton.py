@@ -52,12 +52,13 @@ def _check_ids(block_ids: torch.Tensor) -> None:
         raise ValueError(f"block_ids must be int32/int64, got {block_ids.dtype}")
 
 
-def _copy(src, dst, src_ids, dst_ids, n):
+def _copy(src, dst, src_ids, dst_ids, n, block=4096, num_warps=4):
+    # block, num_warps: elements and warps per program (benchmarks/engine_gpu_copy_sweep.py measures others)
     for ids in (src_ids, dst_ids):
         if ids is not None:
             _check_ids(ids)
     block_numel = src.shape[2] * src.shape[3] * src.shape[4]
-    block = min(4096, triton.next_power_of_2(block_numel))
+    block = min(block, triton.next_power_of_2(block_numel))
     if n == 0:
         return
     grid = (n, 2, triton.cdiv(block_numel, block))
@@ -68,7 +69,7 @@ def _copy(src, dst, src_ids, dst_ids, n):
         src, dst, src_arg, dst_arg, block_numel,
         src.stride(0), src.stride(1), dst.stride(0), dst.stride(1),
         SRC_INDEXED=src_ids is not None, DST_INDEXED=dst_ids is not None,
-        BLOCK=block, EVEN=block_numel % block == 0, num_warps=4,
+        BLOCK=block, EVEN=block_numel % block == 0, num_warps=num_warps,
     )
 
 
@@ -89,7 +90,7 @@ def scatter_blocks_triton(kv_cache: torch.Tensor, block_ids: torch.Tensor, block
 
 
 def copy_blocks_triton(src_cache: torch.Tensor, src_ids: torch.Tensor, dst_cache: torch.Tensor,
-                       dst_ids: torch.Tensor) -> None:
+                       dst_ids: torch.Tensor, block: int = 4096, num_warps: int = 4) -> None:
     """Runs on src_cache's device; dst_cache may live on a peer GPU (mapped through CUDA IPC with peer access):
     each program then stores its block over NVLink."""
     _check_blocks(src_cache, "src_cache")
@@ -97,4 +98,4 @@ def copy_blocks_triton(src_cache: torch.Tensor, src_ids: torch.Tensor, dst_cache
     if tuple(src_cache.shape[2:]) != tuple(dst_cache.shape[2:]) or src_ids.shape != dst_ids.shape:
         raise ValueError(f"copy of blocks {tuple(src_cache.shape)} -> {tuple(dst_cache.shape)} with "
                          f"{tuple(src_ids.shape)} source and {tuple(dst_ids.shape)} destination ids")
-    _copy(src_cache, dst_cache, src_ids, dst_ids, src_ids.shape[0])
+    _copy(src_cache, dst_cache, src_ids, dst_ids, src_ids.shape[0], block, num_warps)

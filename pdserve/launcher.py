@@ -66,7 +66,11 @@ def plan_children(settings: LaunchSettings, python: str = sys.executable,
         # two torch threads (spinning threads contend) and a steady 2.5 s with one
         # (tests/decode_node/test_decode_engine.py)
         extra += ["--torch-threads", str(max(1, (os.cpu_count() or 1) // len(workers)))]
-    placements = place_on_gpus(extra, len(workers), num_gpus)
+    device = _flag(extra, "--device", "auto")
+    if num_gpus is None and device.startswith(("auto", "cuda")):
+        num_gpus = _cuda_device_count()
+    placements = place_on_gpus(extra, len(workers), num_gpus or 0)
+    extra += transfer_flags(settings, on_gpus=device.startswith("cuda") or (device == "auto" and bool(num_gpus)))
     for (command, role, index), placement in zip(workers, placements, strict=True):
         port = free_port(settings.host)
         name = f"{'colocated' if role == 'both' else role}-{index}"
@@ -76,6 +80,16 @@ def plan_children(settings: LaunchSettings, python: str = sys.executable,
             argv += ["--transfer-port", str(free_port(settings.host))]
         children.append(ChildSpec(name, argv + extra + placement, f"http://{settings.host}:{port}/health"))
     return children
+
+
+def transfer_flags(settings: LaunchSettings, on_gpus: bool) -> list[str]:
+    """P and D on this host's GPUs write KV straight into each other's pools (cuda_ipc) unless told otherwise;
+    on CPUs the workers' own default (tcp) holds. A colocated worker has no transfer."""
+    if settings.colocated:
+        return []
+    if settings.transfer_backend == "auto":
+        return ["--transfer-backend", "cuda_ipc"] if on_gpus else []
+    return ["--transfer-backend", settings.transfer_backend]
 
 
 def place_on_gpus(worker_args: list[str], num_workers: int, num_gpus: int | None) -> list[list[str]]:

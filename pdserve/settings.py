@@ -220,8 +220,16 @@ class LaunchSettings:
     worker_args: tuple[str, ...] = ()  # passed through to every worker command line
     router_args: tuple[str, ...] = ()
     ready_timeout_s: float = 600.0
+    # P -> D: auto is cuda_ipc when the workers run on this host's GPUs, else tcp; --colocated uses local
+    transfer_backend: str = "auto"
 
     def __post_init__(self) -> None:
+        if self.transfer_backend not in TRANSFER_BACKENDS or self.transfer_backend == "local":
+            choices = [b for b in TRANSFER_BACKENDS if b != "local"]
+            raise ValueError(f"unknown transfer backend {self.transfer_backend!r} for serve; choose one of {choices}")
+        if self.colocated and self.transfer_backend != "auto":
+            raise ValueError(f"--transfer-backend {self.transfer_backend} moves KV between a prefill and a decode "
+                             f"worker; --colocated runs one worker over one pool (no transfer)")
         if not self.colocated and (self.num_prefill < 1 or self.num_decode < 1):
             raise ValueError(
                 f"a disaggregated launch needs >= 1 prefill and >= 1 decode worker, "

@@ -127,8 +127,11 @@ class CudaIpcKVSender(TcpKVSender):
     def _device_ids(self, src: tuple[int, ...], dst: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
         """Called on the transfer stream (the tensors live, and are freed, in its order)."""
         if self._ids is None or self._ids[:2] != (src, dst):
-            self._ids = (src, dst, torch.tensor(src, dtype=torch.int64, device=self.device),
-                         torch.tensor(dst, dtype=torch.int64, device=self.device))
+            # from pinned memory, non-blocking: a copy from pageable memory would make this thread wait for
+            # the transfer stream, i.e. for the compute stream's layer in flight (the first H200 run: the
+            # launch queue drained at every request's first layer)
+            ids = torch.tensor([src, dst], dtype=torch.int64).pin_memory().to(self.device, non_blocking=True)
+            self._ids = (src, dst, ids[0], ids[1])
         return self._ids[2], self._ids[3]
 
     def _take_event(self, request_id: str) -> torch.cuda.Event | None:

@@ -15,7 +15,7 @@ import os
 import secrets
 
 from pdserve.cache_store.policy import add_cache_arguments, cache_argv
-from pdserve.settings import LaunchSettings, add_engine_arguments, add_model_arguments
+from pdserve.settings import TRANSFER_BACKENDS, LaunchSettings, add_engine_arguments, add_model_arguments
 
 _MODEL_FLAGS = ("model", "load_format", "model_preset", "tokenizer", "max_model_len")
 _WORKER_ONLY_FLAGS = ("device", "dtype", "torch_threads", "enforce_eager", "num_blocks", "kv_cache_memory",
@@ -38,6 +38,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--api-key", default=None,
                         help="the router's --api-key (clients send 'Authorization: Bearer <key>'); PDSERVE_API_KEY "
                              "in the environment does the same without showing it to ps")
+    parser.add_argument("--transfer-backend", default="auto",
+                        choices=[b for b in TRANSFER_BACKENDS if b != "local"],
+                        help="how KV moves from prefill to decode workers: auto is cuda_ipc when they run on this "
+                             "host's GPUs (P writes into D's pool), tcp otherwise")
     add_model_arguments(parser)
     add_engine_arguments(parser)
     add_cache_arguments(parser)
@@ -80,10 +84,17 @@ def child_environment(environ: dict[str, str], api_key: str | None) -> dict[str,
 def run(args: argparse.Namespace) -> int:
     from pdserve.launcher import run_launcher
 
-    settings = LaunchSettings(
+    try:
+        settings = _settings(args)
+    except ValueError as exc:
+        raise SystemExit(f"pdserve serve: {exc}") from None
+    return run_launcher(settings, child_environment(dict(os.environ), args.api_key))
+
+
+def _settings(args: argparse.Namespace) -> LaunchSettings:
+    return LaunchSettings(
         host=args.host, port=args.port, num_prefill=args.num_prefill, num_decode=args.num_decode,
         colocated=args.colocated, ready_timeout_s=args.ready_timeout,
         worker_args=tuple(forwarded_flags(args, _MODEL_FLAGS + _WORKER_ONLY_FLAGS) + cache_argv(args)),
-        router_args=tuple(forwarded_flags(args, _MODEL_FLAGS)),
+        router_args=tuple(forwarded_flags(args, _MODEL_FLAGS)), transfer_backend=args.transfer_backend,
     )
-    return run_launcher(settings, child_environment(dict(os.environ), args.api_key))

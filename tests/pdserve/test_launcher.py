@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from pdserve.cli import build_parser
 from pdserve.commands.serve import _MODEL_FLAGS, _WORKER_ONLY_FLAGS, forwarded_flags
 from pdserve.launcher import place_on_gpus, plan_children
@@ -44,6 +46,24 @@ def test_workers_share_out_the_gpus() -> None:
     assert place_on_gpus(["--device", "cuda:1"], 2, num_gpus=2) == [["--gpu-memory-utilization", "0.400"]] * 2
     assert place_on_gpus(["--num-blocks", "100"], 2, num_gpus=1) == [["--device", "cuda:0"]] * 2
     assert place_on_gpus(["--device", "cpu"], 2, num_gpus=8) == [[], []]
+
+
+def test_p_and_d_on_gpus_default_to_cuda_ipc_and_cpus_to_the_workers_tcp() -> None:
+    def backend(settings: LaunchSettings, num_gpus: int) -> list[str | None]:
+        return [c.argv[c.argv.index("--transfer-backend") + 1] if "--transfer-backend" in c.argv else None
+                for c in plan_children(settings, num_gpus=num_gpus)[1:]]
+
+    assert backend(LaunchSettings(), num_gpus=1) == ["cuda_ipc", "cuda_ipc"]
+    assert backend(LaunchSettings(), num_gpus=0) == [None, None]
+    assert backend(LaunchSettings(worker_args=("--device", "cpu")), num_gpus=2) == [None, None]
+    assert backend(LaunchSettings(worker_args=("--device", "cuda:0", "--num-blocks", "64")), num_gpus=1) == \
+        ["cuda_ipc", "cuda_ipc"]
+    assert backend(LaunchSettings(transfer_backend="tcp"), num_gpus=1) == ["tcp", "tcp"]
+    assert backend(LaunchSettings(colocated=True), num_gpus=1) == [None]
+    with pytest.raises(ValueError, match="--colocated runs one worker"):
+        LaunchSettings(colocated=True, transfer_backend="cuda_ipc")
+    with pytest.raises(ValueError, match="unknown transfer backend 'local'"):
+        LaunchSettings(transfer_backend="local")
 
 
 def test_serve_forwards_only_changed_flags() -> None:
