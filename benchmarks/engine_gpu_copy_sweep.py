@@ -39,7 +39,8 @@ def main() -> None:
     nbytes = c.num_layers * 2 * BLOCKS * BLOCK_SIZE * c.kv_size * 2
     rows = {}
     for block, warps in CONFIGS:
-        ms = graph_ms(lambda: [copy_blocks_triton(s, src_ids, d, dst_ids, block, warps) for s, d in zip(src, dst)])
+        ms = graph_ms(lambda b=block, w=warps: [copy_blocks_triton(s, src_ids, d, dst_ids, b, w)
+                                                for s, d in zip(src, dst)])
         rows[f"triton block {block} warps {warps}"] = ms
     assert torch.equal(dst[5][:, dst_ids], src[5][:, src_ids]), "copy_blocks wrote the wrong blocks"
     flat_src = torch.randn(nbytes // 2, dtype=torch.bfloat16, device="cuda")

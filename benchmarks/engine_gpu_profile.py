@@ -59,7 +59,7 @@ def step_ops(runner: ModelRunner, batch: int, context: int) -> dict[str, tuple[C
     gate_up = torch.randn(rows, 2 * c.intermediate_size, device=dev, dtype=dt)
     act = torch.randn(rows, c.intermediate_size, device=dev, dtype=dt)
     layers = range(c.num_layers)
-    nbytes = lambda t: t.numel() * t.element_size()  # noqa: E731
+    nbytes = lambda t: t.numel() * t.element_size()
     return {
         "qkv_proj": (lambda: [kernels.linear(h, w.layers[i].qkv) for i in layers],
                      sum(nbytes(w.layers[i].qkv) for i in layers)),

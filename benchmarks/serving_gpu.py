@@ -39,8 +39,10 @@ def run_deployment(name: str, args: argparse.Namespace, logs: Path) -> dict:
     with Deployment(args.port, flags, logs / f"{name}.log") as dep:
         out: dict = {"argv": dep.argv[2:], "ready_s": time.monotonic() - t0,
                      "children": [" ".join(c.cmdline()[3:]) for c in psutil.Process(dep.process.pid).children()]}
-        warm = sample_random(8, LengthSpec(args.input_len), LengthSpec(16), None, seed=5)
-        run_case(dep, warm, LoadSpec(math.inf))
+        # not measured: 8 at once, then 24 arrivals of the measured kind (connections, caches, first-use costs)
+        run_case(dep, sample_random(8, LengthSpec(args.input_len), LengthSpec(16), None, seed=5), LoadSpec(math.inf))
+        warm = sample_random(24, LengthSpec(args.input_len, 0.1), LengthSpec(args.output_len), None, seed=6)
+        run_case(dep, warm, LoadSpec(args.rate[0], seed=6))
         for rate in args.rate:
             convs = sample_random(args.num_prompts, LengthSpec(args.input_len, 0.1), LengthSpec(args.output_len),
                                   None, seed=1)
