@@ -6,11 +6,10 @@ compute thread:
 
     transfer stream waits for the compute stream (the layer's K/V writes are enqueued there)
     copy_blocks(P's pool[layer], src ids ─▶ D's pool[layer], dst ids)     one pass, on the transfer stream
-    record a blocking CUDA event                                           the request's latest copy
 
-so layer L is copied while layer L+1 computes. `finish` waits for the request's latest event in a worker
-thread (cudaEventBlockingSync: the thread sleeps in the driver, nothing polls) and only then writes "done"
-on the control connection; D marks every layer received and admits the request. D never waits on a GPU
+so layer L is copied while layer L+1 computes. `finish` records one blocking CUDA event on the transfer stream
+and waits for it in a worker thread (cudaEventBlockingSync: the thread sleeps in the driver, nothing polls)
+and only then writes "done" on the control connection; D marks every layer received and admits the request. D never waits on a GPU
 event itself: its next kernel is ordered after P's copies by that "done".
 """
 
@@ -50,7 +49,7 @@ class CudaIpcKVSender(TcpKVSender):
                          loop=loop)
         self._remote: dict[tuple[str, int], list[torch.Tensor]] = {}
         self._stream = torch.cuda.Stream(self.device)
-        self._events: dict[str, torch.cuda.Event] = {}  # written on the compute thread, taken on the loop
+        self._copied: set[str] = set()  # requests with copies enqueued: added on the compute thread, taken on the loop
         self._events_lock = threading.Lock()
         # the ids of the last copy, on the device: every layer of a chunk sends the same blocks, so 31 of
         # Llama-3-8B's 32 layers skip two host -> device copies
@@ -119,10 +118,8 @@ class CudaIpcKVSender(TcpKVSender):
             with torch.cuda.stream(self._stream):  # the id tensors are allocated (and freed) in this stream's order
                 src, dst = self._device_ids(tuple(src_block_ids), tuple(dst_block_ids))
                 copy_blocks(kv_cache, src, remote, dst)
-                event = torch.cuda.Event(blocking=True)
-                event.record(self._stream)
         with self._events_lock:
-            self._events[request_id] = event  # stream order: the latest event covers every earlier copy
+            self._copied.add(request_id)
 
     def _device_ids(self, src: tuple[int, ...], dst: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
         """Called on the transfer stream (the tensors live, and are freed, in its order)."""
@@ -135,8 +132,16 @@ class CudaIpcKVSender(TcpKVSender):
         return self._ids[2], self._ids[3]
 
     def _take_event(self, request_id: str) -> torch.cuda.Event | None:
+        """An event after every copy of the request, recorded now: they were all enqueued before finish/abort
+        was called (the compute thread's layer_done calls happen before the prefill returns), and stream order
+        makes one event cover them all: one record per request, not one per layer."""
         with self._events_lock:
-            return self._events.pop(request_id, None)
+            if request_id not in self._copied:
+                return None
+            self._copied.discard(request_id)
+        event = torch.cuda.Event(blocking=True)
+        event.record(self._stream)
+        return event
 
     def _pools_from_thread(self, address: tuple[str, int]) -> list[torch.Tensor]:
         pools = self._remote.get(address)
