@@ -42,6 +42,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     c.add_argument("--prefill-overhead-ms", type=float, default=0.0, help="per prefill iteration")
     c.add_argument("--decode-overhead-ms", type=float, default=0.0, help="per decode step")
     c.add_argument("--decode-overhead-per-seq-ms", type=float, default=0.0, help="per sequence in a decode step")
+    c.add_argument("--decode-slowdown-beside-prefill", type=float, default=1.0,
+                   help="decode step time × this while P works on the same host (CPU: shared caches and memory "
+                        "bandwidth; benchmarks/plan_validation.py measures it); 1: separate devices")
+    c.add_argument("--prefill-slowdown-beside-decode", type=float, default=1.0,
+                   help="prefill time × this while D works on the same host")
     p.add_argument("--output", default=None, help="write the candidates and the recommendation as JSON")
     p.set_defaults(func=run)
 
@@ -52,7 +57,9 @@ def cluster_from_args(args: argparse.Namespace, block_size: int, num_prefill: in
     return ClusterSpec(num_prefill, num_decode, args.max_num_batched_tokens, args.max_num_seqs, args.num_blocks,
                        block_size, args.kv_bandwidth_gbps * 1e9, args.kv_latency_ms / 1e3,
                        args.router_overhead_ms / 1e3, args.prefill_overhead_ms / 1e3, args.decode_overhead_ms / 1e3,
-                       args.decode_overhead_per_seq_ms / 1e3)
+                       args.decode_overhead_per_seq_ms / 1e3,
+                       decode_slowdown_beside_prefill=args.decode_slowdown_beside_prefill,
+                       prefill_slowdown_beside_decode=args.prefill_slowdown_beside_decode)
 
 
 def workload_from_args(args: argparse.Namespace):

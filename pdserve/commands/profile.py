@@ -68,7 +68,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"prefill  t = {pf.coef[0] * 1e6:.3f} us·Σl + {pf.coef[1] * 1e9:.4f} ns·Σl² + {pf.coef[2] * 1e3:.2f} ms"
           f"   R² = {pf.r2:.4f}")
     print(f"decode   t = {df.coef[0] * 1e9:.3f} ns·Σctx + {df.coef[1] * 1e9:.3f} ns·batch·max(ctx) + "
-          f"{df.coef[2] * 1e6:.2f} us·batch + {df.coef[3] * 1e3:.2f} ms   R² = {df.r2:.4f}")
+          f"{df.coef[2] * 1e6:.2f} us·batch + {df.coef[3] * 1e3:.2f} ms + {df.coef[4] * 1e3:.2f} ms·[batch > 1]"
+          f"   R² = {df.r2:.4f}")
     print(f"profile saved to {path}")
     return 0
 

@@ -3,7 +3,8 @@
   prefill iteration  t ≈ a·Σl + b·Σl·(s+l) + c     l = chunk tokens, s = tokens already cached before the
                                                       chunk (s = 0 for a whole prompt: the l² attention term)
   decode step        t ≈ a·Σctx + p·batch·max(ctx)  ctx = tokens each sequence attends over; the p term:
-                         + b·batch + c                attention that pads every row to the longest (CPU)
+                         + b·batch + c                attention that pads every row to the longest (CPU);
+                         + m·[batch > 1]              the m term: a one-row step's matmuls are GEMVs
 
 The padded term is there because the CPU decode attention (kernels/decode_attention.py) gathers every row up
 to the batch's longest context: on one thread (SmolLM2-135M, fp32, 2-core machine), one 1,024-token sequence
@@ -11,6 +12,14 @@ among 15 of 64 tokens (Σctx 1,984) made a step cost 382 ms, more than 16 × 256
 16 × 1,024 (464 ms); `OMP_NUM_THREADS=1 taskset -c 0 pdserve profile --device cpu --repeats 2 --decode-batches
 1,2,4,8,16,32 --max-num-batched-tokens 1024`, 2026-12-01. A GPU kernel that stops at each row's end fits p ≈ 0;
 the profile measures batches of mixed contexts so that the two terms can be told apart.
+
+The multi-row term is there because on CPU torch's linear layers take a matrix-vector path for one row and a
+matrix-matrix path for more, which costs more per weight read at few rows: on one thread (the default model's
+MLP and head weights, fp32, 2-core machine) 35 ms for 1 row, 60 ms for 2, 78 ms for 3, 66 ms for 4; whole
+decode steps at 64-token contexts took 66 / 115 / 155 / 127 ms at batch 1 / 2 / 3 / 4 (2026-12-01, `taskset
+-c 1`, 1 torch thread). Without it a straight line through batch 1 and batch 16 puts batch 2-4 near 80 ms:
+25-30% below what a served batch of 2-4 took. Where one row costs what two do, the fit gives m ≈ 0
+(not yet measured on a GPU).
 
 A `Profile` holds both fits, the R² of each, the samples they came from and what the planner needs to know
 about KV (bytes per token, block size); it is saved as JSON.
@@ -26,7 +35,7 @@ from typing import Any
 import numpy as np
 
 PREFILL_TERMS = ("sum_tokens", "sum_attn", "const")
-DECODE_TERMS = ("sum_ctx", "pad_ctx", "batch", "const")  # pad_ctx = batch·max(ctx)
+DECODE_TERMS = ("sum_ctx", "pad_ctx", "batch", "const", "multi_row")  # pad_ctx = batch·max(ctx); multi_row = [batch > 1]
 
 
 @dataclass(frozen=True)
@@ -59,7 +68,7 @@ class DecodeSample:
 def decode_features(batch: int, sum_ctx: int, max_ctx: int = 0) -> tuple[float, ...]:
     """In DECODE_TERMS order; max_ctx 0: a uniform batch (every sequence sum_ctx / batch long)."""
     longest = max_ctx if max_ctx > 0 else sum_ctx / max(batch, 1)
-    return (float(sum_ctx), float(batch) * longest, float(batch), 1.0)
+    return (float(sum_ctx), float(batch) * longest, float(batch), 1.0, float(batch > 1))
 
 
 def prefill_features(lens: tuple[int, ...] | list[int], starts: tuple[int, ...] | list[int]) -> tuple[float, float, float]:
@@ -73,6 +82,11 @@ class LinearFit:
     terms: tuple[str, ...]
     coef: tuple[float, ...]
     r2: float
+
+    def __post_init__(self) -> None:
+        if len(self.terms) != len(self.coef):
+            raise ValueError(f"a fit needs one coefficient per term: {len(self.terms)} terms {self.terms}, "
+                             f"{len(self.coef)} coefficients {self.coef}")
 
     def predict(self, features: tuple[float, ...]) -> float:
         return float(sum(c * f for c, f in zip(self.coef, features)))
@@ -143,12 +157,12 @@ class Profile:
         return max(0.0, self.prefill.predict(prefill_features(lens, starts or [0] * len(lens))))
 
     def decode_time(self, batch: int, sum_ctx: int, max_ctx: int = 0) -> float:
-        """One step; max_ctx 0: a uniform batch. A profile saved with the older three terms still reads."""
+        """One step; max_ctx 0: a uniform batch. A profile saved with older, fewer terms still reads."""
         features = dict(zip(DECODE_TERMS, decode_features(batch, sum_ctx, max_ctx), strict=True))
         return max(0.0, self.decode.predict_named(features))
 
-    def decode_coef(self) -> tuple[float, float, float, float]:
-        """(sum_ctx, pad_ctx, batch, const) coefficients, 0 for a term the fit lacks."""
+    def decode_coef(self) -> tuple[float, float, float, float, float]:
+        """(sum_ctx, pad_ctx, batch, const, multi_row) coefficients, 0 for a term the fit lacks."""
         return tuple(self.decode.coef_of(t) for t in DECODE_TERMS)  # type: ignore[return-value]
 
     def to_json(self) -> str:

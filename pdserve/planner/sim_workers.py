@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from pdserve.planner.profile import Profile
 
-DecodeCoef = tuple[float, float, float, float]  # Profile.decode_coef(): Σctx, batch·max(ctx), batch, const
+DecodeCoef = tuple[float, float, float, float, float]  # Profile.decode_coef(): Σctx, batch·max(ctx), batch, const, [batch > 1]
 
 
 def blocks_for(tokens: int, block_size: int) -> int:
@@ -90,8 +90,8 @@ class PrefillWorker:
         self.plan = []
         return done
 
-    def iteration_time(self, plan: list[Chunk], profile: Profile, overhead_s: float) -> float:
-        return profile.prefill_time([c.end - c.start for c in plan], [c.start for c in plan]) + overhead_s
+    def iteration_time(self, plan: list[Chunk], profile: Profile, overhead_s: float, scale: float = 1.0) -> float:
+        return profile.prefill_time([c.end - c.start for c in plan], [c.start for c in plan]) * scale + overhead_s
 
 
 class DecodeWorker:
@@ -120,6 +120,8 @@ class DecodeWorker:
         self.run_len = 1  # steps simulated as one event (see _plan_run)
         self.run_taken = 1
         self.run_start_t = 0.0
+        self.run_scale = 1.0  # model time × this for the run's steps (a prefill running beside them: simulator)
+        self.run_beside = 0.0  # the prefill pool's busy fraction when the run started
         self.version = 0  # bumped when a run is cut short: its old end event is stale
 
     @property
@@ -205,10 +207,10 @@ class DecodeWorker:
 
     def _step_cost(self, decode_coef: DecodeCoef, overhead_s: float) -> tuple[float, float]:
         """(first step's time, how much each later step of the run adds): all contexts grow by one a step."""
-        a, p, b, c = decode_coef
+        a, p, b, c, multi = decode_coef
         batch = len(self.running)
-        first = a * self.sum_ctx + p * batch * self.max_ctx + b * batch + c + overhead_s
-        return first, (a + p) * batch
+        model = a * self.sum_ctx + p * batch * self.max_ctx + b * batch + c + multi * (batch > 1)
+        return model * self.run_scale + overhead_s, (a + p) * batch * self.run_scale
 
     def run_time(self, m: int, decode_coef: DecodeCoef, profile: Profile, overhead_s: float) -> float:
         """Time of the run's first m steps: step i has context sum_ctx + i·batch, longest max_ctx + i."""

@@ -10,6 +10,12 @@ workers' policies). Events, in a heap by time:
   D_DONE   a decode step ended: every running request has one more token; finished ones leave
 
 TTFT = KV_DONE - arrival; TPOT = (finish - first token) / (output_len - 1), as `pdserve bench` measures them.
+
+Workers that share one host's caches and memory bandwidth (P and D processes on one CPU host) slow each other
+down: a decode step is priced × (1 + (decode_slowdown_beside_prefill - 1) · busy fraction of the P pool) when it
+starts, and a prefill iteration × (1 + (prefill_slowdown_beside_decode - 1) · busy fraction of the D pool). A
+decode run of several steps is cut at the step in progress when the P pool's busy count changes, so its later
+steps are priced anew. Both factors are 1 for workers that share nothing (their own GPUs).
 """
 
 from __future__ import annotations
@@ -44,6 +50,9 @@ class ClusterSpec:
     decode_overhead_s: float = 0.0  # per D step, on top of the model
     decode_overhead_per_seq_s: float = 0.0  # per sequence in a D step (sampling, detokenising, streaming)
     heartbeat_interval_s: float = 1.0  # workers report load this often; the router adds its own in-flight counts
+    # model time × this while the other pool works on the same host (see the module docstring); 1: none
+    decode_slowdown_beside_prefill: float = 1.0
+    prefill_slowdown_beside_decode: float = 1.0
 
     def __post_init__(self) -> None:
         if self.num_prefill <= 0 or self.num_decode <= 0:
@@ -51,6 +60,9 @@ class ClusterSpec:
         if self.max_num_batched_tokens <= 0 or self.max_num_seqs <= 0 or self.num_blocks <= 1:
             raise ValueError(f"bad limits: max_num_batched_tokens={self.max_num_batched_tokens}, "
                              f"max_num_seqs={self.max_num_seqs}, num_blocks={self.num_blocks}")
+        if self.decode_slowdown_beside_prefill <= 0 or self.prefill_slowdown_beside_decode <= 0:
+            raise ValueError(f"slowdowns must be positive, got decode {self.decode_slowdown_beside_prefill}, "
+                             f"prefill {self.prefill_slowdown_beside_decode}")
 
     @property
     def num_workers(self) -> int:
@@ -72,6 +84,10 @@ class SimResult:
     prefill_busy_s: float = 0.0
     decode_busy_s: float = 0.0
     num_decode_steps: int = 0
+    # the part of that busy time spent beside the other pool (weighted by its busy fraction): with the
+    # slowdowns at 1, what a side-by-side measurement divides out to find them
+    prefill_busy_beside_decode_s: float = 0.0
+    decode_busy_beside_prefill_s: float = 0.0
 
     @property
     def duration(self) -> float:
@@ -116,12 +132,14 @@ class Simulation:
         self.first, self.finish = np.full(n, np.nan), np.full(n, np.nan)
         self.refused = np.zeros(n, dtype=bool)
         self.d_of = np.zeros(n, dtype=np.int64)
-        a, pad, b, c = profile.decode_coef()
-        self.decode_coef = (a, pad, b + cluster.decode_overhead_per_seq_s, c)
+        a, pad, b, c, multi = profile.decode_coef()
+        self.decode_coef = (a, pad, b + cluster.decode_overhead_per_seq_s, c, multi)
         self.events: list[tuple[float, int, int, int, int]] = []
         self.seq = 0
         self.prefill_busy_s = self.decode_busy_s = 0.0
+        self.prefill_beside_s = self.decode_beside_s = 0.0
         self.num_decode_steps = 0
+        self.p_busy = self.d_busy = 0  # workers of each pool in the middle of an iteration / a run
 
     def push(self, t: float, kind: int, index: int, version: int = 0) -> None:
         self.seq += 1
@@ -168,7 +186,8 @@ class Simulation:
         tpot = np.where(out > 1, (self.finish - self.first) / np.maximum(out - 1, 1), 0.0)
         return SimResult(self.w.arrival, self.first - self.w.arrival, np.where(self.refused, np.nan, tpot),
                          self.finish - self.w.arrival, self.refused, sum(d.num_preemptions for d in self.decode),
-                         self.prefill_busy_s, self.decode_busy_s, self.num_decode_steps)
+                         self.prefill_busy_s, self.decode_busy_s, self.num_decode_steps,
+                         self.prefill_beside_s, self.decode_beside_s)
 
     def _decode_order(self) -> np.ndarray:
         """LeastKV: lowest KV usage (reported + reserved since), then fewest running (reported + in flight)."""
@@ -204,13 +223,31 @@ class Simulation:
     def _p_start(self, t: float, p: int) -> None:
         worker = self.prefill[p]
         plan = worker.schedule(self.inp, self.prefix, self.group)
+        self._set_p_busy(t, worker, bool(plan))
         if not plan:
-            worker.busy = False
             return
-        worker.busy = True
-        dt = worker.iteration_time(plan, self.profile, self.cluster.prefill_overhead_s)
+        beside = self.d_busy / self.cluster.num_decode
+        scale = 1.0 + (self.cluster.prefill_slowdown_beside_decode - 1.0) * beside
+        dt = worker.iteration_time(plan, self.profile, self.cluster.prefill_overhead_s, scale)
         self.prefill_busy_s += dt
+        self.prefill_beside_s += dt * beside
         self.push(t + dt, P_DONE, p)
+
+    def _set_p_busy(self, t: float, worker: PrefillWorker, busy: bool) -> None:
+        """A change in the P pool's busy count reprices the decode runs in progress from their next step."""
+        if worker.busy == busy:
+            return
+        worker.busy = busy
+        self.p_busy += 1 if busy else -1
+        if self.cluster.decode_slowdown_beside_prefill != 1.0:
+            for d, decode in enumerate(self.decode):
+                if decode.busy and decode.run_len > 1:
+                    self._cut_run(t, d)
+
+    def _decode_scale(self) -> tuple[float, float]:
+        """(scale of a decode step starting now, the P pool's busy fraction)."""
+        beside = self.p_busy / self.cluster.num_prefill
+        return 1.0 + (self.cluster.decode_slowdown_beside_prefill - 1.0) * beside, beside
 
     def _p_done(self, t: float, p: int) -> None:
         worker = self.prefill[p]
@@ -238,14 +275,15 @@ class Simulation:
     def _d_start(self, t: float, d: int) -> None:
         worker = self.decode[d]
         if not worker.has_work:
-            worker.busy = False
+            self._set_d_busy(worker, False)
             return
         worker.start_step()
         if not worker.running:  # everything is preempted and waits for blocks: nothing can run
-            worker.busy = False
+            self._set_d_busy(worker, False)
             return
-        worker.busy = True
+        self._set_d_busy(worker, True)
         worker.run_start_t = t
+        worker.run_scale, worker.run_beside = self._decode_scale()
         dt = worker.run_time(worker.run_len, self.decode_coef, self.profile, self.cluster.decode_overhead_s)
         self.push(t + dt, D_DONE, d, worker.version)
 
@@ -269,12 +307,19 @@ class Simulation:
         if version != worker.version:
             return  # the run was cut short; its new end event follows
         self.decode_busy_s += t - worker.run_start_t
+        self.decode_beside_s += (t - worker.run_start_t) * worker.run_beside
         self.num_decode_steps += worker.run_len
         done = worker.finish_run()
         for rid in done:
             self.finish[rid] = t
         self.d_inflight[d] -= len(done)
         self._d_start(t, d)
+
+
+    def _set_d_busy(self, worker: DecodeWorker, busy: bool) -> None:
+        if worker.busy != busy:
+            worker.busy = busy
+            self.d_busy += 1 if busy else -1
 
 
 def simulate(profile: Profile, cluster: ClusterSpec, workload: Workload) -> SimResult:

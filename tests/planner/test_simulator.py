@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -140,3 +141,50 @@ def test_multi_step_runs_match_step_by_step(profile_name: str, request: pytest.F
     assert (runs.refused == steps.refused).all() and runs.refused.any()
     np.testing.assert_allclose(runs.e2e, steps.e2e, rtol=1e-9)
     np.testing.assert_allclose(runs.ttft, steps.ttft, rtol=1e-9)
+
+
+def test_a_step_of_two_rows_pays_the_multi_row_term() -> None:
+    """CPU matmuls of one row are GEMVs: a lone request's steps skip the multi_row term, two requests' pay it."""
+    from pdserve.planner.profile import DECODE_TERMS, PREFILL_TERMS, LinearFit
+
+    p = Profile("m", "cpu", "float32", kv_bytes_per_token=1024, block_size=16,
+                prefill=LinearFit(PREFILL_TERMS, (1e-4, 0.0, 0.01), 1.0),
+                decode=LinearFit(DECODE_TERMS, (0.0, 0.0, 1e-3, 0.05, 0.04), 1.0))
+    cluster = ClusterSpec(1, 1, kv_latency_s=0.0, kv_bandwidth=1e30)
+    alone = simulate(p, cluster, _one([0.0], [100], [9]))
+    assert alone.tpot[0] == pytest.approx(0.051)
+    # P takes the first prompt alone (0.02 s), then the second (done at 0.04 s); D runs the first's first
+    # step alone (to 0.071 s), the second joins for 7 steps of two rows, then runs its last step alone
+    pair = simulate(p, cluster, _one([0.0, 0.0], [100, 100], [9, 9]))
+    two = 0.05 + 2e-3 + 0.04
+    assert pair.tpot == pytest.approx([(0.051 + 7 * two) / 8, (0.031 + 7 * two + 0.051) / 8])
+
+
+def test_steps_beside_a_busy_pool_are_slowed_only_while_it_works() -> None:
+    """On one CPU host P and D share caches and memory bandwidth: a decode step that starts while P works costs
+    decode_slowdown_beside_prefill × its model time, one that starts after P went idle costs the model time;
+    a prefill that starts while D works costs prefill_slowdown_beside_decode ×."""
+    from pdserve.planner.profile import DECODE_TERMS, PREFILL_TERMS, LinearFit
+
+    p = Profile("m", "cpu", "float32", kv_bytes_per_token=1024, block_size=16,
+                prefill=LinearFit(PREFILL_TERMS, (1e-4, 0.0, 0.01), 1.0),
+                decode=LinearFit(DECODE_TERMS, (0.0, 0.0, 0.0, 0.05, 0.0), 1.0))
+    cluster = ClusterSpec(1, 1, kv_latency_s=0.0, kv_bandwidth=1e30, decode_slowdown_beside_prefill=2.0,
+                          prefill_slowdown_beside_decode=1.5)
+    # A decodes 39 steps from t = 0.011; B's 2,000-token prompt (0.21 s alone) arrives at 0.5 while D works
+    r = simulate(p, cluster, _one([0.0, 0.5], [10, 2000], [40, 1]))
+    p_end = 0.5 + 0.21 * 1.5
+    assert r.ttft[1] == pytest.approx(p_end - 0.5)
+    t, beside = 0.011, 0.0
+    for _ in range(39):
+        cost = 0.1 if 0.5 <= t < p_end else 0.05
+        beside += cost if cost > 0.05 else 0.0
+        t += cost
+    assert r.e2e[0] == pytest.approx(t)
+    assert r.decode_busy_beside_prefill_s == pytest.approx(beside)
+    assert r.prefill_busy_beside_decode_s == pytest.approx(0.21 * 1.5)
+    alone = simulate(p, replace(cluster, decode_slowdown_beside_prefill=1.0, prefill_slowdown_beside_decode=1.0),
+                     _one([0.0, 0.5], [10, 2000], [40, 1]))
+    assert alone.e2e[0] == pytest.approx(0.011 + 39 * 0.05)
+    with pytest.raises(ValueError, match="slowdowns must be positive"):
+        ClusterSpec(1, 1, decode_slowdown_beside_prefill=0.0)
