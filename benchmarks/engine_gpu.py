@@ -188,7 +188,14 @@ def main() -> None:
     parser.add_argument("--skip-hf", action="store_true", help="no HF transformers baseline")
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/engine_gpu_h200.json"))
+    parser.add_argument("--parity-only", action="store_true",
+                        help="only the parity study, its dict as the JSON (engine_gpu_parity_h200.json)")
     args = parser.parse_args()
+    if args.parity_only:
+        result = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "device": torch.cuda.get_device_name(args.device),
+                  **parity(torch.device(args.device))}
+        args.out.write_text(json.dumps(result, indent=1) + "\n")
+        return
     report = run(args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(dataclasses.asdict(report), indent=2) + "\n")

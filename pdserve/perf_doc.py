@@ -91,6 +91,72 @@ def _engine_cuda_h200(data: dict[str, Any]) -> PerfSource:
                       "Median of 20 forwards (CUDA events); the HF times are BENCHMARKS.md's, same H200, same day.")
 
 
+_GPU_WORKLOADS = {"decode_b1_ctx512": "decode step, batch 1, 512 tokens of context",
+                  "decode_b8_ctx512": "decode step, batch 8, 512 tokens of context",
+                  "decode_b64_ctx512": "decode step, batch 64, 512 tokens of context",
+                  "decode_b1_ctx4096": "decode step, batch 1, 4,096 tokens of context",
+                  "prefill_4096": "prefill, 1 × 4,096 tokens"}
+
+
+def _engine_gpu_h200(data: dict[str, Any]) -> PerfSource:
+    """Our engine (CUDA graphs) beside HF transformers in one run (benchmarks/engine_gpu.py)."""
+    rows = []
+    for row in data["rows"]:
+        target = f" (target ≤ {row['target_ms']:g})" if row["target_ms"] is not None else ""
+        hf = (f"HF transformers, static cache + compile: {row['hf_ms']:.2f} ms ({row['hf_ms'] / row['ours_ms']:.2f}×)"
+              if row["hf_ms"] is not None else "")
+        rows.append(PerfRow(f"Llama-3-8B shape (random bf16 weights): {_GPU_WORKLOADS[row['name']]}",
+                            f"{row['ours_ms']:.2f} ms{target}", hf))
+    t = data["transfer"]
+    rows.append(PerfRow(f"cuda_ipc KV transfer, P process → D process, 4,096 tokens ({t['bytes'] / 2**20:.0f} MiB)",
+                        f"{t['cuda_ipc_gpu_ms']:.3f} ms, {t['cuda_ipc_gbps']:.0f} GB/s ({t['fraction_of_copy']:.0%} "
+                        f"of the copy; target 70%)",
+                        f"one device copy of the same bytes: {t['device_copy_ms']:.3f} ms, {t['device_copy_gbps']:.0f} GB/s"))
+    device = f"{data['device']}, bf16, torch {data['torch'].split('+')[0]}, CUDA graphs"
+    return PerfSource("engine_gpu_h200.json", device, data["date"][:10], "OUT=dir bash benchmarks/engine_gpu_h200.sh",
+                      tuple(rows), "Decode: mean of two passes' medians (CUDA events), after 1 s of warm-up steps; "
+                      "HF generate timed in the same run, (N + 64 tokens − N tokens) / 64.")
+
+
+def _engine_gpu_parity(data: dict[str, Any]) -> PerfSource:
+    """The default model's greedy tokens on the GPU against fp32 on the CPU (engine_gpu_baselines.parity)."""
+    n, k = data["prompts"], data["new_tokens"]
+    gaps = [g["fp32_top2_logprob_gap"] for g in data["first_difference"] if g["fp32_top2_logprob_gap"] is not None]
+    rows = (PerfRow(f"default model, bf16 on the GPU: first {k} greedy tokens = CPU fp32's", f"{data['same_first_tokens']}"
+                    f" of {n} prompts (target {data['target_fraction']:.0%})",
+                    f"HF transformers bf16, same GPU: {data['hf_bf16_gpu_same_as_cpu_fp32']} of {n}"),
+            PerfRow(f"default model, fp16 on the GPU: first {k} greedy tokens = CPU fp32's",
+                    f"{data['ours_fp16_same_as_cpu_fp32']} of {n} prompts", ""))
+    note = (f"Each bf16 divergence took fp32's second choice where fp32's top two were "
+            f"{min(gaps):.2f}–{max(gaps):.2f} nats apart." if gaps else "")
+    return PerfSource("engine_gpu_parity_h200.json", f"{data['device']} vs the device machine's CPU", data["date"][:10],
+                      "python benchmarks/engine_gpu.py --parity-only --out {out}",
+                      rows, note)
+
+
+def _serving_gpu(data: dict[str, Any]) -> PerfSource:
+    """1P+1D sharing one GPU (cuda_ipc) against one colocated worker (benchmarks/serving_gpu.py)."""
+    w, deps = data["workload"], data["deployments"]
+    rows = []
+    for rate in w["rates"]:
+        key = f"poisson_{rate:g}"
+        cells = {name: deps[name][key]["metrics"] for name in ("disaggregated", "colocated") if name in deps}
+        rows.append(PerfRow(f"serving 1P+1D on one GPU, {w['num_prompts']} requests, ~{w['input_len'].split()[0]} → "
+                            f"{w['output_len']} tokens, Poisson {rate:g} req/s: TTFT p50 / p99, TPOT p50 / p99",
+                            _gpu_serving_cell(cells["disaggregated"]),
+                            f"one colocated worker: {_gpu_serving_cell(cells['colocated'])}" if "colocated" in cells
+                            else ""))
+    rates = " ".join(f"{r:g}" for r in w["rates"])
+    return PerfSource("serving_gpu_h200.json", "NVIDIA H200, dummy llama3-8b bf16", data["date"][:10],
+                      f"python benchmarks/serving_gpu.py --tokenizer DIR --rate {rates} --out {{out}}", tuple(rows),
+                      "`pdserve bench` metrics; both deployments in one run, default flags (KV by cuda_ipc).")
+
+
+def _gpu_serving_cell(m: dict[str, Any]) -> str:
+    return (f"{m['median_ttft_ms']:.0f} / {m['p99_ttft_ms']:.0f} ms, {m['median_tpot_ms']:.2f} / "
+            f"{m['p99_tpot_ms']:.2f} ms")
+
+
 def _offline_cpu(data: dict[str, Any]) -> PerfSource:
     best, speedup = data["best_tokens_per_s"], data["speedup_vs_hf_median_of_rounds"]
     rows = []
@@ -184,9 +250,10 @@ def _plan_validation(data: dict[str, Any]) -> PerfSource:
     start, end, cal = data["load_at_start"], data["load_at_end"], data["overheads_from_calibration"]
     return PerfSource("plan_validation_cpu.json", f"CPU, {start['cpus']} cores; {data['machine']}", data["date"][:10],
                       f".venv/bin/python {command}", tuple(rows),
-                      f"Simulated on the requests actually sent. Calibrated from separate runs: overheads of single "
-                      f"requests, and P's and D's model time × {cal['prefill_slowdown_side_by_side']:.2f} / "
-                      f"{cal['decode_slowdown_side_by_side']:.2f} while the other worker runs beside it; {verdict}. "
+                      f"Simulated on the requests actually sent. Calibrated from separate runs on the deployment: "
+                      f"P's forwards × {cal['prefill_slowdown_alone']:.2f} the profile's and the overheads (single "
+                      f"requests), and model time × {cal['prefill_slowdown_beside_decode']:.2f} (P) / "
+                      f"{cal['decode_slowdown_beside_prefill']:.2f} (D) while the other pool works; {verdict}. "
                       + _load_note([start["load1"]], [end["load1"]], int(start["cpus"])))
 
 
@@ -198,6 +265,9 @@ def _validation_cell(measured: dict[str, Any], simulated: dict[str, Any], error:
 
 EXTRACTORS: dict[str, Callable[[dict[str, Any]], PerfSource]] = {
     "kernels_h200.json": _kernels_h200,
+    "engine_gpu_h200.json": _engine_gpu_h200,
+    "engine_gpu_parity_h200.json": _engine_gpu_parity,
+    "serving_gpu_h200.json": _serving_gpu,
     "engine_cuda_h200.json": _engine_cuda_h200,
     "offline_cpu.json": _offline_cpu,
     "serving_cpu.json": _serving_cpu,
