@@ -3,7 +3,8 @@
     pdserve serve ─┬─ pdserve router  --port 8000                       (started first)
                    ├─ pdserve prefill --router http://127.0.0.1:8000 --port <free> --worker-id prefill-0
                    └─ pdserve decode  --router http://127.0.0.1:8000 --port <free> --transfer-port <free> ...
-                   (--colocated: one `pdserve decode --role both` instead of the two workers)
+                   (--colocated: one `pdserve decode --role both` instead of the two workers;
+                    --num-colocated N: N of them, round-robin over the GPUs)
 
 Every child is a `pdserve <role>` command line, so `ps` shows the roles. No child outlives the launcher:
 - SIGINT / SIGTERM to the launcher: SIGTERM to every child, SIGKILL to any still alive after `grace_s`;
@@ -56,7 +57,7 @@ def plan_children(settings: LaunchSettings, python: str = sys.executable,
     children = [ChildSpec("router", [*base, "router", "--host", settings.host, "--port", str(settings.port),
                                      *settings.router_args], f"{router_url}/health", f"{router_url}/v1/models")]
     if settings.colocated:
-        workers = [("decode", "both", 0)]
+        workers = [("decode", "both", i) for i in range(settings.num_colocated)]
     else:
         workers = [("prefill", "prefill", i) for i in range(settings.num_prefill)]
         workers += [("decode", "decode", i) for i in range(settings.num_decode)]

@@ -217,6 +217,7 @@ class LaunchSettings:
     num_prefill: int = 1
     num_decode: int = 1
     colocated: bool = False
+    num_colocated: int = 1  # with colocated: that many replicas, each over its own pool (one per GPU)
     worker_args: tuple[str, ...] = ()  # passed through to every worker command line
     router_args: tuple[str, ...] = ()
     ready_timeout_s: float = 600.0
@@ -230,6 +231,8 @@ class LaunchSettings:
         if self.colocated and self.transfer_backend != "auto":
             raise ValueError(f"--transfer-backend {self.transfer_backend} moves KV between a prefill and a decode "
                              f"worker; --colocated runs one worker over one pool (no transfer)")
+        if self.num_colocated < 1 or (self.num_colocated > 1 and not self.colocated):
+            raise ValueError(f"--num-colocated {self.num_colocated}: give a positive count, together with --colocated")
         if not self.colocated and (self.num_prefill < 1 or self.num_decode < 1):
             raise ValueError(
                 f"a disaggregated launch needs >= 1 prefill and >= 1 decode worker, "

@@ -38,6 +38,17 @@ def test_colocated_and_pool_sizes() -> None:
     assert names == ["router", "prefill-0", "prefill-1", "decode-0", "decode-1", "decode-2"]
 
 
+def test_colocated_replicas_spread_over_the_gpus() -> None:
+    children = plan_children(LaunchSettings(colocated=True, num_colocated=2), num_gpus=2)
+    assert [c.name for c in children] == ["router", "colocated-0", "colocated-1"]
+    assert [c.argv[c.argv.index("--device") + 1] for c in children[1:]] == ["cuda:0", "cuda:1"]
+    assert all(c.argv[5] == "both" and "--transfer-backend" not in c.argv for c in children[1:])
+    with pytest.raises(ValueError, match="together with --colocated"):
+        LaunchSettings(num_colocated=2)
+    with pytest.raises(ValueError, match="positive"):
+        LaunchSettings(colocated=True, num_colocated=0)
+
+
 def test_workers_share_out_the_gpus() -> None:
     assert place_on_gpus([], 2, num_gpus=0) == [[], []]
     assert place_on_gpus([], 3, num_gpus=4) == [["--device", f"cuda:{i}"] for i in range(3)]
