@@ -20,7 +20,6 @@ import hmac
 import logging
 import socket
 import threading
-import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -124,9 +123,8 @@ class Worker:
         self.runner = ModelRunner(self.config, self.cache_config, weights, self.device, self.dtype,
                                   max_num_seqs=settings.scheduler.max_num_seqs,
                                   enforce_eager=settings.model.enforce_eager)
-        t0 = time.perf_counter()
         if warmed := self.runner.warm_up_prefill(settings.scheduler.max_num_batched_tokens):
-            logger.info("prefill warm-up: %d shapes in %.1f s", warmed, time.perf_counter() - t0)
+            logger.info("prefill warm-up: %d shapes compiled and run", warmed)
         self.pool = BlockPool(self.cache_config.num_blocks)
         self.prefix_cache = PrefixCache(self.pool, self.cache_config.block_size)
         self.state_lock = threading.RLock()
