@@ -6,7 +6,7 @@ the requests actually sent (their send times and token counts), and compare p50 
         [--threads 6] --model-args [--load-format dummy --model-preset smollm2-135m --tokenizer DIR]
     python benchmarks/plan_validation.py --cases small --out benchmarks/results/plan_validation_cpu.json \
         --tokenizer-dir ~/.cache/pdserve/models/smollm2-135m-instruct-*      # 2 cores, the default model
-    python benchmarks/plan_validation.py --resimulate benchmarks/results/plan_validation.json
+    python benchmarks/plan_validation.py --resimulate benchmarks/results/plan_validation_cpu.json   # ablation
 
 With fewer than 2·threads + 2 cores the router (and this client) run unpinned and P, D get cores 0.. and
 threads.. (on 2 cores: P on core 0, D on core 1). Per workload the P and D workers' own counters (/metrics:
@@ -14,20 +14,16 @@ forward seconds and forwards of P; steps, step phases and forward CPU time of D)
 simulation's busy time of the same requests, so a miss can be told apart: the step model, or the queueing.
 
 Two simulations per workload: `raw` uses the profile alone (model forward times, KV bytes / bandwidth);
-`calibrated` adds the serving overheads (HTTP hops, KV hand-off; scheduling, sampling, streaming per step)
-measured on separate calibration runs of single requests, as `pdserve plan --prefill-overhead-ms/
---decode-overhead-ms/--router-overhead-ms` take them, and slows both models by what a side-by-side
-calibration run measured (P and D share the host's memory bandwidth and L3; the profile runs alone): on this
-2-core machine P's forwards took 1.10× and D's steps 1.26× the simulated model time while the other worker
-ran (plan_validation_cpu.json, `overheads_from_calibration`). That slowdown is applied all the time, which is
-where `calibrated` is wrong: beside long prompts D was not slowed at all (long-prompts: D's step seconds 21.5
-measured, 21.9 simulated raw), beside short prompts 7% (probably: a long prefill is compute-bound and leaves the memory bandwidth to D; not measured).
+`calibrated` adds what validation_calibration.py measures on the deployment before the workloads, with
+requests unlike theirs: P's forward time over the profile's (single requests), the serving overheads per
+request and per step, and how much slower each worker's model time is while the other one works beside it on
+the same host (P and D share its caches and memory bandwidth), which the simulator applies only while the
+other pool is busy. Nothing is fitted to the workloads' own results.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import shlex
 import sys
@@ -35,18 +31,17 @@ import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-import httpx
 import numpy as np
 from serving_common import machine_load, wait_for_quiet
-from validation_cluster import core_range, spawn_pinned, start_cluster, stop_cluster
+from validation_calibration import CLUSTER_KEYS, calibrate, prompt_len, simulate_sent, slowed
+from validation_cluster import core_range, drive, spawn_pinned, start_cluster, stop_cluster, worker_counters
 
-from pdserve.bench.client import ApiTarget, RequestOutput
+from pdserve.bench.client import RequestOutput
 from pdserve.bench.datasets import Conversation, LengthSpec, sample_random
 from pdserve.bench.metrics import compute_metrics
-from pdserve.bench.runner import LoadSpec, run_benchmark
 from pdserve.bench.sharegpt import load_sharegpt, sample_sharegpt
 from pdserve.bench.tokenizer import CountingTokenizer, load_tokenizer
-from pdserve.planner.profile import Profile
+from pdserve.planner.profile import DECODE_TERMS, Profile, fit_linear
 from pdserve.planner.simulator import ClusterSpec, SimResult, simulate
 from pdserve.planner.workload import workload_from_lengths
 
@@ -89,35 +84,7 @@ def conversations(case: WorkloadCase, tokenizer: CountingTokenizer, sharegpt_pat
                            output_len=case.output_len)
 
 
-def drive(url: str, convs: list[Conversation], rate: float, burstiness: float,
-          max_concurrency: int | None = None) -> tuple[list[RequestOutput], float]:
-    target = ApiTarget(url, "/v1/completions", model=_model_name(url), ignore_eos=True)
-    load = LoadSpec(rate, burstiness, max_concurrency, seed=1)
-    result = asyncio.run(run_benchmark(convs, target, load, progress=False))
-    failed = [o.error for o in result.outputs if not o.success]
-    if failed:
-        raise RuntimeError(f"{len(failed)} requests failed, first: {failed[0]}")
-    return result.outputs, result.duration
-
-
-def _model_name(url: str) -> str:
-    return httpx.get(url + "/v1/models", timeout=10).json()["data"][0]["id"]
-
-
 _PHASES = ("schedule", "forward", "sample", "update", "publish")  # decode_node/engine.py STEP_PHASES
-
-
-def worker_counters(url: str) -> dict[str, float]:
-    """The prefill and decode workers' /metrics counters (names without `_total`), found through the router."""
-    workers = httpx.get(url + "/internal/workers", timeout=10).json()["workers"]
-    values: dict[str, float] = {}
-    for role in ("prefill", "decode"):
-        w_url = next(w["url"] for w in workers if role in w["roles"])
-        for line in httpx.get(w_url + "/metrics", timeout=10).text.splitlines():
-            if line.startswith(f"pdserve_{role}_"):
-                name, _, value = line.rpartition(" ")
-                values[name.replace("_total", "")] = float(value)
-    return values
 
 
 def step_summary(before: dict[str, float], after: dict[str, float], profile: Profile,
@@ -130,7 +97,7 @@ def step_summary(before: dict[str, float], after: dict[str, float], profile: Pro
 
     steps = max(delta("pdserve_decode_steps"), 1.0)
     batch = delta("pdserve_decode_generated_tokens") / steps
-    ctx = float(np.mean([_prompt_len(o) + o.output_len / 2 for o in outputs]))
+    ctx = float(np.mean([prompt_len(o) + o.output_len / 2 for o in outputs]))
     decode = {"steps": delta("pdserve_decode_steps"), "mean_batch": batch,
               "mean_step_ms": 1000 * delta("pdserve_decode_step_seconds") / steps,
               "forward_cpu_ms": 1000 * delta("pdserve_decode_forward_cpu_seconds") / steps,
@@ -147,23 +114,10 @@ def step_summary(before: dict[str, float], after: dict[str, float], profile: Pro
     return {"prefill": prefill, "decode": decode}
 
 
-def _prompt_len(o: RequestOutput) -> int:
-    """What P computed: the server's count (BOS included) when it sent usage, else the client's."""
-    return o.server_prompt_tokens or o.prompt_len
-
-
-def simulate_sent(profile: Profile, cluster: ClusterSpec, outputs: list[RequestOutput]) -> SimResult:
-    order = np.argsort([o.start_time for o in outputs])
-    arrivals = np.array([outputs[i].start_time for i in order])
-    workload = workload_from_lengths(arrivals - arrivals[0], [_prompt_len(outputs[i]) for i in order],
-                                     [outputs[i].output_len for i in order])
-    return simulate(profile, cluster, workload)
-
-
 def request_records(outputs: list[RequestOutput]) -> dict[str, list[float]]:
     """What was sent and measured per request: enough to simulate the run again (--resimulate)."""
     return {"start_s": [o.start_time for o in outputs], "ttft_s": [o.ttft for o in outputs],
-            "prompt_len": [_prompt_len(o) for o in outputs],
+            "prompt_len": [prompt_len(o) for o in outputs],
             "output_len": [o.output_len for o in outputs], "latency_s": [o.latency for o in outputs]}
 
 
@@ -175,71 +129,6 @@ def summary_measured(outputs: list[RequestOutput], duration: float) -> dict[str,
 
 def summary_sim(r: SimResult) -> dict[str, float]:
     return {f"p{p}_{m}_ms": r.percentile_ms(m, p) for m in ("ttft", "tpot") for p in (50, 90)}
-
-
-def calibrate(profile: Profile, cluster: ClusterSpec, url: str, tokenizer: CountingTokenizer) -> dict[str, float]:
-    """What the profile (model forwards alone, nothing else running) does not see, from three runs unlike the
-    workloads. Single requests one at a time: the overhead per request outside P's forwards (TTFT minus P's own
-    forward seconds: router and HTTP hops, KV hand-off; `router_overhead_s`) and per D step (TPOT at batch 1). 8 requests at once:
-    the overhead per sequence of a D step. Side by side (D decoding 4 requests while P prefills 8 prompts one
-    after another): how much slower each worker's model time is while the other works, since P and D share
-    the host's memory bandwidth and L3 (their counters against the simulation's busy time of those requests)."""
-    convs = sample_random(8, LengthSpec(256, 0.5), LengthSpec(32), tokenizer, seed=7)
-    before = worker_counters(url)
-    outputs, _ = drive(url, convs, rate=float("inf"), burstiness=1.0, max_concurrency=1)
-    forward_s = _delta(before, worker_counters(url), "pdserve_prefill_forward_seconds")
-    ideal = simulate_sent(profile, cluster, [replace(o, start_time=10.0 * i) for i, o in enumerate(outputs)])
-    # per request, not per P iteration: the hops delay this request's first token, not P's queue
-    single = {"router_overhead_s": max(0.0, (sum(o.ttft for o in outputs) - forward_s) / len(outputs)),
-              "decode_overhead_s": max(0.0, float(np.median([_tpot(o) for o in outputs]) - np.median(ideal.tpot)))}
-    batch = sample_random(8, LengthSpec(64), LengthSpec(48), tokenizer, seed=8)
-    outputs, _ = drive(url, batch, rate=float("inf"), burstiness=1.0)
-    sim = simulate_sent(profile, replace(cluster, **single), outputs)
-    extra = float(np.median([_tpot(o) for o in outputs]) - np.median(sim.tpot))
-    return single | {"decode_overhead_per_seq_s": max(0.0, extra / len(batch))} | side_by_side(
-        profile, cluster, url, tokenizer)
-
-
-def side_by_side(profile: Profile, cluster: ClusterSpec, url: str, tokenizer: CountingTokenizer) -> dict[str, float]:
-    """Model time measured by the workers over model time simulated, with both workers busy at once."""
-    decoding = sample_random(4, LengthSpec(64), LengthSpec(96), tokenizer, seed=9)
-    prefilling = sample_random(8, LengthSpec(192, 0.5), LengthSpec(2), tokenizer, seed=10)
-    target = ApiTarget(url, "/v1/completions", model=_model_name(url), ignore_eos=True)
-
-    async def both() -> list[RequestOutput]:
-        start = time.perf_counter()
-
-        async def later() -> list[RequestOutput]:
-            await asyncio.sleep(1.0)  # D is decoding by then
-            offset = time.perf_counter() - start
-            result = await run_benchmark(prefilling, target, LoadSpec(float("inf"), 1.0, 1, seed=1), progress=False)
-            return [replace(o, start_time=o.start_time + offset) for o in result.outputs]
-
-        first, second = await asyncio.gather(
-            run_benchmark(decoding, target, LoadSpec(float("inf"), seed=1), progress=False), later())
-        return first.outputs + second
-
-    before = worker_counters(url)
-    outputs = asyncio.run(both())
-    after = worker_counters(url)
-    sim = simulate_sent(profile, cluster, outputs)
-    return {"prefill_slowdown_side_by_side": _delta(before, after, "pdserve_prefill_forward_seconds") / sim.prefill_busy_s,
-            "decode_slowdown_side_by_side": _delta(before, after, "pdserve_decode_step_seconds") / sim.decode_busy_s}
-
-
-def _delta(before: dict[str, float], after: dict[str, float], name: str) -> float:
-    return after.get(name, 0.0) - before.get(name, 0.0)
-
-
-def slowed(profile: Profile, overheads: dict[str, float]) -> Profile:
-    """The profile with both models scaled by the side-by-side slowdowns of the calibration."""
-    kp, kd = overheads["prefill_slowdown_side_by_side"], overheads["decode_slowdown_side_by_side"]
-    return replace(profile, prefill=replace(profile.prefill, coef=tuple(c * kp for c in profile.prefill.coef)),
-                   decode=replace(profile.decode, coef=tuple(c * kd for c in profile.decode.coef)))
-
-
-def _tpot(o: RequestOutput) -> float:
-    return (o.latency - o.ttft) / (o.output_len - 1)
 
 
 def run_profile(args: argparse.Namespace, logs: Path) -> Profile:
@@ -260,32 +149,42 @@ def compare(measured: dict[str, float], simulated: dict[str, float]) -> dict[str
 
 
 def resimulate(path: str) -> int:
-    """Simulate a saved validation run again (no server needed), adding the `step_corrected` diagnosis: the
-    decode model scaled so a step of the workload's mean batch costs what the decode worker's own counters
-    measured (mean_step_ms). If the simulation then matches, its queueing and batching are right and the gap
-    is in step cost the in-process profile does not see (on a shared CPU: the worker's other threads)."""
+    """Simulate a saved validation run again (no server needed), adding per workload `ablation`: the p50s and
+    errors with the calibration's terms added one at a time (and the calibrated one with the decode model's
+    older four-term fit, refitted on the same samples), so what each term does can be read off."""
     report = json.loads(Path(path).read_text())
     profile = Profile.from_json(json.dumps(report["profile"]))
-    cluster = ClusterSpec(**report["cluster"])
+    cal = report["overheads_from_calibration"]
+    full = ClusterSpec(**report["cluster"])
+    base = ClusterSpec(**{k: v for k, v in report["cluster"].items() if k not in CLUSTER_KEYS})
+    alone = replace(full, decode_slowdown_beside_prefill=1.0, prefill_slowdown_beside_decode=1.0)
+    slow, four = slowed(profile, cal["prefill_slowdown_alone"]), _four_term(profile)
+    variants = {"profile alone, four-term decode fit": (four, base), "profile alone": (profile, base),
+                "+ P's slowdown alone, overheads": (slow, alone), "+ slowdowns beside the other pool": (slow, full),
+                "calibrated, four-term decode fit": (slowed(four, cal["prefill_slowdown_alone"]), full)}
     for case in report["cases"]:
-        rec, steps = case["requests"], case["measured"]["decode_steps"]
-        scale = steps["mean_step_ms"] / steps["profile_step_ms_at_mean_batch"]
-        scaled = replace(profile, decode=replace(profile.decode, coef=tuple(c * scale for c in profile.decode.coef)))
-        workload = workload_from_lengths(np.asarray(rec["start_s"]) - min(rec["start_s"]), rec["prompt_len"],
-                                         rec["output_len"])
-        order = np.argsort(workload.arrival, kind="stable")
-        workload = workload_from_lengths(workload.arrival[order], list(workload.input_len[order]),
-                                         list(workload.output_len[order]))
-        sim = simulate(scaled, replace(cluster, decode_overhead_s=0.0, decode_overhead_per_seq_s=0.0), workload)
-        case["decode_scale_from_counters"] = scale
-        case["simulated_step_corrected"] = summary_sim(sim)
-        case["error_step_corrected"] = compare(case["measured"], case["simulated_step_corrected"])
-    report["within_25pct_step_corrected"] = all(v <= 0.25 for c in report["cases"]
-                                                for v in c["error_step_corrected"].values())
+        rec = case["requests"]
+        order = np.argsort(rec["start_s"], kind="stable")
+        arrival = np.asarray(rec["start_s"])[order]
+        workload = workload_from_lengths(arrival - arrival[0], [rec["prompt_len"][i] for i in order],
+                                         [rec["output_len"][i] for i in order])
+        case["ablation"] = {}
+        for name, (prof, cluster) in variants.items():
+            sim = summary_sim(simulate(prof, cluster, workload))
+            case["ablation"][name] = sim | compare(case["measured"], sim)
+        print(case["workload"]["name"])
+        for name, row in case["ablation"].items():
+            print(f"  {name:38s} TTFT {row['p50_ttft_ms']:6.0f} ({100 * row['p50_ttft_ms_rel_error']:3.0f}%)  "
+                  f"TPOT {row['p50_tpot_ms']:5.0f} ({100 * row['p50_tpot_ms_rel_error']:3.0f}%)")
     Path(path).write_text(json.dumps(report, indent=1))
-    for case in report["cases"]:
-        print(case["workload"]["name"], {k: round(v, 3) for k, v in case["error_step_corrected"].items()})
     return 0
+
+
+def _four_term(profile: Profile) -> Profile:
+    """The decode model without the multi_row term, fitted on the same samples."""
+    features = np.array([s.features()[:4] for s in profile.decode_samples])
+    seconds = np.array([s.seconds for s in profile.decode_samples])
+    return replace(profile, decode=fit_linear(features, seconds, DECODE_TERMS[:4]))
 
 
 def main() -> int:
@@ -303,8 +202,10 @@ def main() -> int:
     url = f"http://127.0.0.1:{args.port}"
     try:
         overheads = calibrate(profile, cluster, url, tokenizer)
-        calibrated = replace(cluster, **{k: v for k, v in overheads.items() if not k.endswith("_side_by_side")})
-        cases = [run_case(case, url, args, tokenizer, profile, cluster, calibrated, slowed(profile, overheads))
+        print("calibration:", json.dumps(overheads), "load", machine_load(), flush=True)
+        calibrated = replace(cluster, **{k: v for k, v in overheads.items() if k in CLUSTER_KEYS})
+        slowed_profile = slowed(profile, overheads["prefill_slowdown_alone"])
+        cases = [run_case(case, url, args, tokenizer, profile, cluster, calibrated, slowed_profile)
                  for case in CASES[args.cases]]
     finally:
         stop_cluster(procs)
@@ -323,7 +224,7 @@ def main() -> int:
 
 def run_case(case: WorkloadCase, url: str, args: argparse.Namespace, tokenizer: CountingTokenizer,
              profile: Profile, cluster: ClusterSpec, calibrated: ClusterSpec, slowed_profile: Profile) -> dict:
-    """`raw`: the profile alone; `calibrated`: the profile slowed as measured side by side, plus overheads."""
+    """`raw`: the profile alone; `calibrated`: with what validation_calibration.py measured."""
     load_before, before = machine_load(), worker_counters(url)
     outputs, duration = drive(url, conversations(case, tokenizer, args.sharegpt), case.rate, case.burstiness)
     measured = summary_measured(outputs, duration)
@@ -331,6 +232,10 @@ def run_case(case: WorkloadCase, url: str, args: argparse.Namespace, tokenizer: 
     # the raw simulation's busy time is the profile's forwards alone: compared with P's forward seconds and
     # D's step seconds (its phases say how much of a step is the forward)
     measured["workers"] = step_summary(before, worker_counters(url), profile, outputs, raw_sim)
+    for pool in ("prefill", "decode"):  # the calibrated model's busy time too, and the part beside the other pool
+        measured["workers"][pool]["sim_calibrated_busy_s"] = getattr(cal_sim, f"{pool}_busy_s")
+    measured["workers"]["prefill"]["sim_calibrated_beside_s"] = cal_sim.prefill_busy_beside_decode_s
+    measured["workers"]["decode"]["sim_calibrated_beside_s"] = cal_sim.decode_busy_beside_prefill_s
     measured["decode_steps"] = measured["workers"]["decode"]  # the key --resimulate reads
     raw, cal = summary_sim(raw_sim), summary_sim(cal_sim)
     out = {"workload": asdict(case), "load_before": load_before, "load_after": machine_load(),

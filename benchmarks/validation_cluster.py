@@ -1,9 +1,11 @@
 """The deployment plan_validation.py measures: router + 1 P + 1 D as `pdserve` processes, P and D pinned to
-their own cores (so neither steals the other's), the router on the next two or unpinned on a small machine."""
+their own cores (so neither steals the other's), the router on the next two or unpinned on a small machine;
+and how the benchmark talks to it (the bench client's requests, the workers' /metrics counters)."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import shutil
 import signal
@@ -13,6 +15,10 @@ import time
 from pathlib import Path
 
 import httpx
+
+from pdserve.bench.client import ApiTarget, RequestOutput
+from pdserve.bench.datasets import Conversation
+from pdserve.bench.runner import LoadSpec, run_benchmark
 
 
 def core_range(first: int, count: int) -> str:
@@ -75,3 +81,35 @@ def stop_cluster(procs: list[subprocess.Popen]) -> None:
             p.wait(timeout=20)
         except subprocess.TimeoutExpired:
             os.killpg(p.pid, signal.SIGKILL)
+
+
+def drive(url: str, convs: list[Conversation], rate: float, burstiness: float,
+          max_concurrency: int | None = None) -> tuple[list[RequestOutput], float]:
+    target = ApiTarget(url, "/v1/completions", model=model_name(url), ignore_eos=True)
+    load = LoadSpec(rate, burstiness, max_concurrency, seed=1)
+    result = asyncio.run(run_benchmark(convs, target, load, progress=False))
+    failed = [o.error for o in result.outputs if not o.success]
+    if failed:
+        raise RuntimeError(f"{len(failed)} requests failed, first: {failed[0]}")
+    return result.outputs, result.duration
+
+
+def model_name(url: str) -> str:
+    return httpx.get(url + "/v1/models", timeout=10).json()["data"][0]["id"]
+
+
+def worker_counters(url: str) -> dict[str, float]:
+    """The prefill and decode workers' /metrics counters (names without `_total`), found through the router."""
+    workers = httpx.get(url + "/internal/workers", timeout=10).json()["workers"]
+    values: dict[str, float] = {}
+    for role in ("prefill", "decode"):
+        w_url = next(w["url"] for w in workers if role in w["roles"])
+        for line in httpx.get(w_url + "/metrics", timeout=10).text.splitlines():
+            if line.startswith(f"pdserve_{role}_"):
+                name, _, value = line.rpartition(" ")
+                values[name.replace("_total", "")] = float(value)
+    return values
+
+
+def delta(before: dict[str, float], after: dict[str, float], name: str) -> float:
+    return after.get(name, 0.0) - before.get(name, 0.0)

@@ -14,12 +14,11 @@ among 15 of 64 tokens (Σctx 1,984) made a step cost 382 ms, more than 16 × 256
 the profile measures batches of mixed contexts so that the two terms can be told apart.
 
 The multi-row term is there because on CPU torch's linear layers take a matrix-vector path for one row and a
-matrix-matrix path for more, which costs more per weight read at few rows: on one thread (the default model's
-MLP and head weights, fp32, 2-core machine) 35 ms for 1 row, 60 ms for 2, 78 ms for 3, 66 ms for 4; whole
-decode steps at 64-token contexts took 66 / 115 / 155 / 127 ms at batch 1 / 2 / 3 / 4 (2026-12-01, `taskset
--c 1`, 1 torch thread). Without it a straight line through batch 1 and batch 16 puts batch 2-4 near 80 ms:
-25-30% below what a served batch of 2-4 took. Where one row costs what two do, the fit gives m ≈ 0
-(not yet measured on a GPU).
+matrix-matrix path for more, which costs more per weight read at few rows: steps at 64-token contexts took 65 /
+95 / 113 / 125 ms at batch 1 / 2 / 4 / 8 (one thread, SmolLM2-135M, fp32, 2-core machine: the profile in
+benchmarks/results/plan_validation_cpu.json, 2026-12-01). Fitted without the term, a line through all the
+samples prices batch 1 at 79 ms (21% high) and batch 2 at 84 ms (12% low); with it (m = 27 ms) 66 and 97 ms.
+Where one row costs what two do, the fit gives m ≈ 0 (not yet measured on a GPU).
 
 A `Profile` holds both fits, the R² of each, the samples they came from and what the planner needs to know
 about KV (bytes per token, block size); it is saved as JSON.
