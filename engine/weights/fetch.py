@@ -21,8 +21,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from pdserve.engine.weights.registry import DEFAULT_MODEL, KNOWN_MODELS, EmbeddedModel
 from pdserve.engine.weights.convert import ensure_converted, file_lock
+from pdserve.engine.weights.registry import DEFAULT_MODEL, KNOWN_MODELS, EmbeddedModel
 
 _CHUNK = 1 << 20
 

@@ -21,7 +21,6 @@ from pathlib import Path
 import torch
 
 from pdserve.engine.config import ModelConfig
-from pdserve.engine.weights.registry import DEFAULT_MODEL, ModelKind, ResolvedModel, resolve_model
 from pdserve.engine.presets import get_preset
 from pdserve.engine.tokenizer import Tokenizer
 from pdserve.engine.weights.convert import CONVERSION_INFO, ensure_converted
@@ -29,6 +28,7 @@ from pdserve.engine.weights.dummy import dummy_weights
 from pdserve.engine.weights.fetch import converted_dir, default_cache_dir, fetch_model
 from pdserve.engine.weights.fingerprint import file_digest, files_digest, model_fingerprint
 from pdserve.engine.weights.hf_dir import hf_config, load_safetensors, safetensors_files
+from pdserve.engine.weights.registry import DEFAULT_MODEL, ModelKind, ResolvedModel, resolve_model
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
            "half": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}

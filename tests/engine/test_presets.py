@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from pdserve.engine.presets import PRESETS, get_preset, param_count, weight_shapes
 
 

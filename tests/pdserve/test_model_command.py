@@ -10,7 +10,7 @@ from pathlib import Path
 
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "pdserve.cli", *args], capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, timeout=300)
+                          env={**os.environ, **(env or {})}, timeout=300, check=False)
 
 
 def test_model_list_names_default_and_presets() -> None:
