@@ -25,7 +25,7 @@ import concurrent.futures
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 
@@ -125,7 +125,7 @@ class TcpKVSender(KVSender):
         src_block_ids: Sequence[int], dst_block_ids: Sequence[int],
     ) -> None:
         self._check(request_id, layer, kv_cache, src_block_ids, dst_block_ids)
-        await self._send_staged(request_id, layer, StagedBlocks.gather(kv_cache, src_block_ids), dst_block_ids)
+        await self._send_staged(request_id, layer, self._stage(kv_cache, src_block_ids), list(dst_block_ids))
 
     def submit_layer(
         self, request_id: str, layer: int, kv_cache: torch.Tensor,
@@ -134,7 +134,7 @@ class TcpKVSender(KVSender):
         if self._loop is None:
             raise KVTransferError("submit_layer before begin(): the sender has no event loop yet")
         self._check(request_id, layer, kv_cache, src_block_ids, dst_block_ids)
-        staged = StagedBlocks.gather(kv_cache, src_block_ids)
+        staged = self._stage(kv_cache, src_block_ids)  # on the calling (compute) thread, in its stream order
         return asyncio.run_coroutine_threadsafe(
             self._send_staged(request_id, layer, staged, list(dst_block_ids)), self._loop
         )
@@ -181,6 +181,10 @@ class TcpKVSender(KVSender):
             problem = f"cache {kv_cache.dtype} block_size {kv_cache.shape[2]} vs target {target.dtype} {target.block_size}"
         if problem is not None:
             raise KVTransferError(f"send of {request_id!r} layer {layer}: {problem}")
+
+    def _stage(self, kv_cache: torch.Tensor, block_ids: Sequence[int]) -> Any:
+        """What a layer's send carries away from the pool (a backend's own kind: nccl keeps it on the device)."""
+        return StagedBlocks.gather(kv_cache, block_ids)
 
     async def _send_staged(
         self, request_id: str, layer: int, staged: StagedBlocks, dst_block_ids: Sequence[int]

@@ -21,7 +21,6 @@ and the next request opens new ones.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import ipaddress
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -110,25 +109,6 @@ class NcclKVSender(TcpKVSender):
             task = asyncio.get_running_loop().create_task(self._preconnect(target.address))
             task.add_done_callback(lambda t: t.cancelled() or t.exception())  # a failure resurfaces on first use
 
-    async def send_layer(
-        self, request_id: str, layer: int, kv_cache: torch.Tensor,
-        src_block_ids: Sequence[int], dst_block_ids: Sequence[int],
-    ) -> None:
-        self._check(request_id, layer, kv_cache, src_block_ids, dst_block_ids)
-        await self._send_gathered(request_id, layer, _Gathered.of(kv_cache, src_block_ids), list(dst_block_ids))
-
-    def submit_layer(
-        self, request_id: str, layer: int, kv_cache: torch.Tensor,
-        src_block_ids: Sequence[int], dst_block_ids: Sequence[int],
-    ) -> concurrent.futures.Future[None]:
-        if self._loop is None:
-            raise KVTransferError("submit_layer before begin(): the sender has no event loop yet")
-        self._check(request_id, layer, kv_cache, src_block_ids, dst_block_ids)
-        gathered = _Gathered.of(kv_cache, src_block_ids)
-        return asyncio.run_coroutine_threadsafe(
-            self._send_gathered(request_id, layer, gathered, list(dst_block_ids)), self._loop
-        )
-
     async def finish(
         self, request_id: str, first_token_id: int, first_logprob: float | None, num_tokens: int
     ) -> None:
@@ -165,15 +145,18 @@ class NcclKVSender(TcpKVSender):
 
     # ---- internals ------------------------------------------------------------------------------
 
-    async def _send_gathered(
-        self, request_id: str, layer: int, gathered: _Gathered, dst_block_ids: list[int]
+    def _stage(self, kv_cache: torch.Tensor, block_ids: Sequence[int]) -> _Gathered:
+        return _Gathered.of(kv_cache, block_ids)
+
+    async def _send_staged(  # type: ignore[override]  # tcp's flow, with this backend's staged blocks
+        self, request_id: str, layer: int, gathered: _Gathered, dst_block_ids: Sequence[int]
     ) -> None:
         # Registered before the first await: a finish() scheduled after this send always waits for it.
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         outgoing = self._get(request_id)
         outgoing.sends.append(done)
         blocks = gathered.blocks
-        header = BulkKVHeader(request_id, layer, dst_block_ids, dtype_name(blocks.dtype), list(blocks.shape),
+        header = BulkKVHeader(request_id, layer, list(dst_block_ids), dtype_name(blocks.dtype), list(blocks.shape),
                               blocks.numel() * blocks.element_size())
         try:
             posted = await self._announce_and_post(outgoing.target.address, header, gathered)
