@@ -93,14 +93,12 @@ def transfer_flags(settings: LaunchSettings, on_gpus: bool) -> list[str]:
     return ["--transfer-backend", settings.transfer_backend]
 
 
-def place_on_gpus(worker_args: list[str], num_workers: int, num_gpus: int | None) -> list[list[str]]:
+def place_on_gpus(worker_args: list[str], num_workers: int, num_gpus: int) -> list[list[str]]:
     """Extra flags per worker: round-robin over the GPUs (`--device cuda:i`), and when k workers share one,
     `--gpu-memory-utilization 0.8/k` each (unless the flags already say). Nothing on a machine without CUDA."""
     device = _flag(worker_args, "--device", "auto")
     if device == "cpu" or not device.startswith(("auto", "cuda")):
         return [[] for _ in range(num_workers)]
-    if num_gpus is None:
-        num_gpus = _cuda_device_count()
     if num_gpus == 0:
         return [[] for _ in range(num_workers)]
     devices = [device] * num_workers if device.startswith("cuda:") else [f"cuda:{i % num_gpus}"
