@@ -1,16 +1,17 @@
-"""The decode engine: the scheduler, the step thread, and the per-request frame queues of the HTTP side.
+"""The decode engine: the scheduler, the step thread, and the hand-off of every step's deltas to the data plane.
 
 Threads (the event loop must never wait for the model; the step thread never touches asyncio objects):
 
     event loop thread                                    step thread ("decode-steps")
     ─────────────────                                    ────────────────────────────
-    reserve / abort / stream     ──state_lock──▶ Scheduler ◀──state_lock──  schedule() ... update()
+    reserve / abort              ──state_lock──▶ Scheduler ◀──state_lock──  schedule() ... update()
     receiver callbacks (KV done)                                              │
-    frame queues ◀──────────── loop.call_soon_threadsafe(deliver) ◀───────────┘  forward under model_lock
+    on_outputs (one TOKENS per  ◀── loop.call_soon_threadsafe(deliver) ◀──────┘  forward under model_lock
+    router connection per step)
 
 `state_lock` guards the scheduler and the block pool (shared with the prefill side in a colocated worker);
 it is never held during a forward. `model_lock` serialises forwards of the runner (both roles use one runner
-when colocated). Frames produced on the loop thread (first token, aborts) are delivered directly.
+when colocated). Deltas produced on the loop thread (first token, aborts) are delivered directly.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from pdserve.decode_node.request import RequestState, StreamFrame
+from pdserve.decode_node.request import RequestState
 from pdserve.decode_node.scheduler import DecodeBatch, RequestOutput, Scheduler
 from pdserve.engine.attention_metadata import DecodeInput, PrefillChunk
 from pdserve.engine.runner import ModelRunner
@@ -72,8 +73,8 @@ class DecodeEngine:
         self.state_lock = state_lock
         self.model_lock = model_lock
         self.stats = DecodeStats()
-        self.streams: dict[str, asyncio.Queue[StreamFrame]] = {}
-        self.attached: set[str] = set()
+        # the data plane's sink for every step's deltas (decode_node/service.py wires it); loop thread only
+        self.on_outputs: Callable[[list[RequestOutput]], None] = lambda outputs: None
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -100,21 +101,14 @@ class DecodeEngine:
 
     # ---- called on the event loop -------------------------------------------------------------------
 
-    def open_queue(self, request_id: str) -> None:
-        self.streams[request_id] = asyncio.Queue()
-
     def deliver(self, outputs: list[RequestOutput]) -> None:
-        """Put frames on their queues (event loop thread)."""
+        """Hand deltas to the data plane (event loop thread)."""
         for output in outputs:
-            queue = self.streams.get(output.request_id)
-            if queue is not None:
-                queue.put_nowait(output.frame)
-            if output.frame.finish_reason is not None:
-                reason = output.frame.finish_reason
+            reason = output.delta.finish_reason
+            if reason is not None:
                 self.stats.finished[reason] = self.stats.finished.get(reason, 0) + 1
-                if output.request_id not in self.attached and self._loop is not None:
-                    # nobody streams it (the router gave up before attaching): drop the queue later
-                    self._loop.call_later(60.0, self.streams.pop, output.request_id, None)
+        if outputs:
+            self.on_outputs(outputs)
 
     def kv_complete(self, request_id: str, first_token_id: int, first_logprob: float | None) -> None:
         """Receiver callback: the KV and P's first token are here; the first frame goes out now."""

@@ -1,5 +1,5 @@
-"""The decode role of a worker: turns `/internal/reserve` bodies into reservations, owns the engine and the
-KV receiver, and reports status and metrics. HTTP routes are in app.py; scheduling in scheduler.py."""
+"""The decode role of a worker: turns RESERVE messages into reservations, owns the engine and the KV receiver,
+and reports status and metrics. The data-plane messages are handled in service.py; scheduling in scheduler.py."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
@@ -17,19 +16,14 @@ from pdserve.cache_store.hashing import block_hashes
 from pdserve.cache_store.tiered import FetchedPrefix
 from pdserve.decode_node.engine import DecodeEngine
 from pdserve.decode_node.request import DecodeRequest, RequestState
-from pdserve.decode_node.scheduler import Refusal, Scheduler
+from pdserve.decode_node.scheduler import Scheduler
 from pdserve.engine.detokenizer import Decoder, IncrementalDetokenizer, StopChecker
+from pdserve.engine.output import NoTextDecoder
 from pdserve.engine.sampling import SamplingParams
 from pdserve.kv_transfer.base import KVReceiver
+from pdserve.protocol.messages import Refused, Reserve, Reserved
 
 logger = logging.getLogger(__name__)
-
-
-class NoTextDecoder:
-    """For dummy weights, which come without a tokenizer: frames carry token ids and empty text."""
-
-    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
-        return ""
 
 
 @dataclass(frozen=True)
@@ -39,12 +33,6 @@ class DecodeNodeConfig:
     block_size: int
     kv_lease_timeout_s: float
     model_fingerprint: str
-
-
-@dataclass(frozen=True)
-class ReserveResult:
-    status: int
-    body: dict[str, Any]
 
 
 class DecodeNode:
@@ -76,33 +64,32 @@ class DecodeNode:
 
     # ---- reserve --------------------------------------------------------------------------------------
 
-    async def reserve(self, request_id: str, prompt_token_ids: list[int], sampling: dict[str, Any],
-                      cache_salt: str | None, arrival_time: float | None) -> ReserveResult:
+    async def reserve(self, message: Reserve) -> Reserved | Refused:
         """Validate, reserve blocks and register the expected transfer (event loop thread)."""
+        request_id = message.request_id
         try:
-            request = self._build(request_id, prompt_token_ids, sampling, cache_salt, arrival_time)
+            request = self._build(message)
         except ValueError as exc:
-            return _error(400, str(exc), "invalid_request_error")
+            return Refused(request_id, 400, str(exc))
         aborted, fetched = await self._fetch(request)
         if aborted:
-            return _error(499, f"request {request_id!r} aborted while its prefix was looked up", "invalid_request_error")
+            return Refused(request_id, 499, f"request {request_id!r} aborted while its prefix was looked up")
         with self.state_lock:
             refusal = self.scheduler.reserve(request, fetched)
             if refusal is not None:
-                return _refused(refusal)
+                return Refused(request_id, refusal.status, refusal.message, refusal.retry_after)
             expected = self.scheduler.expected_block_ids(request)
-        self.engine.open_queue(request_id)
         deadline = time.monotonic() + self.config.kv_lease_timeout_s
-        carried = len(prompt_token_ids) - request.cached_tokens
+        carried = len(request.prompt_token_ids) - request.cached_tokens
         try:
             target = self.receiver.expect(request_id, expected, deadline, num_tokens=carried)
         except ValueError as exc:  # a bookkeeping bug: give the blocks back rather than leak them
             self.engine.kv_failed(request_id, f"cannot expect the transfer: {exc}")
-            return _error(500, f"cannot expect the transfer of {request_id!r}: {exc}", "internal_error")
-        return ReserveResult(200, {"request_id": request_id, "transfer": target.to_dict()})
+            return Refused(request_id, 500, f"cannot expect the transfer of {request_id!r}: {exc}")
+        return Reserved(request_id, target.to_dict(), request.cached_tokens)
 
-    def _build(self, request_id: str, prompt: list[int], sampling: dict[str, Any], cache_salt: str | None,
-               arrival_time: float | None) -> DecodeRequest:
+    def _build(self, message: Reserve) -> DecodeRequest:
+        prompt, cache_salt = message.prompt_token_ids, message.cache_salt
         if not prompt:
             raise ValueError("prompt_token_ids is empty")
         bad = [t for t in prompt if not 0 <= t < self.config.vocab_size]
@@ -111,14 +98,13 @@ class DecodeNode:
         if len(prompt) + 1 > self.config.max_model_len:
             raise ValueError(f"prompt of {len(prompt)} tokens leaves no room for output: the model's limit is "
                              f"{self.config.max_model_len} tokens")
-        params = SamplingParams.from_dict(sampling)
+        params = SamplingParams.from_dict(message.sampling)
         hashes = []
         if self.scheduler.prefix_cache is not None:
             hashes = block_hashes(prompt, self.config.block_size, self.config.model_fingerprint, cache_salt)
         return DecodeRequest(
-            request_id, list(prompt), params, IncrementalDetokenizer(self.decoder, prompt),
-            StopChecker(params.stop), cache_salt=cache_salt, block_hashes=hashes,
-            arrival_time=arrival_time if arrival_time is not None else time.time(),
+            message.request_id, list(prompt), params, IncrementalDetokenizer(self.decoder, prompt),
+            StopChecker(params.stop), cache_salt=cache_salt, block_hashes=hashes, arrival_time=message.arrival_time,
         )
 
     async def _fetch(self, request: DecodeRequest) -> tuple[bool, FetchedPrefix | None]:
@@ -192,12 +178,3 @@ class DecodeNode:
         for reason, count in sorted(stats.finished.items()):
             finished.add_metric([reason], count)
         yield finished
-
-
-def _error(status: int, message: str, kind: str, **extra: Any) -> ReserveResult:
-    return ReserveResult(status, {"error": {"message": message, "type": kind, "code": status}, **extra})
-
-
-def _refused(refusal: Refusal) -> ReserveResult:
-    kind = "invalid_request_error" if refusal.status < 500 else "service_unavailable"
-    return _error(refusal.status, refusal.message, kind, retry_after=refusal.retry_after)

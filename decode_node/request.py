@@ -84,23 +84,3 @@ class DecodeRequest:
 
     def sampling_request(self) -> SamplingRequest:
         return SamplingRequest(self.sampling, self.prompt_token_ids, self.output_token_ids)
-
-
-@dataclass(frozen=True)
-class StreamFrame:
-    """One frame of `/internal/stream/{request_id}` (docs/internal_api.md)."""
-
-    token_ids: list[int]
-    text: str
-    finish_reason: str | None
-    prompt_tokens: int
-    completion_tokens: int
-    cached_tokens: int
-    logprobs: list | None = None
-    error: str | None = None
-
-    def to_dict(self) -> dict:
-        return {"token_ids": self.token_ids, "text": self.text, "finish_reason": self.finish_reason,
-                "logprobs": self.logprobs, "prompt_tokens": self.prompt_tokens,
-                "completion_tokens": self.completion_tokens, "cached_tokens": self.cached_tokens,
-                "error": self.error}

@@ -35,12 +35,14 @@ from dataclasses import dataclass, field
 from pdserve.cache_store.block_pool import BlockPool, blocks_needed
 from pdserve.cache_store.prefix_cache import PrefixCache
 from pdserve.cache_store.tiered import FetchedPrefix, TieredKVCache
-from pdserve.decode_node.output import OutputProcessor, logprobs_to_wire
-from pdserve.decode_node.request import TRANSITIONS, DecodeRequest, RequestState, StreamFrame
+from pdserve.decode_node.request import TRANSITIONS, DecodeRequest, RequestState
+from pdserve.engine.output import OutputProcessor, logprobs_to_wire
 from pdserve.engine.sampling import TokenLogprobs
+from pdserve.protocol.messages import TokenDelta
 
 logger = logging.getLogger(__name__)
 KV_LOAD_FAILURE_POLICIES = ("fail", "recompute")
+_FINISHED = {"stop": RequestState.FINISHED_STOPPED, "length": RequestState.FINISHED_LENGTH}
 
 
 @dataclass(frozen=True)
@@ -55,7 +57,7 @@ class Refusal:
 @dataclass(frozen=True)
 class RequestOutput:
     request_id: str
-    frame: StreamFrame
+    delta: TokenDelta
 
 
 @dataclass(frozen=True)
@@ -188,8 +190,8 @@ class Scheduler:
         request.num_computed_tokens = len(request.prompt_token_ids)
         request.cached_tokens = max(request.cached_tokens, cached_tokens)
         result = self.output.append_token(request, first_token_id)
-        self._move(request, result.finished or RequestState.WAITING)
-        return [self._frame(request, [first_token_id], result.text, [logprobs])]
+        self._move(request, _FINISHED.get(result.finish_reason, RequestState.WAITING))
+        return [self._delta(request, [first_token_id], result.text, [logprobs])]
 
     def kv_failed(self, request_id: str, error: str) -> list[RequestOutput]:
         """The KV will not come (lease, P gone, P gave up): fail the request, or recompute it here."""
@@ -206,7 +208,7 @@ class Scheduler:
             return []
         request.error = error
         self._move(request, RequestState.FINISHED_ERROR)
-        return [self._frame(request, [], "")]
+        return [self._delta(request, [], "")]
 
     def abort(self, request_id: str, error: str | None = None) -> list[RequestOutput]:
         """Free everything the request holds, now or once nothing writes its blocks any more (see above)."""
@@ -218,7 +220,7 @@ class Scheduler:
             request.abort_requested = True
             return []
         self._move(request, RequestState.FINISHED_ABORTED)
-        return [self._frame(request, [], "")]
+        return [self._delta(request, [], "")]
 
     # ---- one step ---------------------------------------------------------------------------------
 
@@ -245,13 +247,13 @@ class Scheduler:
             request.num_computed_tokens = request.num_tokens
             if request.abort_requested:
                 self._move(request, RequestState.FINISHED_ABORTED)
-                outputs.append(self._frame(request, [], ""))
+                outputs.append(self._delta(request, [], ""))
                 continue
             result = self.output.append_token(request, token_ids[row])
-            if result.finished is not None:
-                self._move(request, result.finished)
+            if result.finish_reason is not None:
+                self._move(request, _FINISHED[result.finish_reason])
             entry = logprobs[row] if logprobs is not None else None
-            outputs.append(self._frame(request, [token_ids[row]], result.text, [entry]))
+            outputs.append(self._delta(request, [token_ids[row]], result.text, [entry]))
         return outputs
 
     def fail_batch(self, batch: DecodeBatch, error: str) -> list[RequestOutput]:
@@ -261,7 +263,7 @@ class Scheduler:
         for item in batch.decode:
             item.request.error = error
             self._move(item.request, RequestState.FINISHED_ERROR)
-            outputs.append(self._frame(item.request, [], ""))
+            outputs.append(self._delta(item.request, [], ""))
         return outputs
 
     # ---- phases -----------------------------------------------------------------------------------
@@ -351,14 +353,15 @@ class Scheduler:
         request.block_ids = []
         request.num_computed_tokens = 0
 
-    def _frame(self, request: DecodeRequest, token_ids: list[int], text: str,
+    def _delta(self, request: DecodeRequest, token_ids: list[int], text: str,
                logprobs: list[TokenLogprobs | None] | None = None) -> RequestOutput:
         wire = None
         if request.sampling.logprobs is not None and logprobs:
             wire = [logprobs_to_wire(entry) for entry in logprobs]
-        frame = StreamFrame(token_ids, text, request.finish_reason, len(request.prompt_token_ids),
-                            len(request.output_token_ids), request.cached_tokens, wire, request.error)
-        return RequestOutput(request.request_id, frame)
+        delta = TokenDelta(request.request_id, token_ids, text, request.finish_reason, wire,
+                           len(request.prompt_token_ids), len(request.output_token_ids), request.cached_tokens,
+                           request.error)
+        return RequestOutput(request.request_id, delta)
 
     def _retry_after(self) -> float:
         """A guess: about one running request finishes per step; 0.5 s is a few steps on CPU."""

@@ -161,10 +161,12 @@ class TransferSettings:
 
 @dataclass(frozen=True)
 class ServerSettings:
-    """HTTP address of the worker, and the router it registers with (None: static, no registration)."""
+    """HTTP address of the worker, its data-plane port, and the router it registers with (None: static, no
+    registration)."""
 
     host: str = "127.0.0.1"
     port: int = 0  # 0: any free port
+    data_port: int = 0  # the routers' multiplexed connection (protocol/); 0: any free port
     router_url: str | None = None
     secret: str | None = None
     worker_id: str | None = None
@@ -173,8 +175,9 @@ class ServerSettings:
     drain_on_sigterm: bool = False  # SIGTERM finishes the requests held first (containers), else stops in 3 s
 
     def __post_init__(self) -> None:
-        if not 0 <= self.port <= 65535:
-            raise ValueError(f"port must be in [0, 65535], got {self.port}")
+        for name in ("port", "data_port"):
+            if not 0 <= getattr(self, name) <= 65535:
+                raise ValueError(f"{name} must be in [0, 65535], got {getattr(self, name)}")
         if self.router_url is not None and not self.router_url.startswith(("http://", "https://")):
             raise ValueError(f"--router must be an http(s) URL, got {self.router_url!r}")
 
@@ -286,6 +289,9 @@ def add_worker_arguments(parser: argparse.ArgumentParser, role: str) -> None:
     parser.add_argument("--role", default=role, choices=("prefill", "decode", "both"))
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="HTTP port (0: any free port)")
+    parser.add_argument("--data-port", type=int, default=0,
+                        help="port of the data plane: reserve, prefill, abort and token messages from the routers, "
+                             "one multiplexed connection per router (0: any free port; sent with the registration)")
     parser.add_argument("--router", default=None, help="router URL to register with, e.g. http://127.0.0.1:8000")
     parser.add_argument("--worker-id", default=None)
     parser.add_argument("--advertise-host", default=None,
@@ -325,7 +331,8 @@ def worker_settings_from_args(args: argparse.Namespace, cache_dir: str | None,
                                     max_queued_requests=args.max_queued_requests),
         transfer=TransferSettings(backend=args.transfer_backend, host=args.transfer_host or args.host,
                                   port=args.transfer_port),
-        server=ServerSettings(host=args.host, port=args.port, router_url=args.router, secret=secret,
+        server=ServerSettings(host=args.host, port=args.port, data_port=args.data_port, router_url=args.router,
+                              secret=secret,
                               worker_id=args.worker_id, advertise_host=args.advertise_host,
                               drain_on_sigterm=args.drain_on_sigterm),
         tiers=tiers, cache_policy=cache_policy,

@@ -4,8 +4,10 @@
         prefill role: Batcher ─ PrefillEngine ─ KV sender (tcp; `local` when colocated)
         decode role:  Scheduler ─ DecodeEngine ─ KV receiver (tcp server on --transfer-port; `local`)
     KV cache tiers: TieredKVCache over the pool (host RAM, Redis; pdserve/worker_cache.py), shared by both roles
-    one FastAPI app: the roles' /internal routes, /internal/status, /internal/cache, /health, /metrics
-    with --router URL: register, then heartbeat every interval (re-register on 404)
+    the data plane (--data-port): the routers' connections, each message to its role's service
+        (decode_node/service.py, prefill_node/service.py, pdserve/worker_data_plane.py)
+    one FastAPI app: /internal/status, /internal/cache, control, /health, /metrics
+    with --router URL: register (with the data port), then heartbeat every interval (re-register on 404)
 
 A colocated worker (`--role both`) has ONE block pool, one prefix cache, one runner: the prefill side computes
 straight into the blocks the decode side reserved (backend `local`, nothing copied). Both step threads share
@@ -36,14 +38,14 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from pdserve.cache_store.block_pool import BlockPool
 from pdserve.cache_store.prefix_cache import PrefixCache
-from pdserve.decode_node.app import create_router as decode_router
 from pdserve.decode_node.engine import DecodeEngine
 from pdserve.decode_node.node import DecodeNode, DecodeNodeConfig
-from pdserve.decode_node.output import OutputProcessor
 from pdserve.decode_node.scheduler import Scheduler
+from pdserve.decode_node.service import DecodeService
 from pdserve.engine.config import CacheConfig, ModelConfig
 from pdserve.engine.kv_cache import gpu_kv_budget
 from pdserve.engine.model import ModelWeights, fuse_weights
+from pdserve.engine.output import OutputProcessor
 from pdserve.engine.runner import ModelRunner
 from pdserve.engine.sampling import Sampler
 from pdserve.engine.weights import LoadedModel, ModelSpec, load_model, parse_dtype, resolve_model
@@ -55,10 +57,11 @@ from pdserve.kv_transfer.registry import get_backend
 from pdserve.kv_transfer.tcp_receiver import TcpKVReceiver
 from pdserve.kv_transfer.tcp_sender import TcpKVSender
 from pdserve.kv_transfer.wire import dtype_name
-from pdserve.prefill_node.app import create_router as prefill_router
 from pdserve.prefill_node.batcher import Batcher
 from pdserve.prefill_node.engine import PrefillEngine
 from pdserve.prefill_node.node import PrefillNode, PrefillNodeConfig
+from pdserve.prefill_node.service import PrefillService
+from pdserve.protocol.server import DataPlaneServer
 from pdserve.settings import ROLES, ModelSettings, WorkerSettings
 from pdserve.worker_cache import (
     SummaryReporter,
@@ -68,13 +71,13 @@ from pdserve.worker_cache import (
     tier_metrics,
 )
 from pdserve.worker_control import (
-    AdmissionGate,
     DrainOnSigterm,
     RouterLink,
     WorkerControl,
     build_control_router,
     nodes_idle,
 )
+from pdserve.worker_data_plane import WorkerDataPlane
 
 logger = logging.getLogger("pdserve.worker")
 
@@ -135,12 +138,18 @@ class Worker:
         self.roles = Roles()
         self._build_roles()
         server = settings.server
-        self.control = WorkerControl(settings.roles, settings.transfer.backend != "local",
-                                     lambda: nodes_idle(self.roles.prefill, self.roles.decode, self.state_lock),
+        self.control = WorkerControl(settings.roles, settings.transfer.backend != "local", self._idle,
                                      RouterLink(server.router_url, self.worker_id, server.secret),
                                      cache_policy_applier(self.tiered), cache_policy=settings.cache_policy)
+        self.data_plane = WorkerDataPlane(
+            PrefillService(self.roles.prefill) if self.roles.prefill is not None else None,
+            DecodeService(self.roles.decode) if self.roles.decode is not None else None, self.control)
+        self.data_server = DataPlaneServer(self.data_plane, server.secret, self.worker_id)
         self.url = ""
         self.registered = settings.server.router_url is None
+
+    def _idle(self) -> bool:
+        return nodes_idle(self.roles.prefill, self.roles.decode, self.state_lock, lambda: self.data_plane.num_open)
 
     def _fuse_weights(self) -> ModelWeights:
         """The runner's fused weights, built before the KV pool is sized. The HF-named originals of the fused
@@ -194,13 +203,17 @@ class Worker:
                                             dtype_name(self.dtype), self.loaded.fingerprint,
                                             self.settings.transfer.backend, self.settings.scheduler.max_queued_requests)
             lookup = self.roles.decode.waiting_reservation if self.roles.decode is not None else None
-            self.roles.prefill = PrefillNode(engine, node_config, lookup)
+            self.roles.prefill = PrefillNode(engine, node_config, self._output_processor(), self.loaded.tokenizer,
+                                             lookup)
 
-    def _decode_engine(self) -> DecodeEngine:
+    def _output_processor(self) -> OutputProcessor:
         eos = tuple(self.config.eos_token_ids)
         if self.loaded.tokenizer is not None:
             eos = tuple(dict.fromkeys(eos + tuple(self.loaded.tokenizer.eos_token_ids)))
-        output = OutputProcessor(eos, self.config.max_model_len)
+        return OutputProcessor(eos, self.config.max_model_len)
+
+    def _decode_engine(self) -> DecodeEngine:
+        output = self._output_processor()
         shared_cache = self.prefix_cache if self.settings.colocated else None
         limits = self.settings.scheduler
         scheduler = Scheduler(self.pool, self.cache_config.block_size, output, limits.max_num_seqs,
@@ -224,8 +237,11 @@ class Worker:
         for node in (self.roles.decode, self.roles.prefill):
             if node is not None:
                 await node.start()
+        server = self.settings.server
+        await self.data_server.start(server.host, server.data_port)
 
     async def stop(self) -> None:
+        await self.data_server.close()
         for node in (self.roles.prefill, self.roles.decode):
             if node is not None:
                 await node.stop()
@@ -240,7 +256,7 @@ class Worker:
         """The heartbeat fields. Colocated: queue_len counts both queues, num_running is the decode batch."""
         parts = [node.status() for node in (self.roles.prefill, self.roles.decode) if node is not None]
         running = self.roles.decode.status() if self.roles.decode is not None else parts[0]
-        status = {"worker_id": self.worker_id, **self.control.status_fields(),
+        status = {"worker_id": self.worker_id, "data_port": self.data_server.port, **self.control.status_fields(),
                   "queue_len": sum(p["queue_len"] for p in parts), "num_running": running["num_running"],
                   "num_waiting": sum(p["num_waiting"] for p in parts), "free_blocks": parts[0]["free_blocks"],
                   "total_blocks": parts[0]["total_blocks"]}
@@ -257,7 +273,8 @@ class Worker:
         port = transfer.port
         if self.roles.decode is not None and isinstance(self.roles.decode.receiver, TcpKVReceiver):
             port = self.roles.decode.receiver.port
-        return {"worker_id": self.worker_id, "url": self.url, "roles": list(self.control.roles),
+        return {"worker_id": self.worker_id, "url": self.url, "data_port": self.data_server.port,
+                "roles": list(self.control.roles),
                 "model": self.model_name, "max_model_len": self.config.max_model_len,
                 "block_size": self.cache_config.block_size, "num_blocks": self.cache_config.num_blocks,
                 "fingerprint": self.loaded.fingerprint,
@@ -311,10 +328,6 @@ def create_app(worker: Worker) -> FastAPI:
             await worker.stop()
 
     app = FastAPI(title=f"pdserve worker ({worker.settings.role_name})", lifespan=lifespan)
-    if worker.roles.decode is not None:
-        app.include_router(decode_router(worker.roles.decode))
-    if worker.roles.prefill is not None:
-        app.include_router(prefill_router(worker.roles.prefill))
 
     @app.get("/internal/status")
     async def status() -> dict[str, Any]:
@@ -338,7 +351,6 @@ def create_app(worker: Worker) -> FastAPI:
 
     app.include_router(build_control_router(worker.control))
     app.include_router(build_cache_router(worker.tiered))
-    app.add_middleware(AdmissionGate, control=worker.control)  # inside the secret check, added after it
     app.add_middleware(InternalSecret, secret=worker.settings.server.secret)
     return app
 

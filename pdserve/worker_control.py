@@ -10,7 +10,7 @@ forwards to these; docs/internal_api.md).
     GET  /internal/control                the state above
 
 Why a role switch is cheap: a worker holds both nodes over ONE engine (weights, block pool, runner), with the
-`tcp` transfer backend, so "role" only says which work `AdmissionGate` lets through. The exception is a
+`tcp` transfer backend, so "role" only says which new work the data plane admits (pdserve/worker_data_plane.py). The exception is a
 `--role both` worker on the `local` backend (the colocated baseline): its halves only talk to each other, so
 its role is fixed (409).
 
@@ -33,7 +33,6 @@ import httpx
 import uvicorn
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 from pdserve.cache_store.block_pool import BlockPool
 from pdserve.cache_store.policy import CachePolicy
@@ -42,8 +41,6 @@ from pdserve.prefill_node.node import PrefillNode
 from pdserve.settings import ROLES
 
 logger = logging.getLogger("pdserve.worker")
-_WORK_PATHS = {"/internal/prefill": "prefill", "/internal/reserve": "decode"}  # new work, by role
-_STREAM_PREFIX = "/internal/stream/"
 _IDLE_CHECKS = 3  # consecutive idle observations (at `poll_s`) before a drain counts as done
 RETRY_AFTER_S = 1
 
@@ -75,7 +72,6 @@ class WorkerControl:
     exit_when_drained: bool = True
     drained: bool = False
     left: bool = False  # deregistered: the heartbeat loop stops
-    inflight: int = 0  # work calls (prefill, reserve, stream) being answered now
     cache_policy: CachePolicy = field(default_factory=CachePolicy)
     _watcher: asyncio.Task[None] | None = None
 
@@ -124,11 +120,11 @@ class WorkerControl:
 
     def to_dict(self) -> dict[str, Any]:
         return {**self.status_fields(), "switchable": self.switchable, "drained": self.drained,
-                "exit_when_drained": self.exit_when_drained, "inflight": self.inflight,
+                "exit_when_drained": self.exit_when_drained,
                 "cache_policy": self.cache_policy.to_dict()}
 
     def idle(self) -> bool:
-        return self.inflight == 0 and self.is_idle()
+        return self.is_idle()
 
     async def _finish_drain(self, poll_s: float = 0.1) -> None:
         quiet = 0
@@ -162,14 +158,15 @@ async def deregister(link: RouterLink) -> None:
         logger.warning("cannot deregister from %s: %r", link.router_url, exc)
 
 
-def nodes_idle(prefill: PrefillNode | None, decode: DecodeNode | None, state_lock: threading.RLock) -> bool:
-    """No request queued or running in either node, no token stream open (event loop thread)."""
+def nodes_idle(prefill: PrefillNode | None, decode: DecodeNode | None, state_lock: threading.RLock,
+               open_requests: Callable[[], int] = lambda: 0) -> bool:
+    """No request queued or running in either node, none a router still waits on (event loop thread)."""
     with state_lock:
         if prefill is not None and prefill.batcher.requests:
             return False
-        if decode is not None and (decode.scheduler.requests or decode.engine.attached):
+        if decode is not None and decode.scheduler.requests:
             return False
-    return True
+    return open_requests() == 0
 
 
 def pool_policy_applier(pool: BlockPool, state_lock: threading.RLock) -> Callable[[CachePolicy], list[str]]:
@@ -203,34 +200,6 @@ class DrainOnSigterm(uvicorn.Server):
 def _error(status: int, message: str) -> JSONResponse:
     kind = "service_unavailable" if status == 503 else "invalid_request_error"
     return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status_code=status)
-
-
-class AdmissionGate:
-    """ASGI middleware: new work of a role the worker does not admit gets 503 (the router tries another
-    worker); work calls are counted while they run, so a drain knows when the last one ended. Pure ASGI, so
-    streamed responses pass through untouched. Add it inside the shared-secret check."""
-
-    def __init__(self, app: ASGIApp, control: WorkerControl) -> None:
-        self.app = app
-        self.control = control
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        path = scope.get("path", "") if scope["type"] == "http" else ""
-        role = _WORK_PATHS.get(path)
-        if role is not None and not self.control.admits(role):
-            why = "draining" if self.control.draining else f"admitting only {list(self.control.roles)}"
-            body = {"error": {"message": f"this worker takes no {role} work now ({why})",
-                              "type": "service_unavailable", "code": 503}, "retry_after": RETRY_AFTER_S}
-            await JSONResponse(body, status_code=503, headers={"Retry-After": str(RETRY_AFTER_S)})(scope, receive, send)
-            return
-        if role is None and not path.startswith(_STREAM_PREFIX):
-            await self.app(scope, receive, send)
-            return
-        self.control.inflight += 1
-        try:
-            await self.app(scope, receive, send)
-        finally:
-            self.control.inflight -= 1
 
 
 def build_control_router(control: WorkerControl) -> APIRouter:

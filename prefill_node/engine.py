@@ -8,7 +8,7 @@
                                                            (blocks copied out now, written on the loop)
                                                      sample first tokens; batcher.update / finish
     _complete(): await sender.finish(done frame) ◀── run_coroutine_threadsafe
-                 resolve the HTTP handler's future
+                 resolve the node's future (it answers the router with PREFILLED)
 
 Layer i of the whole packed batch goes out while layer i + 1 computes. A chunk carries the blocks its tokens
 touch (a block split between two chunks goes twice; the second copy is complete); a request's first chunk also
@@ -28,7 +28,7 @@ from typing import Any
 
 from pdserve.cache_store.block_pool import blocks_needed
 from pdserve.engine.runner import ModelRunner
-from pdserve.engine.sampling import Sampler, SamplingRequest
+from pdserve.engine.sampling import Sampler, SamplingRequest, TokenLogprobs
 from pdserve.kv_transfer.base import KVSender, KVTransferError
 from pdserve.prefill_node.batcher import Batcher, PrefillPlan, ScheduledChunk
 from pdserve.prefill_node.request import PrefillRequest
@@ -37,7 +37,7 @@ logger = logging.getLogger(__name__)
 
 
 class PrefillError(RuntimeError):
-    """A prefill that did not complete; `status` is the HTTP status to answer with."""
+    """A prefill that did not complete; `status` is the HTTP-style status of the PREFILL_FAILED answer."""
 
     def __init__(self, message: str, status: int = 500) -> None:
         super().__init__(message)
@@ -48,14 +48,10 @@ class PrefillError(RuntimeError):
 class PrefillResult:
     request_id: str
     first_token_id: int
+    logprobs: TokenLogprobs | None  # when the request asked for logprobs
     num_cached_tokens: int
     num_computed_tokens: int
     prefill_s: float
-
-    def to_dict(self) -> dict[str, object]:
-        return {"request_id": self.request_id, "first_token_id": self.first_token_id,
-                "num_cached_tokens": self.num_cached_tokens, "num_computed_tokens": self.num_computed_tokens,
-                "prefill_s": self.prefill_s}
 
 
 @dataclass(frozen=True)
@@ -130,6 +126,7 @@ class PrefillEngine:
     def submit(self, request: PrefillRequest) -> asyncio.Future[PrefillResult]:
         """Queue a request; raises KVTransferError (nothing queued) when its target cannot be sent to."""
         future: asyncio.Future[PrefillResult] = asyncio.get_running_loop().create_future()
+        assert request.target is not None, "the node attaches the target before submitting"
         self.sender.begin(request.target)
         self._futures[request.request_id] = future
         with self.state_lock:
@@ -158,10 +155,10 @@ class PrefillEngine:
         else:
             future.set_result(result)
 
-    async def _complete(self, request: PrefillRequest, token_id: int, logprob: float | None,
-                        result: PrefillResult) -> None:
+    async def _complete(self, request: PrefillRequest, result: PrefillResult) -> None:
+        logprob = None if result.logprobs is None else result.logprobs.logprob
         try:
-            await self.sender.finish(request.request_id, token_id, logprob, request.num_carried_tokens)
+            await self.sender.finish(request.request_id, result.first_token_id, logprob, request.num_carried_tokens)
         except KVTransferError as exc:
             self.stats.num_failed += 1
             self._sending_since.pop(request.request_id, None)
@@ -216,7 +213,7 @@ class PrefillEngine:
             self._finish(request, *first_tokens[request.request_id])
 
     def _forward(self, plan: PrefillPlan, sends: list[_Send],
-                 broken: dict[str, str]) -> dict[str, tuple[int, float | None]]:
+                 broken: dict[str, str]) -> dict[str, tuple[int, TokenLogprobs | None]]:
         """One packed forward; returns the first token (and its logprob) of requests whose prompt ended."""
 
         def layer_done(layer: int) -> None:
@@ -241,15 +238,14 @@ class PrefillEngine:
         if not last:
             return {}
         sampled = self.sampler(output.logits, [SamplingRequest(r.sampling, r.prompt_token_ids, []) for r in last])
-        return {r.request_id: (token, None if lp is None else lp.logprob)
-                for r, token, lp in zip(last, sampled.token_ids, sampled.logprobs, strict=True)}
+        return {r.request_id: (token, lp) for r, token, lp in zip(last, sampled.token_ids, sampled.logprobs, strict=True)}
 
-    def _finish(self, request: PrefillRequest, token_id: int, logprob: float | None) -> None:
+    def _finish(self, request: PrefillRequest, token_id: int, logprobs: TokenLogprobs | None) -> None:
         self.stats.num_cached_tokens += request.num_cached_tokens
-        result = PrefillResult(request.request_id, token_id, request.num_cached_tokens,
+        result = PrefillResult(request.request_id, token_id, logprobs, request.num_cached_tokens,
                                request.num_prompt_tokens - request.num_cached_tokens,
                                time.monotonic() - request.arrival)
-        self._on_loop(self._complete(request, token_id, logprob, result))
+        self._on_loop(self._complete(request, result))
 
     def _fail_all(self, requests: list[PrefillRequest], message: str, status: int) -> None:
         if not requests:

@@ -1,13 +1,14 @@
-"""The prefill role of a worker: checks `/internal/prefill` bodies against this worker's KV layout, builds
-requests (prefix hashes, or D's blocks when colocated), looks the prompt up in the host / Redis tiers before
-queueing it (on the event loop, off the step thread), owns the engine; status and metrics."""
+"""The prefill role of a worker: checks PREFILL messages and their transfer targets against this worker's KV
+layout, builds requests (prefix hashes, or D's blocks when colocated), looks the prompt up in the host / Redis
+tiers while D's target is on its way (on the event loop, off the step thread), owns the engine; answers with the
+first token and the text it completes; status and metrics. The messages are handled in service.py."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,12 +16,15 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from pdserve.cache_store.block_pool import blocks_needed
 from pdserve.cache_store.hashing import block_hashes
+from pdserve.engine.detokenizer import Decoder
+from pdserve.engine.output import NoTextDecoder, OutputProcessor, SequenceText, logprobs_to_wire
 from pdserve.engine.sampling import SamplingParams
 from pdserve.kv_transfer.base import KVTransferError
 from pdserve.kv_transfer.target import TransferTarget
 from pdserve.prefill_node.batcher import Batcher
-from pdserve.prefill_node.engine import PrefillEngine, PrefillError
+from pdserve.prefill_node.engine import PrefillEngine, PrefillError, PrefillResult
 from pdserve.prefill_node.request import PrefillRequest
+from pdserve.protocol.messages import Prefill, Prefilled, PrefillFailed
 
 # request_id -> (D's reserved block ids, tokens D found cached) of a reservation waiting for KV; colocated only
 LocalReservations = Callable[[str], tuple[list[int], int] | None]
@@ -39,19 +43,15 @@ class PrefillNodeConfig:
     max_queued_requests: int = 1024  # queued (not yet prefilling) or being looked up; more get 503
 
 
-@dataclass(frozen=True)
-class PrefillAnswer:
-    status: int
-    body: dict[str, Any]
-
-
 class PrefillNode:
-    def __init__(self, engine: PrefillEngine, config: PrefillNodeConfig,
-                 local_reservations: LocalReservations | None = None) -> None:
+    def __init__(self, engine: PrefillEngine, config: PrefillNodeConfig, output: OutputProcessor,
+                 decoder: Decoder | None = None, local_reservations: LocalReservations | None = None) -> None:
         self.engine = engine
         self.config = config
+        self.output = output  # the first token's text and finish state, exactly as D computes them
+        self.decoder: Decoder = decoder if decoder is not None else NoTextDecoder()
         self.local_reservations = local_reservations
-        self._fetching: dict[str, bool] = {}  # request id -> aborted, while its host/Redis lookup runs
+        self._fetching: dict[str, bool] = {}  # request id -> aborted, while it waits for its target or lookup
 
     @property
     def batcher(self) -> Batcher:
@@ -68,35 +68,65 @@ class PrefillNode:
         self.engine.stop()
         await self.engine.sender.close()
 
-    async def prefill(self, request_id: str, prompt: list[int], sampling: dict[str, Any], cache_salt: str | None,
-                      transfer: dict[str, Any]) -> PrefillAnswer:
+    async def prefill(self, message: Prefill,
+                      target: Awaitable[dict[str, Any] | None] | None = None) -> Prefilled | PrefillFailed:
+        """Check, look the prefix up while D's target arrives (`target`, when the message has none), queue,
+        and answer with the first token once its KV was handed off."""
+        rid = message.request_id
         try:
-            request = self._build(request_id, prompt, sampling, cache_salt, transfer)
+            request = self._build(message)
         except ValueError as exc:
-            return _error(400, str(exc), "invalid_request_error")
-        except PrefillError as exc:
-            return _error(exc.status, str(exc), "service_unavailable")
+            return PrefillFailed(rid, 400, str(exc))
         waiting = self.num_queued()
         if waiting >= self.config.max_queued_requests:
-            if request.blocks_preassigned:  # colocated: the reference taken on D's blocks
-                with self.state_lock:
-                    self.batcher.pool.free(request.block_ids)
-            return _error(503, f"queue full: {waiting} requests wait for prefill on this worker already "
-                          f"(--max-queued-requests {self.config.max_queued_requests})", "service_unavailable", retry_after=1)
-        if not await self._fetch(request):
-            return _error(499, f"request {request_id!r} aborted while its prefix was looked up", "invalid_request_error")
+            return PrefillFailed(rid, 503, f"queue full: {waiting} requests wait for prefill on this worker "
+                                 f"already (--max-queued-requests {self.config.max_queued_requests})", retry_after=1)
+        transfer = await self._prepare(request, message.transfer, target)
+        if transfer is None:
+            return PrefillFailed(rid, 499, f"request {rid!r} aborted before it was queued")
         try:
+            self._attach_target(request, transfer)
             future = self.engine.submit(request)
-        except KVTransferError as exc:
-            if request.blocks_preassigned:
-                with self.state_lock:
-                    self.batcher.pool.free(request.block_ids)
-            return _error(409, f"cannot send KV for {request_id!r}: {exc}", "invalid_request_error")
-        try:
-            result = await future
+        except ValueError as exc:
+            return self._refuse(request, 400, str(exc))
         except PrefillError as exc:
-            return _error(exc.status, str(exc), "server_error" if exc.status >= 500 else "invalid_request_error")
-        return PrefillAnswer(200, result.to_dict())
+            return self._refuse(request, exc.status, str(exc))
+        except KVTransferError as exc:
+            return self._refuse(request, 409, f"cannot send KV for {rid!r}: {exc}")
+        try:
+            return self._answer(request, await future)
+        except PrefillError as exc:
+            return PrefillFailed(rid, exc.status, str(exc))
+
+    async def _prepare(self, request: PrefillRequest, transfer: dict[str, Any] | None,
+                       target: Awaitable[dict[str, Any] | None] | None) -> dict[str, Any] | None:
+        """Await the host / Redis lookup and, when not given, D's target; None when aborted meanwhile."""
+        rid = request.request_id
+        self._fetching[rid] = False
+        try:
+            if transfer is None and target is not None:
+                transfer, _ = await asyncio.gather(target, self._fetch(request))
+            else:
+                await self._fetch(request)
+        finally:
+            aborted = self._fetching.pop(rid)
+        return None if aborted else transfer
+
+    def _refuse(self, request: PrefillRequest, status: int, message: str) -> PrefillFailed:
+        if request.blocks_preassigned:  # colocated: the reference taken on D's blocks
+            with self.state_lock:
+                self.batcher.pool.free(request.block_ids)
+        return PrefillFailed(request.request_id, status, message)
+
+    def _answer(self, request: PrefillRequest, result: PrefillResult) -> Prefilled:
+        """The first token as D's first delta will carry it: same output processing, same text."""
+        seq = SequenceText.start(self.decoder, request.prompt_token_ids, request.sampling)
+        token = self.output.append_token(seq, result.first_token_id)
+        logprobs = None
+        if request.sampling.logprobs is not None and result.logprobs is not None:
+            logprobs = [logprobs_to_wire(result.logprobs)]
+        return Prefilled(request.request_id, result.first_token_id, token.text, token.finish_reason, logprobs,
+                         result.num_cached_tokens, result.num_computed_tokens, result.prefill_s)
 
     def num_queued(self) -> int:
         """Requests held but not yet prefilling: queued, or being looked up in host RAM / Redis."""
@@ -109,22 +139,20 @@ class PrefillNode:
             return True
         return self.engine.abort(request_id, reason)
 
-    async def _fetch(self, request: PrefillRequest) -> bool:
-        """Stage the prompt's blocks found in host RAM / Redis (the batcher loads them at admission); False
-        when the request was aborted meanwhile. Colocated requests took theirs with D's reservation."""
+    async def _fetch(self, request: PrefillRequest) -> None:
+        """Stage the prompt's blocks found in host RAM / Redis (the batcher loads them at admission).
+        Colocated requests took theirs with D's reservation."""
         tiered = self.batcher.tiered
         lookup = request.block_hashes[: (request.num_prompt_tokens - 1) // self.config.block_size]
-        if tiered is None or not tiered.has_lower_tiers or request.blocks_preassigned or not lookup:
-            return True
-        self._fetching[request.request_id] = False
+        if tiered is None or not tiered.has_lower_tiers or not lookup or self.config.transfer_backend == "local":
+            return
         try:
             request.fetched = await tiered.fetch_async(lookup, request.cache_salt)
         except Exception:  # a cache bug costs a recompute, never the request
             logger.exception("host/Redis lookup of %s failed; computing the whole prompt", request.request_id)
-        return not self._fetching.pop(request.request_id)
 
-    def _build(self, request_id: str, prompt: list[int], sampling: dict[str, Any], cache_salt: str | None,
-               transfer: dict[str, Any]) -> PrefillRequest:
+    def _build(self, message: Prefill) -> PrefillRequest:
+        prompt = message.prompt_token_ids
         if not prompt:
             raise ValueError("prompt_token_ids is empty")
         bad = [t for t in prompt if not 0 <= t < self.config.vocab_size]
@@ -133,14 +161,16 @@ class PrefillNode:
         if len(prompt) >= self.config.max_model_len:
             raise ValueError(f"prompt of {len(prompt)} tokens reaches the model's limit of "
                              f"{self.config.max_model_len} tokens")
-        params = SamplingParams.from_dict(sampling)
+        params = SamplingParams.from_dict(message.sampling)
+        hashes = block_hashes(prompt, self.config.block_size, self.config.model_fingerprint, message.cache_salt)
+        return PrefillRequest(message.request_id, list(prompt), params, None, hashes, message.cache_salt)
+
+    def _attach_target(self, request: PrefillRequest, transfer: dict[str, Any]) -> None:
         target = TransferTarget.from_dict(transfer)
-        self._check_target(target, request_id, len(prompt))
-        hashes = block_hashes(prompt, self.config.block_size, self.config.model_fingerprint, cache_salt)
-        request = PrefillRequest(request_id, list(prompt), params, target, hashes, cache_salt)
+        self._check_target(target, request.request_id, request.num_prompt_tokens)
+        request.target = target
         if target.backend == "local":
             self._take_local_blocks(request)
-        return request
 
     def _check_target(self, target: TransferTarget, request_id: str, num_tokens: int) -> None:
         cfg = self.config
@@ -198,7 +228,3 @@ class PrefillNode:
             ("transfer_seconds", stats.transfer_seconds, "per request, first KV layer sent to done written"),
         ]:
             yield CounterMetricFamily(f"pdserve_prefill_{name}", text, value)
-
-
-def _error(status: int, message: str, kind: str, **extra: Any) -> PrefillAnswer:
-    return PrefillAnswer(status, {"error": {"message": message, "type": kind, "code": status}, **extra})

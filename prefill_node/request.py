@@ -38,7 +38,7 @@ class PrefillRequest:
     request_id: str
     prompt_token_ids: list[int]
     sampling: SamplingParams
-    target: TransferTarget
+    target: TransferTarget | None  # D's reservation; set before the request is queued
     block_hashes: list[bytes]  # full prompt blocks, for the prefix cache
     cache_salt: str | None = None
     state: PrefillState = PrefillState.QUEUED
@@ -61,9 +61,11 @@ class PrefillRequest:
     @property
     def num_uncarried_blocks(self) -> int:
         """Leading blocks the receiver already has (colocated: the shared cached prefix), never sent."""
+        assert self.target is not None, "a queued request has its target"
         return blocks_needed(self.num_prompt_tokens, self.target.block_size) - len(self.target.block_ids)
 
     @property
     def num_carried_tokens(self) -> int:
         """Tokens whose K/V the transfer carries (the "done" frame's num_tokens)."""
+        assert self.target is not None, "a queued request has its target"
         return self.num_prompt_tokens - self.num_uncarried_blocks * self.target.block_size

@@ -40,7 +40,7 @@ from pdserve.router.policies import (
     make_prefill_policy,
 )
 from pdserve.router.registry import Worker
-from pdserve.router.relay import SECRET_HEADER
+from pdserve.router.internal_routes import SECRET_HEADER
 
 log = logging.getLogger(__name__)
 ROLE_NAMES = {"prefill": ("prefill",), "decode": ("decode",), "both": ("prefill", "decode")}

@@ -5,6 +5,8 @@ held in `app.state.router`; nothing lives at module level, so tests can run seve
 
     /v1/* behind the front door: API key, body size, in-flight limit (router/front_door.py)
     POST /v1/completions, /v1/chat/completions   plan (validate, tokenize) ─▶ relay.start_all ─▶ SSE | JSON
+        (the workers are reached over their data-plane links, router/worker_link.py; a client that leaves
+         before its first token is noticed and its work aborted on P and D)
     GET  /v1/models, /health, /metrics
     /internal/workers/{register,heartbeat,deregister}, GET /internal/workers   (router/internal_routes.py)
     /admin/... behind a bearer token (router/admin.py)     GET /status, /status.json (router/status_page.py)
@@ -15,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -24,21 +27,23 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from pdserve.router.admin import AdminState, build_admin_router
+from pdserve.router.channel import Channel, DeltaSink
 from pdserve.router.config import RouterConfig
 from pdserve.router.errors import APIError, install_error_handlers
 from pdserve.router.front_door import FrontDoor
 from pdserve.router.health import HealthMonitor
-from pdserve.router.internal_routes import build_internal_router
+from pdserve.router.internal_routes import SECRET_HEADER, build_internal_router
 from pdserve.router.metrics import RouterMetrics
 from pdserve.router.plan import GenerationPlan, plan_chat, plan_completion
 from pdserve.router.policies import make_decode_policy, make_prefill_policy
 from pdserve.router.prompts import TokenizerLike
 from pdserve.router.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
 from pdserve.router.registry import WorkerRegistry
-from pdserve.router.relay import SECRET_HEADER, Relay
+from pdserve.router.relay import Relay
 from pdserve.router.responses import ResponseWriter
 from pdserve.router.status_page import build_status_router
-from pdserve.router.streaming import RelayResponse, SSEStream, collect
+from pdserve.router.streaming import CLIENT_CLOSED, Relayed, SSEResponse, collect
+from pdserve.router.worker_link import WorkerLinks
 
 
 @dataclass
@@ -47,7 +52,8 @@ class RouterState:
     tokenizer: TokenizerLike
     registry: WorkerRegistry
     metrics: RouterMetrics
-    client: httpx.AsyncClient
+    client: httpx.AsyncClient  # status polls of static workers
+    links: WorkerLinks  # the data plane: one connection per worker
     relay: Relay
     health: HealthMonitor
     started: int  # unix time, the models' `created`
@@ -70,6 +76,7 @@ def create_app(config: RouterConfig, tokenizer: TokenizerLike) -> FastAPI:
         finally:
             monitor.cancel()
             await asyncio.gather(monitor, return_exceptions=True)
+            state.links.close()
             await state.client.aclose()
 
     app = FastAPI(title="pdserve router", lifespan=lifespan)
@@ -98,12 +105,13 @@ def _build_state(config: RouterConfig, tokenizer: TokenizerLike, metrics: Router
         registry.add_static(url, "prefill")
     for url in config.decode_urls:
         registry.add_static(url, "decode")
-    relay = Relay(client, registry, make_prefill_policy(config.prefill_policy, config.policy_options),
+    links = WorkerLinks(registry, config.secret, f"router-{uuid.uuid4().hex[:8]}", config.connect_timeout_s)
+    relay = Relay(links, registry, make_prefill_policy(config.prefill_policy, config.policy_options),
                   make_decode_policy(config.decode_policy, config.policy_options), config, metrics)
     headers = {SECRET_HEADER: config.secret} if config.secret else {}
-    health = HealthMonitor(registry, client, config, metrics, headers)
+    health = HealthMonitor(registry, client, config, metrics, headers, links)
     admin = AdminState(config.prefill_policy, config.decode_policy)
-    return RouterState(config, tokenizer, registry, metrics, client, relay, health, int(time.time()), admin)
+    return RouterState(config, tokenizer, registry, metrics, client, links, relay, health, int(time.time()), admin)
 
 
 def _add_openai_routes(app: FastAPI) -> None:
@@ -130,11 +138,33 @@ def _add_openai_routes(app: FastAPI) -> None:
 
 
 async def _serve(state: RouterState, plan: GenerationPlan, request: Request, arrival: float) -> Response:
-    streams = await state.relay.start_all(plan.subrequests)
-    writer = ResponseWriter(plan, state.tokenizer)
+    sink = DeltaSink()
+    channels = await _start(state, plan, sink, request)
+    relayed = Relayed(channels, sink, ResponseWriter(plan, state.tokenizer), state.metrics, arrival)
     if plan.stream:
-        return RelayResponse(SSEStream(streams, writer, state.metrics, arrival))
-    return JSONResponse(await collect(streams, writer, state.metrics, arrival, request))
+        return SSEResponse(relayed)
+    return JSONResponse(await collect(relayed, request))
+
+
+async def _start(state: RouterState, plan: GenerationPlan, sink: DeltaSink, request: Request) -> list[Channel]:
+    """Start every choice; a client that hangs up meanwhile cancels the start (the channels abort on P and D)."""
+    start = asyncio.create_task(state.relay.start_all(plan.subrequests, sink))
+    watch = asyncio.create_task(_disconnected(request))
+    try:
+        await asyncio.wait({start, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+        if not start.done():
+            start.cancel()
+            await asyncio.gather(start, return_exceptions=True)
+    if start.cancelled():
+        raise APIError(CLIENT_CLOSED, "client closed the request before its first token")
+    return start.result()
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def _add_service_routes(app: FastAPI) -> None:

@@ -11,14 +11,16 @@ import httpx
 from pdserve.router.config import RouterConfig
 from pdserve.router.metrics import RouterMetrics
 from pdserve.router.registry import ROLES, Worker, WorkerLoad, WorkerRegistry
+from pdserve.router.worker_link import WorkerLinks
 
 log = logging.getLogger(__name__)
 
 
 class HealthMonitor:
     def __init__(self, registry: WorkerRegistry, client: httpx.AsyncClient, config: RouterConfig,
-                 metrics: RouterMetrics, headers: dict[str, str]) -> None:
+                 metrics: RouterMetrics, headers: dict[str, str], links: WorkerLinks | None = None) -> None:
         self._registry = registry
+        self._links = links
         self._client = client
         self._config = config
         self._metrics = metrics
@@ -39,6 +41,8 @@ class HealthMonitor:
             log.warning("dropping worker %s (%s): no heartbeat for %.1f s", worker.worker_id, worker.url,
                         self._config.worker_timeout_s)
             self._metrics.forget_worker(worker.worker_id)
+            if self._links is not None:
+                self._links.forget(worker.worker_id)
         await asyncio.gather(*(self._poll(w) for w in self._registry.static_workers()))
         for role in ROLES:
             self._metrics.workers.labels(role).set(len(self._registry.candidates(role)))
@@ -64,6 +68,9 @@ def _take_cache_summary(worker: Worker, data: dict) -> None:
     """Static workers do not register: their status gives the fingerprint and the cached-block summary."""
     if worker.fingerprint is None and isinstance(data.get("fingerprint"), str):
         worker.fingerprint = data["fingerprint"]
+    port = data.get("data_port")
+    if type(port) is int and 0 < port < 65536:
+        worker.data_port = port
     summary = data.get("cached_blocks")
     if isinstance(summary, str):
         try:

@@ -12,9 +12,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from pdserve.router.errors import APIError, bad_request, unauthorized
 from pdserve.router.health import load_from_dict
-from pdserve.router.relay import SECRET_HEADER
 
 log = logging.getLogger(__name__)
+SECRET_HEADER = "X-PDServe-Secret"  # the shared secret on every /internal/* call, router and workers alike
 
 
 class WorkerRegistration(BaseModel):
@@ -29,6 +29,7 @@ class WorkerRegistration(BaseModel):
     num_blocks: int | None = None
     transfer: dict[str, Any] = Field(default_factory=dict)
     fingerprint: str | None = None
+    data_port: int | None = Field(default=None, ge=1, le=65535)
 
 
 class Heartbeat(BaseModel):
@@ -80,7 +81,7 @@ def build_internal_router() -> APIRouter:
             worker = state.registry.register(
                 body.worker_id, body.url, tuple(body.roles), model=body.model, max_model_len=body.max_model_len,
                 block_size=body.block_size, num_blocks=body.num_blocks, transfer=body.transfer,
-                fingerprint=body.fingerprint)
+                fingerprint=body.fingerprint, data_port=body.data_port)
         except ValueError as exc:
             raise bad_request(str(exc), param="roles") from exc
         if body.num_blocks:
@@ -112,6 +113,7 @@ def build_internal_router() -> APIRouter:
         if worker is None:
             raise APIError(404, f"worker {body.worker_id} is not registered", code="worker_not_found")
         state.metrics.forget_worker(worker.worker_id)
+        state.links.forget(worker.worker_id)
         log.info("worker %s (%s) left", worker.worker_id, worker.url)
         return {"worker_id": worker.worker_id}
 

@@ -61,6 +61,7 @@ class Worker:
     draining: bool = False  # set by the admin API: no new work from this router, whatever the worker reports
     paused: bool = False  # while the admin API switches its role
     fingerprint: str | None = None  # the model fingerprint its block hashes are chained with (registration)
+    data_port: int | None = None  # where its data plane listens (registration, or a static worker's status)
     prefixes: CachedPrefixes = field(default_factory=CachedPrefixes)  # cache_aware's view of its prefix cache
 
     def kv_usage(self) -> float:

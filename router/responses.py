@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from pdserve.router.frames import Frame
+from pdserve.protocol.messages import TokenDelta
 from pdserve.router.plan import GenerationPlan
 from pdserve.router.prompts import TokenizerLike
 from pdserve.router.protocol import (
@@ -55,7 +55,7 @@ class ResponseWriter:
         self._chunk_head = b"data: " + (head[:-1] + ',"choices":[').encode()
         self._chunk_tail = b'],"usage":null}\n\n' if plan.include_usage else b"]}\n\n"
 
-    def record(self, position: int, frame: Frame) -> None:
+    def record(self, position: int, frame: TokenDelta) -> None:
         choice = self.choices[position]
         if frame.text:
             choice.texts.append(frame.text)
@@ -67,7 +67,7 @@ class ResponseWriter:
             choice.completion_tokens = frame.completion_tokens or choice.num_tokens
             choice.cached_tokens = frame.cached_tokens
 
-    def chunk_event(self, position: int, frame: Frame) -> bytes | None:
+    def chunk_event(self, position: int, frame: TokenDelta) -> bytes | None:
         """The SSE event for one frame (None when it carries nothing a client sees)."""
         choice = self.choices[position]
         logprobs = None

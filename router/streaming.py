@@ -1,185 +1,159 @@
-"""Relaying started sub-requests to the client: as SSE events, or collected into one JSON body.
+"""Relaying started channels to the client: as server-sent events, or collected into one JSON body.
 
-Whatever ends the relay (last frame, worker failure, client gone) the `finally` closes every DecodeStream,
-shielded from cancellation: closing a stream early is how a decode worker learns to free the request.
+Streaming, one ASGI response per request (no generator, no per-token task):
+
+    sink.take() ─▶ every delta that arrived since the last write ─▶ one event per choice ─▶ one send()
+         ▲                                                                                      │
+         └──────────────────────────── uvicorn's send waits while the client's socket is full ◀─┘
+
+So a token is written as soon as the TOKENS message that carries it is read; deltas of one choice are merged
+into one event only when several queued while the previous write waited (the client's socket was full, or
+the router's loop was busy): the stream stays smooth when all keeps up and catches up in one write when not.
+
+Whatever ends the relay (last delta, a worker failure, the client gone) closes every channel, which sends
+ABORT to the workers still holding the request; a disconnect is noticed while waiting, not at the next write.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
 
-import anyio
 from starlette.requests import Request
-from starlette.responses import StreamingResponse
+from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from pdserve.router.decode_stream import DecodeStream, WorkerFailed
+from pdserve.protocol.messages import TokenDelta
+from pdserve.router.channel import Channel, DeltaSink, WorkerFailed
 from pdserve.router.errors import APIError
-from pdserve.router.frames import Frame
 from pdserve.router.metrics import RouterMetrics, StreamTimer
-from pdserve.router.relay import finish_despite_cancel, upstream_error
+from pdserve.router.relay import upstream_error
 from pdserve.router.responses import DONE_EVENT, ResponseWriter
 
 CLIENT_CLOSED = 499  # nginx's status for "client closed the request", used in the request counter
-_FAILED_FINISH = ("abort", "error")
+_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
+            (b"x-accel-buffering", b"no")]
 
 
-class SSEStream:
-    """The events of one streaming response. Closed exactly once, by whichever comes first: the end of the
-    events, or RelayResponse's finally (the client left, possibly before the first event was asked for)."""
+class _ClientGone(Exception):
+    pass
 
-    def __init__(self, streams: list[DecodeStream], writer: ResponseWriter, metrics: RouterMetrics,
+
+class Relayed:
+    """The channels of one response, their sink and timers; `deltas()` yields merged batches."""
+
+    def __init__(self, channels: list[Channel], sink: DeltaSink, writer: ResponseWriter, metrics: RouterMetrics,
                  arrival: float) -> None:
-        self._streams = streams
-        self._writer = writer
-        self._metrics = metrics
-        self._arrival = arrival
-        self._status = CLIENT_CLOSED
-        self._closed = False
+        self.channels = channels
+        self.sink = sink
+        self.writer = writer
+        self.metrics = metrics
+        self._timers = [StreamTimer(metrics, arrival) for _ in channels]
+        self._open = len(channels)
 
-    async def events(self) -> AsyncIterator[bytes]:
-        writer = self._writer
-        try:
-            if writer.plan.chat:
-                yield writer.role_event()
-            async for position, frame in _frames(self._streams, writer, self._metrics, self._arrival):
-                event = writer.chunk_event(position, frame)
-                if event is not None:
-                    yield event
-            if writer.plan.include_usage:
-                yield writer.usage_event()
-            self._status = 200
-            yield DONE_EVENT
-        except APIError as exc:
-            self._status = exc.status
-            yield exc.sse_event()
-            yield DONE_EVENT
-        finally:
-            with anyio.CancelScope(shield=True):
-                await self.close()
+    @property
+    def done(self) -> bool:
+        return self._open == 0
 
-    async def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        await close_all(self._streams)
-        self._metrics.count_request(self._status)
+    async def next_batch(self) -> list[tuple[int, TokenDelta]]:
+        """The deltas that arrived since the last call, merged per choice, each recorded in the writer."""
+        items = await self.sink.take()
+        now = time.perf_counter()
+        merged: dict[int, TokenDelta] = {}
+        for position, item in items:
+            if position < 0:
+                raise _ClientGone
+            if isinstance(item, WorkerFailed):
+                raise upstream_error(str(item))
+            if item.failed:
+                channel = self.channels[position]
+                raise upstream_error(f"decode worker {channel.decode.worker_id} ended {channel.request_id} "
+                                     f"with {item.finish_reason}: {item.error}")
+            self._timers[position].on_frame(now)
+            previous = merged.get(position)
+            merged[position] = item if previous is None else _merge(previous, item)
+        for position, delta in merged.items():
+            self.writer.record(position, delta)
+            if delta.finish_reason is not None:
+                self._finish(position)
+        return list(merged.items())
+
+    def _finish(self, position: int) -> None:
+        self._open -= 1
+        channel, choice = self.channels[position], self.writer.choices[position]
+        numbers = channel.prefill_numbers
+        if numbers is not None:  # D may not know how much of the prompt P found cached: P's count
+            choice.cached_tokens = max(choice.cached_tokens, numbers.num_cached_tokens)
+            self.metrics.prefill.observe(numbers.prefill_s)
+        self._timers[position].on_finish(choice.completion_tokens, len(channel.sub.prompt_token_ids),
+                                         choice.cached_tokens)
+
+    def close(self, reason: str) -> None:
+        for channel in self.channels:
+            channel.close(reason)
 
 
-class RelayResponse(StreamingResponse):
-    """Server-sent events of an SSEStream, which is closed however the response ends."""
+def _merge(a: TokenDelta, b: TokenDelta) -> TokenDelta:
+    logprobs = None if a.logprobs is None and b.logprobs is None else (a.logprobs or []) + (b.logprobs or [])
+    return TokenDelta(b.request_id, a.token_ids + b.token_ids, a.text + b.text, b.finish_reason, logprobs,
+                      b.prompt_tokens, b.completion_tokens, b.cached_tokens, b.error)
 
-    def __init__(self, stream: SSEStream) -> None:
-        super().__init__(stream.events(), media_type="text/event-stream",
-                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        self._stream = stream
+
+class SSEResponse(Response):
+    """Server-sent events of a Relayed, written straight to the ASGI `send`."""
+
+    def __init__(self, relayed: Relayed) -> None:  # no body: Response.__init__ is not needed
+        self.relayed = relayed
+        self.status_code = 200
+        self.background = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        relayed, status = self.relayed, CLIENT_CLOSED
+        watcher = asyncio.get_running_loop().create_task(_watch_disconnect(receive, relayed.sink))
         try:
-            await super().__call__(scope, receive, send)
+            await send({"type": "http.response.start", "status": 200, "headers": _HEADERS})
+            status = await self._events(send)
         finally:
-            with anyio.CancelScope(shield=True):
-                await self.body_iterator.aclose()  # type: ignore[attr-defined]
-                await self._stream.close()
+            watcher.cancel()
+            relayed.close("the client went away" if status == CLIENT_CLOSED else "the response ended")
+            relayed.metrics.count_request(status)
 
-
-async def collect(streams: list[DecodeStream], writer: ResponseWriter, metrics: RouterMetrics,
-                  arrival: float, request: Request) -> dict:
-    """The whole response; stops early (closing the streams) if the client disconnects while waiting."""
-    relay = asyncio.create_task(_collect(streams, writer, metrics, arrival))
-    watch = asyncio.create_task(_wait_for_disconnect(request))
-    try:
-        await asyncio.wait({relay, watch}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in (relay, watch):
-            task.cancel()
-        await asyncio.gather(relay, watch, return_exceptions=True)
-        await finish_despite_cancel(close_all(streams))
-    if relay.cancelled():
-        raise APIError(CLIENT_CLOSED, "client closed the request")
-    if relay.exception() is not None:
-        raise relay.exception()  # type: ignore[misc]
-    metrics.count_request(200)
-    return relay.result()
-
-
-async def _collect(streams: list[DecodeStream], writer: ResponseWriter, metrics: RouterMetrics,
-                   arrival: float) -> dict:
-    async for _ in _frames(streams, writer, metrics, arrival):
-        pass
-    return writer.final_body()
-
-
-async def _wait_for_disconnect(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
-async def _frames(streams: list[DecodeStream], writer: ResponseWriter, metrics: RouterMetrics,
-                  arrival: float) -> AsyncIterator[tuple[int, Frame]]:
-    """Every stream's frames, recorded in the writer and timed; a failed stream raises APIError."""
-    timers = [StreamTimer(metrics, arrival) for _ in streams]
-    source = _single(streams[0]) if len(streams) == 1 else _merged(streams)
-    try:
-        async for position, frame in source:
-            timers[position].on_frame(time.perf_counter())
-            if frame.finish_reason in _FAILED_FINISH or frame.error:
-                stream = streams[position]
-                raise upstream_error(f"decode worker {stream.decode.worker_id} ended {stream.sub.request_id} "
-                                     f"with {frame.finish_reason}: {frame.error}")
-            writer.record(position, frame)
-            if frame.finish_reason is not None:
-                choice = writer.choices[position]
-                # a disaggregated D cannot know how much of the prompt P found cached (it reports 0): P's count
-                choice.cached_tokens = max(choice.cached_tokens, streams[position].prefill.num_cached_tokens)
-                timers[position].on_finish(choice.completion_tokens, len(streams[position].sub.prompt_token_ids),
-                                           choice.cached_tokens)
-            yield position, frame
-    except WorkerFailed as exc:
-        raise upstream_error(str(exc)) from exc
-    unfinished = [c.index for c in writer.choices if c.finish_reason is None]
-    if unfinished:  # DecodeStream.frames raises first; this guards the merge against any other ending
-        raise upstream_error(f"choices {unfinished} ended without a finish frame")
-
-
-async def _single(stream: DecodeStream) -> AsyncIterator[tuple[int, Frame]]:
-    async for frame in stream.frames():
-        yield 0, frame
-
-
-async def _merged(streams: list[DecodeStream]) -> AsyncIterator[tuple[int, Frame]]:
-    """Frames of several streams in arrival order (n > 1 or several prompts)."""
-    queue: asyncio.Queue[tuple[int, Frame | None, BaseException | None]] = asyncio.Queue()
-
-    async def pump(position: int, stream: DecodeStream) -> None:
-        error: WorkerFailed | None = None
+    async def _events(self, send: Send) -> int:
+        relayed, writer = self.relayed, self.relayed.writer
+        body = writer.role_event() if writer.plan.chat else b""
         try:
-            async for frame in stream.frames():
-                queue.put_nowait((position, frame, None))
-        except WorkerFailed as exc:  # handed to the consumer, which raises it
-            error = exc
-        finally:  # always tell the consumer this stream is over, or it would wait forever
-            queue.put_nowait((position, None, error))
+            while not relayed.done:
+                batch = await relayed.next_batch()
+                events = [writer.chunk_event(position, delta) for position, delta in batch]
+                body += b"".join(e for e in events if e is not None)
+                if body:
+                    await send({"type": "http.response.body", "body": body, "more_body": True})
+                    body = b""
+            status, tail = 200, (writer.usage_event() if writer.plan.include_usage else b"") + DONE_EVENT
+        except _ClientGone:
+            return CLIENT_CLOSED
+        except APIError as exc:
+            status, tail = exc.status, body + exc.sse_event() + DONE_EVENT
+        await send({"type": "http.response.body", "body": tail, "more_body": False})
+        return status
 
-    pumps = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+
+async def _watch_disconnect(receive: Receive, sink: DeltaSink) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    sink.put(-1, WorkerFailed("the client went away"))  # wakes the writer: position -1 means "gone"
+
+
+async def collect(relayed: Relayed, request: Request) -> dict:
+    """The whole response; stops early (closing the channels) if the client disconnects while waiting."""
+    watcher = asyncio.get_running_loop().create_task(_watch_disconnect(request.receive, relayed.sink))
     try:
-        remaining = len(streams)
-        while remaining:
-            position, frame, error = await queue.get()
-            if error is not None:
-                raise error
-            if frame is None:
-                remaining -= 1
-                continue
-            yield position, frame
+        while not relayed.done:
+            await relayed.next_batch()
+    except _ClientGone:
+        raise APIError(CLIENT_CLOSED, "client closed the request") from None
     finally:
-        for task in pumps:
-            task.cancel()
-        with anyio.CancelScope(shield=True):
-            await asyncio.gather(*pumps, return_exceptions=True)
-
-
-async def close_all(streams: list[DecodeStream]) -> None:
-    await asyncio.gather(*(stream.close() for stream in streams))
+        watcher.cancel()
+        relayed.close("the response ended")
+    relayed.metrics.count_request(200)
+    return relayed.writer.final_body()

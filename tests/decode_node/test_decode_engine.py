@@ -16,7 +16,7 @@ import torch
 
 from pdserve.cache_store.block_pool import BlockPool, assert_no_leak, blocks_needed
 from pdserve.decode_node.engine import DecodeEngine
-from pdserve.decode_node.output import OutputProcessor
+from pdserve.engine.output import OutputProcessor
 from pdserve.decode_node.request import DecodeRequest
 from pdserve.decode_node.scheduler import Scheduler
 from pdserve.engine.attention_metadata import PrefillChunk

@@ -7,7 +7,7 @@ import pytest
 from test_scheduler import BS, EOS_ID, ids, make, run_to_end
 
 from pdserve.cache_store.block_pool import BlockPool, assert_no_leak
-from pdserve.decode_node.output import OutputProcessor
+from pdserve.engine.output import OutputProcessor
 from pdserve.decode_node.request import RequestState
 from pdserve.decode_node.scheduler import Scheduler
 

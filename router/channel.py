@@ -1,0 +1,224 @@
+"""One sub-request's traffic on its two links, and the sink that gathers a response's deltas.
+
+    Channel (per attempt)                                         DeltaSink (per response)
+    ─────────────────────                                         ────────────────────────
+    D: RESERVED / REFUSED ─▶ reserve_answer (a future)
+    P: PREFILLED ─────────▶ the first token, unless D's came first ─┐
+    D: TOKENS delta ──────▶ D's first token is dropped when P's came ├─▶ pending (position, delta) ─▶ the writer
+                            first (the same token, the same text)    │   wakes once for every batch of them
+    P: PREFILL_FAILED, D's error before the first token,             │
+       a link lost ──────▶ `failure` (the relay retries on other workers while nothing reached the client)
+                            after the first token: a failed delta in the sink (the client gets an error event)
+
+The first token is the first of P's PREFILLED and D's first delta: P samples it and sends it to the router and
+(with the KV's "done" frame) to D at once; both compute its text with engine/output.py, so they agree to the
+character, and whichever arrives first is relayed. (Should D's KV load fail after P's token went out, D's
+recompute samples the same token when sampling is greedy or seeded; unseeded sampling may differ then.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass
+
+from pdserve.protocol.messages import (
+    Abort,
+    Message,
+    Prefilled,
+    PrefillFailed,
+    Refused,
+    Reserved,
+    TokenDelta,
+)
+from pdserve.router.plan import SubRequest
+from pdserve.router.registry import Worker
+from pdserve.router.worker_link import LinkDown, WorkerLink
+
+
+class WorkerFailed(Exception):
+    """A worker could not do its part (refused, failed, link lost); the message names it.
+
+    `role` says whose part failed: a failed prefill worker is not tried again for the request, a failed decode
+    worker is (the registry learns it is gone). `reason` labels `pdserve_retries`."""
+
+    def __init__(self, message: str, role: str = "prefill", reason: str = "prefill_failed") -> None:
+        super().__init__(message)
+        self.role = role
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class PrefillNumbers:
+    num_cached_tokens: int = 0
+    num_computed_tokens: int = 0
+    prefill_s: float = 0.0
+
+
+class DeltaSink:
+    """Where a response's channels put their deltas; `take` waits until there is at least one."""
+
+    __slots__ = ("pending", "_waiter")
+
+    def __init__(self) -> None:
+        self.pending: list[tuple[int, TokenDelta | WorkerFailed]] = []
+        self._waiter: asyncio.Future[None] | None = None
+
+    def put(self, position: int, item: TokenDelta | WorkerFailed) -> None:
+        self.pending.append((position, item))
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def take(self) -> list[tuple[int, TokenDelta | WorkerFailed]]:
+        while not self.pending:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        items, self.pending = self.pending, []
+        return items
+
+
+class Channel:
+    def __init__(self, sub: SubRequest, request_id: str, position: int, sink: DeltaSink,
+                 prefill: WorkerLink) -> None:
+        self.sub = sub
+        self.request_id = request_id
+        self.position = position
+        self.sink = sink
+        self.prefill_link = prefill
+        self.decode_link: WorkerLink | None = None
+        loop = asyncio.get_running_loop()
+        self.reserve_answer: asyncio.Future[Reserved | Refused] = loop.create_future()
+        self.started: asyncio.Future[None] = loop.create_future()  # first token relayed, or a failure
+        self.prefill_numbers: PrefillNumbers | None = None  # P's answer, once it came
+        self.prefill_answered = False
+        self.first_from: str | None = None  # "prefill" | "decode"
+        self._decode_tokens_seen = False
+        self.finished = False  # the client has the last delta (or an error)
+        self.decode_finished = False  # D sent its last delta: nothing to abort there
+        self.decode_counted = False  # the relay counted this channel in the decode worker's `inflight`
+
+    @property
+    def decode(self) -> Worker:
+        assert self.decode_link is not None
+        return self.decode_link.worker
+
+    @property
+    def prefill(self) -> Worker:
+        return self.prefill_link.worker
+
+    def use_decode(self, link: WorkerLink) -> None:
+        """Ask `link`'s worker for the reservation next (a fresh answer future)."""
+        self.decode_link = link
+        self.reserve_answer = asyncio.get_running_loop().create_future()
+        link.subscribe(self.request_id, self)
+
+    def leave_decode(self, abort: bool = False) -> None:
+        """That decode worker will not hold the request (refused, silent, lost)."""
+        link, self.decode_link = self.decode_link, None
+        if link is None:
+            return
+        if link is not self.prefill_link:
+            link.unsubscribe(self.request_id)
+        if abort and link.up:
+            with contextlib.suppress(LinkDown):
+                link.send(Abort(self.request_id, "no answer to the reservation in time"))
+
+    # ---- from the links -------------------------------------------------------------------------
+
+    def on_message(self, link: WorkerLink, message: Message) -> None:
+        if isinstance(message, Reserved | Refused):
+            if link is self.decode_link and not self.reserve_answer.done():
+                self.reserve_answer.set_result(message)
+        elif isinstance(message, Prefilled):
+            self._on_prefilled(message)
+        elif isinstance(message, PrefillFailed):
+            self.prefill_answered = True
+            if message.status == 400:
+                self._fail(WorkerFailed(f"prefill worker refused the request: {message.message}", "client",
+                                        "bad_request"))
+            else:
+                self._fail(WorkerFailed(f"{self.prefill.worker_id} answered {message.status}: {message.message}"))
+
+    def _on_prefilled(self, message: Prefilled) -> None:
+        self.prefill_answered = True
+        self.prefill_numbers = PrefillNumbers(message.num_cached_tokens, message.num_computed_tokens,
+                                              message.prefill_s)
+        if self.first_from is not None:
+            return
+        self.first_from = "prefill"
+        prompt = len(self.sub.prompt_token_ids)
+        self._relay(TokenDelta(self.request_id, [message.first_token_id], message.text, message.finish_reason,
+                               message.logprobs, prompt, 1, message.num_cached_tokens))
+
+    def on_delta(self, link: WorkerLink, delta: TokenDelta) -> None:
+        if link is not self.decode_link or self.finished:
+            return
+        if delta.finish_reason is not None:
+            self.decode_finished = True
+        if delta.failed and self.first_from is None:
+            self._fail(WorkerFailed(f"decode worker {self.decode.worker_id} ended {self.request_id} before its "
+                                    f"first token ({delta.finish_reason}: {delta.error})", "prefill", "kv_failed"))
+            return
+        if delta.token_ids and not self._decode_tokens_seen:
+            self._decode_tokens_seen = True
+            if self.first_from == "prefill":  # P's copy of this token went out already
+                if delta.finish_reason is None:
+                    return
+                delta = TokenDelta(delta.request_id, [], "", delta.finish_reason, None, delta.prompt_tokens,
+                                   delta.completion_tokens, delta.cached_tokens, delta.error)
+            else:
+                self.first_from = "decode"
+        self._relay(delta)
+
+    def on_link_lost(self, link: WorkerLink, reason: str) -> None:
+        if self.finished:
+            return
+        if link is self.decode_link:
+            self.decode_finished = True  # nothing left there to abort
+            if not self.reserve_answer.done():
+                self.reserve_answer.set_exception(WorkerFailed(
+                    f"decode worker {link.worker_id} lost: {reason}", "decode", "decode_failed"))
+                return
+            self._fail(WorkerFailed(f"decode worker {link.worker_id} lost: {reason}", "decode", "decode_failed"))
+        elif link is self.prefill_link and self.first_from is None:
+            self.prefill_answered = True
+            self._fail(WorkerFailed(f"prefill worker {link.worker_id} lost: {reason}"))
+
+    # ---- to the response ------------------------------------------------------------------------
+
+    def _relay(self, delta: TokenDelta) -> None:
+        if delta.finish_reason is not None:
+            self.finished = True
+        self.sink.put(self.position, delta)
+        if not self.started.done():
+            self.started.set_result(None)
+
+    def _fail(self, failure: WorkerFailed) -> None:
+        if not self.started.done():
+            self.started.set_exception(failure)  # the relay retries, or answers with an error status
+            self.started.exception()  # retrieved: a channel given up on must not log "never retrieved"
+            return
+        if not self.finished:
+            self.finished = True
+            self.sink.put(self.position, failure)
+
+    # ---- closing --------------------------------------------------------------------------------
+
+    def close(self, reason: str) -> None:
+        """Leave both links; abort wherever work may still be held (no waiting: the sends are queued)."""
+        self.finished = True
+        if self.decode_counted and self.decode_link is not None:
+            self.decode_counted = False
+            self.decode.inflight -= 1
+        for link, busy in ((self.prefill_link, not self.prefill_answered),
+                           (self.decode_link, not self.decode_finished)):
+            if link is None:
+                continue
+            link.unsubscribe(self.request_id)
+            if busy and link.up:
+                with contextlib.suppress(LinkDown):
+                    link.send(Abort(self.request_id, reason))
