@@ -27,10 +27,12 @@ from pdserve.decode_node.request import RequestState
 from pdserve.decode_node.scheduler import DecodeBatch, RequestOutput, Scheduler
 from pdserve.engine.attention_metadata import DecodeInput, PrefillChunk
 from pdserve.engine.runner import ModelRunner
-from pdserve.engine.sampling import Sampler, TokenLogprobs
+from pdserve.engine.sampling import PendingSample, Sampler, TokenLogprobs
 
 logger = logging.getLogger(__name__)
-STEP_PHASES = ("schedule", "forward", "sample", "update", "publish")
+# schedule: the next step planned; launch: its inputs staged and its forward and draw queued (on CPU the
+# forward runs here); wait: for the step in flight's ids; update: finish checks and text; publish: hand-off
+STEP_PHASES = ("schedule", "launch", "wait", "update", "publish")
 
 
 @dataclass
@@ -41,8 +43,9 @@ class DecodeStats:
     num_generated_tokens: int = 0
     num_recomputed_tokens: int = 0
     step_seconds: float = 0.0
+    num_batched_rows: int = 0  # decode rows over all steps: / num_steps is the mean decode batch
     # where a step's time goes (wall seconds per phase, summed over steps): the serving overhead a profile of
-    # the forward alone does not see. "forward" includes waiting for model_lock (a colocated prefill)
+    # the forward alone does not see. "launch" includes waiting for model_lock (a colocated prefill)
     phase_seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STEP_PHASES, 0.0))
     forward_cpu_seconds: float = 0.0  # CPU time of the step thread inside forwards (torch's other threads not
     # counted): forward wall time well above it means the thread waited (for a core, the GIL or model_lock)
@@ -64,10 +67,19 @@ class DecodeStats:
         self.step_seconds += self._mark - self._step_start
 
 
+@dataclass(frozen=True)
+class _Launched:
+    """A step whose forward and draw are queued on the device; its ids are read by `_complete`."""
+
+    batch: DecodeBatch
+    sample: PendingSample
+
+
 class DecodeEngine:
     def __init__(self, scheduler: Scheduler, runner: ModelRunner, sampler: Sampler,
-                 state_lock: threading.RLock, model_lock: threading.Lock) -> None:
+                 state_lock: threading.RLock, model_lock: threading.Lock, async_scheduling: bool = True) -> None:
         self.scheduler = scheduler
+        self.async_scheduling = async_scheduling
         self.runner = runner
         self.sampler = sampler
         self.state_lock = state_lock
@@ -137,56 +149,96 @@ class DecodeEngine:
         return request is not None
 
     # ---- the step thread ----------------------------------------------------------------------------
+    #
+    # One iteration, with step N on the device (`in_flight`):
+    #   schedule N+1 (its carried rows read N's tokens on the device) ─▶ launch N+1 (inputs staged in pinned
+    #   memory, graph replay, sampling; nothing waits) ─▶ wait for N's ids ─▶ update N ─▶ publish N's deltas
+    # so the host's work for N+1 and for N's outputs runs while N+1 computes. `async_scheduling` False (or a
+    # batch that `needs_drain`) completes N before scheduling: the synchronous loop, with the same outputs.
 
     def _run(self) -> None:
+        in_flight: _Launched | None = None
         while not self._stop.is_set():
             self._wake.clear()  # before scheduling: a wake-up that arrives after it is not lost
             self.stats.start_step()
-            with self.state_lock:
-                batch = self.scheduler.schedule()
-            if batch.outputs:
-                self._publish(batch.outputs)
-            if batch.empty:
-                self._wake.wait(timeout=0.5)
-                continue
-            self.stats.charge("schedule")
-            self._publish(self._step(batch))
-            self.stats.charge("publish")
+            batch = self._schedule()
+            if batch.needs_drain:
+                in_flight = self._finish(in_flight)
+                batch = self._schedule()
+            launched = None
+            if not batch.empty:
+                launched = self._launch(batch, in_flight)
+                if launched is None:  # the launch failed: its requests end, once the step before completed
+                    in_flight = self._finish(in_flight)
+                    with self.state_lock:
+                        self._publish(self.scheduler.fail_batch(batch, "decode step failed (see the log)"))
+            self._finish(in_flight)
+            in_flight = launched if self.async_scheduling else self._finish(launched)
             self.stats.end_step()
+            if in_flight is None and batch.empty:
+                self._wake.wait(timeout=0.5)
+        self._finish(in_flight)
 
-    def _step(self, batch: DecodeBatch) -> list[RequestOutput]:
-        try:
-            token_ids, logprobs = self._forward(batch)
-        except Exception as exc:  # a failed step must end its requests, not the worker
-            logger.exception("decode step of %d requests failed", len(batch.decode))
-            with self.state_lock:
-                return self.scheduler.fail_batch(batch, f"decode step failed: {exc!r}")
+    def _finish(self, launched: _Launched | None) -> None:
+        """Complete a launched step (if any) and publish its deltas; returns None (nothing in flight)."""
+        if launched is not None:
+            self._publish(self._complete(launched))
+        return None
+
+    def _schedule(self) -> DecodeBatch:
         with self.state_lock:
-            outputs = self.scheduler.update(batch, token_ids, logprobs)
-        self.stats.charge("update")
-        self.stats.num_steps += 1
-        self.stats.num_generated_tokens += len(token_ids)
-        return outputs
+            batch = self.scheduler.schedule()
+        self.stats.charge("schedule")
+        if batch.outputs:
+            self._publish(batch.outputs)
+        return batch
 
-    def _forward(self, batch: DecodeBatch) -> tuple[list[int], list[TokenLogprobs | None]]:
+    def _launch(self, batch: DecodeBatch, in_flight: _Launched | None) -> _Launched | None:
+        """Queue the step's forward and draw; None when that raised."""
+        try:
+            launched = _Launched(batch, self._forward(batch, in_flight))
+        except Exception:  # a failed step must end its requests, not the worker
+            logger.exception("decode step of %d requests failed", len(batch.decode))
+            launched = None
+        self.stats.charge("launch")
+        return launched
+
+    def _forward(self, batch: DecodeBatch, in_flight: _Launched | None) -> PendingSample:
         chunks = [PrefillChunk(item.token_ids, 0, item.block_ids, need_logits=False) for item in batch.recompute]
-        items = [DecodeInput(item.token_id, item.position, item.block_ids) for item in batch.decode]
+        items = [DecodeInput(item.token_id, item.position, item.block_ids, item.source_row) for item in batch.decode]
         requests = [item.request.sampling_request() for item in batch.decode]
+        carried = in_flight.sample.tokens if in_flight is not None else None
         cpu = time.thread_time()
         with self.model_lock:
             if chunks:
                 self.runner.prefill(chunks)
                 self.stats.num_recomputed_tokens += sum(len(c.token_ids) for c in chunks)
-            logits = self.runner.decode(items)
+            logits = self.runner.decode(items, carried)
+        sample = self.sampler.sample(logits, requests)
         self.stats.forward_cpu_seconds += time.thread_time() - cpu
-        self.stats.charge("forward")
-        sampled = self.sampler(logits, requests)
-        self.stats.charge("sample")
-        return sampled.token_ids, sampled.logprobs
+        return sample
+
+    def _complete(self, launched: _Launched) -> list[RequestOutput]:
+        """Wait for the step's ids, then update the requests."""
+        try:
+            sampled = launched.sample.result()
+        except Exception as exc:  # a device error surfaces at the first wait
+            logger.exception("decode step of %d requests failed", len(launched.batch.decode))
+            with self.state_lock:
+                return self.scheduler.fail_batch(launched.batch, f"decode step failed: {exc!r}")
+        self.stats.charge("wait")
+        with self.state_lock:
+            outputs = self.scheduler.update(launched.batch, sampled.token_ids, sampled.logprobs)
+        self.stats.charge("update")
+        self.stats.num_steps += 1
+        self.stats.num_generated_tokens += len(sampled.token_ids)
+        self.stats.num_batched_rows += len(launched.batch.decode)
+        return outputs
 
     def _publish(self, outputs: list[RequestOutput]) -> None:
         if outputs and self._loop is not None and not self._loop.is_closed():
             self._loop.call_soon_threadsafe(self.deliver, outputs)
+        self.stats.charge("publish")
 
     def wake(self) -> None:
         self._wake.set()

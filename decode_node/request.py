@@ -65,6 +65,7 @@ class DecodeRequest:
     block_ids: list[int] = field(default_factory=list)
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0  # tokens whose K/V sit in block_ids
+    num_pending: int = 0  # tokens sampled by launched steps whose ids the host has not read yet (0 or 1)
     cached_tokens: int = 0  # prompt tokens found in a prefix cache (P's, or the shared one when colocated)
     num_preemptions: int = 0
     error: str | None = None
@@ -82,5 +83,12 @@ class DecodeRequest:
     def finish_reason(self) -> str | None:
         return FINISH_REASONS.get(self.state)
 
+    @property
+    def needs_history(self) -> bool:
+        """Its sampling reads every token generated so far (penalties): no step may run ahead of the host."""
+        p = self.sampling
+        return p.repetition_penalty != 1 or bool(p.presence_penalty) or bool(p.frequency_penalty)
+
     def sampling_request(self) -> SamplingRequest:
-        return SamplingRequest(self.sampling, self.prompt_token_ids, self.output_token_ids)
+        """Called once the step that samples for it is scheduled (`num_pending` counts that step already)."""
+        return SamplingRequest(self.sampling, self.prompt_token_ids, self.output_token_ids, self.num_pending - 1)

@@ -12,9 +12,21 @@ blocks and treats the request as preempted with no output yet: D prefills the pr
 its next decode step feeds that last token and samples the first one (greedy and seeded outputs are the same).
 
 A step is `schedule()` (phases `_resume_preempted`, `_admit_waiting`, `_grow_running`) then, after the model
-ran, `update()`. The scheduler never runs the model and is not thread-safe: the decode engine calls it under
-one lock and runs the forward outside that lock. So an abort never frees blocks something may still write:
-- a request inside the forward is only marked (`abort_requested`); `update()` finishes it;
+ran, `update()`. The engine overlaps them (decode_node/engine.py): step N+1 is scheduled and launched while
+step N runs on the device, so a running request may have one token sampled that the host has not read yet
+(`num_pending`). Step N+1 then feeds that token straight from the device (`DecodeItem.source_row`: its row in
+step N), at position num_tokens - 1 + num_pending, into blocks grown for it. What the host cannot know yet:
+
+    a request that certainly ends at step N (max_tokens, max_model_len) ──▶ not scheduled for N+1
+    one that ends at N by EOS / stop string ──▶ its N+1 row is wasted (dropped in update), its blocks freed
+                                                only once N+1 completed (no step may still write them)
+    a step that would need preemption, or a penalised row (sampling reads the whole output) ──▶ the engine
+      first completes step N (`needs_drain`), then schedules as a synchronous loop would
+
+The scheduler never runs the model and is not thread-safe: the decode engine calls it under one lock and
+runs the forward outside that lock. So an abort never frees blocks something may still write:
+- a request in a launched step is only marked (`abort_requested`); the `update()` of its last launched step
+  finishes it;
 - a request WAITING_FOR_KV is freed at once, but only after the engine cancelled its expected transfer: the
   receiver then drops any late frame of it before writing (on the event loop, where aborts run too).
 
@@ -71,19 +83,22 @@ class RecomputeItem:
 
 @dataclass(frozen=True)
 class DecodeItem:
-    """One row of a decode step: feed `token_id` at `position`, K/V written into `block_ids`."""
+    """One row of a decode step: feed `token_id` at `position`, K/V written into `block_ids`. `source_row`
+    >= 0: the token is what the step in flight samples in that row (still on the device)."""
 
     request: DecodeRequest
     token_id: int
     position: int
     block_ids: list[int]
+    source_row: int = -1
 
 
 @dataclass
 class DecodeBatch:
     recompute: list[RecomputeItem] = field(default_factory=list)
     decode: list[DecodeItem] = field(default_factory=list)
-    outputs: list[RequestOutput] = field(default_factory=list)  # frames produced while scheduling
+    outputs: list[RequestOutput] = field(default_factory=list)  # deltas produced while scheduling
+    needs_drain: bool = False  # nothing scheduled: complete the step in flight first, then schedule again
 
     @property
     def empty(self) -> bool:
@@ -112,7 +127,7 @@ class Scheduler:
         self.waiting: deque[DecodeRequest] = deque()
         self.running: list[DecodeRequest] = []
         self.preempted: deque[DecodeRequest] = deque()
-        self.in_flight: set[str] = set()  # ids inside the forward between schedule() and update()
+        self._rows: dict[str, int] = {}  # request id -> its row in the last scheduled batch
         self.num_preemptions = 0
         self.num_finished = 0
         self.kv_load_failure_policy = kv_load_failure_policy
@@ -216,7 +231,7 @@ class Scheduler:
         if request is None:
             return []
         request.error = error
-        if request_id in self.in_flight:
+        if request.num_pending:  # a launched step still writes its blocks: its update() finishes it
             request.abort_requested = True
             return []
         self._move(request, RequestState.FINISHED_ABORTED)
@@ -225,30 +240,63 @@ class Scheduler:
     # ---- one step ---------------------------------------------------------------------------------
 
     def schedule(self) -> DecodeBatch:
+        if self._needs_drain():
+            return DecodeBatch(needs_drain=True)
         batch = DecodeBatch()
         self._resume_preempted(batch)
         self._admit_waiting()
         self._grow_running()
         # a request resumed above may have been preempted again by an older one growing
         batch.recompute = [item for item in batch.recompute if item.request.state == RequestState.RUNNING]
-        for request in self.running:  # the last token: P's first one, or the prompt's own when recomputed
-            item = DecodeItem(request, request.all_token_ids[-1], request.num_tokens - 1, request.block_ids)
+        rows: dict[str, int] = {}
+        for request in self.running:
+            if request.abort_requested or self._ends_in_flight(request):
+                continue
+            if request.num_pending:  # the step in flight samples its next input on the device
+                item = DecodeItem(request, -1, request.num_tokens, request.block_ids, self._rows[request.request_id])
+            else:  # the last token: P's first one, or the prompt's own when recomputed
+                item = DecodeItem(request, request.all_token_ids[-1], request.num_tokens - 1, request.block_ids)
+            rows[request.request_id] = len(batch.decode)
             batch.decode.append(item)
-            self.in_flight.add(request.request_id)
+            request.num_pending += 1
+        self._rows = rows
         return batch
+
+    def _needs_drain(self) -> bool:
+        """Whether scheduling now could need what a step in flight still holds: its sampled tokens (penalties
+        read the whole output) or its blocks (preemption)."""
+        pending = [r for r in self.running if r.num_pending]
+        if not pending:
+            return False
+        if self.preempted or any(r.needs_history for r in pending):
+            return True
+        missing = sum(max(0, blocks_needed(r.num_tokens + r.num_pending, self.block_size) - len(r.block_ids))
+                      for r in self.running)
+        return missing > self.pool.num_free
+
+    def _ends_in_flight(self, request: DecodeRequest) -> bool:
+        """The step in flight gives it its last token for sure (max_tokens or the model's length)."""
+        pending = request.num_pending
+        return bool(pending) and (len(request.output_token_ids) + pending >= request.sampling.max_tokens
+                                  or request.num_tokens + pending >= self.output.max_model_len)
 
     def update(self, batch: DecodeBatch, token_ids: list[int],
                logprobs: list[TokenLogprobs | None] | None = None) -> list[RequestOutput]:
         """The forward of `batch` sampled `token_ids` (one per decode row)."""
         outputs: list[RequestOutput] = []
-        self.in_flight.clear()
         for row, item in enumerate(batch.decode):
             request = item.request
-            request.num_computed_tokens = request.num_tokens
-            if request.abort_requested:
-                self._move(request, RequestState.FINISHED_ABORTED)
-                outputs.append(self._delta(request, [], ""))
+            request.num_pending -= 1
+            if request.state.finished:  # ended at an earlier step while this one was in flight
+                if not request.num_pending:
+                    self._release_blocks(request)
                 continue
+            if request.abort_requested:
+                if not request.num_pending:
+                    self._move(request, RequestState.FINISHED_ABORTED)
+                    outputs.append(self._delta(request, [], ""))
+                continue
+            request.num_computed_tokens = request.num_tokens
             result = self.output.append_token(request, token_ids[row])
             if result.finish_reason is not None:
                 self._move(request, _FINISHED[result.finish_reason])
@@ -257,13 +305,20 @@ class Scheduler:
         return outputs
 
     def fail_batch(self, batch: DecodeBatch, error: str) -> list[RequestOutput]:
-        """The forward raised: every request in it ends with an error frame (its blocks are freed)."""
-        self.in_flight.clear()
+        """The forward raised: every request in it ends with an error delta (its blocks are freed once no
+        launched step holds them)."""
+        self._rows = {}
         outputs = []
         for item in batch.decode:
-            item.request.error = error
-            self._move(item.request, RequestState.FINISHED_ERROR)
-            outputs.append(self._delta(item.request, [], ""))
+            request = item.request
+            request.num_pending -= 1
+            if request.state.finished:
+                if not request.num_pending:
+                    self._release_blocks(request)
+                continue
+            request.error = error
+            self._move(request, RequestState.FINISHED_ERROR)
+            outputs.append(self._delta(request, [], ""))
         return outputs
 
     # ---- phases -----------------------------------------------------------------------------------
@@ -288,11 +343,12 @@ class Scheduler:
             self._move(self.waiting[0], RequestState.RUNNING)
 
     def _grow_running(self) -> None:
-        """Give each running request room for its next token, preempting the newest when blocks run out."""
+        """Give each running request room for its next token, preempting the newest when blocks run out (only
+        ever with no step in flight: `_needs_drain`)."""
         index = 0
         while index < len(self.running):
             request = self.running[index]
-            missing = blocks_needed(request.num_tokens, self.block_size) - len(request.block_ids)
+            missing = blocks_needed(request.num_tokens + request.num_pending, self.block_size) - len(request.block_ids)
             if missing <= 0:
                 index += 1
             elif self.pool.can_allocate(missing):
@@ -305,6 +361,8 @@ class Scheduler:
                     return
 
     def _preempt(self, request: DecodeRequest) -> None:
+        if request.num_pending:
+            raise RuntimeError(f"request {request.request_id}: preempted while a launched step holds its blocks")
         request.num_preemptions += 1
         self.num_preemptions += 1
         self._move(request, RequestState.PREEMPTED)
@@ -326,7 +384,8 @@ class Scheduler:
         elif state.finished:
             if state in (RequestState.FINISHED_STOPPED, RequestState.FINISHED_LENGTH):
                 self._commit(request)
-            self._release_blocks(request)
+            if not request.num_pending:  # else the update of its last launched step frees them
+                self._release_blocks(request)
             del self.requests[request.request_id]
             self.num_finished += 1
             self.on_finish(request)

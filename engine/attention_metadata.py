@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
+from pdserve.engine.decode_staging import HostStaging
+
 
 @dataclass(frozen=True)
 class PrefillChunk:
@@ -34,11 +36,14 @@ class PrefillChunk:
 
 @dataclass(frozen=True)
 class DecodeInput:
-    """One sequence's next step: token_id sits at `position` (= tokens already cached); its K/V goes there."""
+    """One sequence's next step: token_id sits at `position` (= tokens already cached); its K/V goes there.
+    `source_row` >= 0: the token is the one the previous step sampled in that row, still on the device
+    (an overlapped decode loop); `token_id` is then ignored."""
 
     token_id: int
     position: int
     block_table: Sequence[int]
+    source_row: int = -1
 
 
 @dataclass(frozen=True)
@@ -120,6 +125,8 @@ class DecodeBuffers:
         self.slot_mapping = torch.full((size,), -1, dtype=torch.long, device=device)
         self.seq_lens = torch.zeros(size, dtype=torch.int32, device=device)
         self.block_tables = torch.zeros(size, max_blocks_per_seq, dtype=torch.int32, device=device)
+        self.device = torch.device(device)
+        self.staging = HostStaging(size, max_blocks_per_seq, block_size, self.device)
 
     def bucket_for(self, num_seqs: int) -> int:
         i = bisect.bisect_left(self.buckets, num_seqs)
@@ -143,26 +150,26 @@ class DecodeBuffers:
         return DecodeBatch(num_seqs, self.input_ids[:bucket], self.positions[:bucket], self.slot_mapping[:bucket],
                            self.seq_lens[:bucket], self.block_tables[:bucket])
 
-    def prepare(self, items: list[DecodeInput]) -> DecodeBatch:
-        """Copy the items into the buffers' first rows and pad up to the bucket."""
-        n, bs = len(items), self.block_size
+    def prepare(self, items: list[DecodeInput], carried: torch.Tensor | None = None) -> DecodeBatch:
+        """Stage the items on the host, copy them into the buffers' first rows without blocking, pad up to
+        the bucket. `carried`: the previous step's sampled tokens [B_prev] (on the device), which items
+        with a `source_row` take as their input."""
+        n = len(items)
         bucket = self.bucket_for(n)
-        for i, item in enumerate(items):
-            _check_covers(f"decode item {i}", item.block_table, item.position + 1, bs)
-        positions = [it.position for it in items] + [0] * (bucket - n)
-        slots = [it.block_table[it.position // bs] * bs + it.position % bs for it in items]
-        slots += [-1] * (bucket - n)
-        seq_lens = [it.position + 1 for it in items] + [0] * (bucket - n)
-        ids = [it.token_id for it in items] + [0] * (bucket - n)
-        tables = _pad_rows([it.block_table for it in items] + [[]] * (bucket - n))
-        if tables.shape[1] > self.block_tables.shape[1]:
-            raise ValueError(f"block table of {tables.shape[1]} blocks exceeds the limit "
-                             f"{self.block_tables.shape[1]}")
-        self.input_ids[:bucket].copy_(torch.tensor(ids))
-        self.positions[:bucket].copy_(torch.tensor(positions))
-        self.slot_mapping[:bucket].copy_(torch.tensor(slots))
-        self.seq_lens[:bucket].copy_(torch.tensor(seq_lens, dtype=torch.int32))
-        view = self.block_tables[:bucket]
-        view.zero_()
-        view[:, : tables.shape[1]].copy_(tables)
+        staged, any_carried = self.staging.fill(items, bucket)
+        if any_carried and carried is None:
+            raise ValueError("decode items carry the previous step's tokens, but none were given")
+        copy = self.device.type == "cuda"
+        self.positions[:bucket].copy_(staged.pos_t[:bucket], non_blocking=copy)
+        self.slot_mapping[:bucket].copy_(staged.slots_t[:bucket], non_blocking=copy)
+        self.seq_lens[:bucket].copy_(staged.lens_t[:bucket], non_blocking=copy)
+        self.block_tables[:bucket].copy_(staged.table_t[:bucket], non_blocking=copy)
+        ids = self.input_ids[:bucket]
+        ids.copy_(staged.ids_t[:bucket], non_blocking=copy)
+        if any_carried:
+            assert carried is not None
+            src = staged.src_t[:n].to(self.device, non_blocking=copy)
+            taken = carried[src.clamp(min=0)]
+            ids[:n] = torch.where(src >= 0, taken, ids[:n])
+        self.staging.mark_copied(staged)
         return self._batch(n, bucket)

@@ -10,6 +10,15 @@ and a stage runs only when some row needs it. The draw is the exponential race `
 for a seeded request E comes from a generator seeded with hash(seed, number of tokens already generated), so
 a seeded request draws the same token whether it runs alone, batched, or with its first token sampled on a
 prefill worker and the rest on a decode worker.
+
+Two halves, so a decode loop can overlap the host with the device (decode_node/engine.py):
+
+    pending = sampler.sample(logits, requests)   all on the device; ids (and logprobs) copied to pinned host
+                                                 memory without blocking; returns at once
+    ... the host prepares and launches the next step, which may read pending.tokens on the device ...
+    out = pending.result()                       waits for that copy only; SamplerOutput (host lists)
+
+`sampler(logits, requests)` is both at once.
 """
 
 from __future__ import annotations
@@ -23,11 +32,14 @@ from pdserve.engine.sampling_params import MAX_LOGPROBS, MAX_STOP_STRINGS, Sampl
 
 @dataclass(frozen=True)
 class SamplingRequest:
-    """What the sampler needs about one row: its parameters and the tokens it has seen so far."""
+    """What the sampler needs about one row: its parameters and the tokens it has seen so far.
+    `num_pending`: tokens already sampled for it on the device but not yet in `output_token_ids` (an
+    overlapped decode loop); seeded draws count them, so a token's draw depends only on its index."""
 
     params: SamplingParams
     prompt_token_ids: list[int] = field(default_factory=list)
     output_token_ids: list[int] = field(default_factory=list)
+    num_pending: int = 0
 
 
 @dataclass(frozen=True)
@@ -57,6 +69,30 @@ def step_seed(seed: int, step: int) -> int:
     return _splitmix64(_splitmix64(seed & 0xFFFFFFFFFFFFFFFF) ^ step) >> 1
 
 
+class PendingSample:
+    """A batch's draw on the device, its host copy on the way (pinned memory on CUDA: no blocking copy)."""
+
+    def __init__(self, tokens: torch.Tensor, requests: list[SamplingRequest], logprobs: _DeviceLogprobs | None) -> None:
+        self.tokens = tokens  # [B] int64 on the device: the next step may feed these straight back in
+        self.requests = requests
+        pinned = tokens.device.type == "cuda"
+        self._host_tokens = _to_host(tokens, pinned)
+        self._logprobs = logprobs.to_host(pinned) if logprobs is not None else None
+        self._event: torch.cuda.Event | None = None
+        if pinned:
+            self._event = torch.cuda.Event()
+            self._event.record()
+
+    def result(self) -> SamplerOutput:
+        if self._event is not None:
+            self._event.synchronize()  # this batch's copies only; later work on the stream keeps running
+        token_ids = self._host_tokens.tolist()
+        logprobs: list[TokenLogprobs | None] = [None] * len(self.requests)
+        if self._logprobs is not None:
+            logprobs = self._logprobs.entries(token_ids, self.requests)
+        return SamplerOutput(token_ids=token_ids, logprobs=logprobs)
+
+
 class Sampler:
     """Picks one token per logits row. Stateless between calls apart from a reusable generator."""
 
@@ -65,6 +101,10 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor, requests: list[SamplingRequest]) -> SamplerOutput:
         """logits: [B, V] (any float dtype), one row per request -> one token per row."""
+        return self.sample(logits, requests).result()
+
+    def sample(self, logits: torch.Tensor, requests: list[SamplingRequest]) -> PendingSample:
+        """Launch the draw; nothing here waits for the device."""
         if logits.shape[0] != len(requests):
             raise ValueError(f"got {logits.shape[0]} logits rows for {len(requests)} sampling requests")
         raw = logits.float()
@@ -74,8 +114,7 @@ class Sampler:
             sampled = self._sample(penalised, requests)
             greedy = torch.tensor([r.params.greedy for r in requests], device=raw.device)
             tokens = torch.where(greedy, tokens, sampled)
-        token_ids = tokens.tolist()  # the step's one device -> host sync (without logprobs)
-        return SamplerOutput(token_ids=token_ids, logprobs=compute_logprobs(raw, tokens, requests, token_ids))
+        return PendingSample(tokens, requests, device_logprobs(raw, tokens, requests))
 
     def _sample(self, logits: torch.Tensor, requests: list[SamplingRequest]) -> torch.Tensor:
         params = [r.params for r in requests]
@@ -97,7 +136,8 @@ class Sampler:
         noise = torch.empty_like(probs).exponential_()
         for row, request in enumerate(requests):
             if request.params.seed is not None and not request.params.greedy:
-                self._generator.manual_seed(step_seed(request.params.seed, len(request.output_token_ids)))
+                step = len(request.output_token_ids) + request.num_pending
+                self._generator.manual_seed(step_seed(request.params.seed, step))
                 noise[row].exponential_(generator=self._generator)
         # an exact 0 would turn p / E into inf (or nan for p == 0); 1e-20 is far below any real draw
         return noise.clamp_(min=1e-20)
@@ -157,24 +197,42 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Te
     return torch.empty_like(logits).scatter_(1, order, ordered)
 
 
-def compute_logprobs(
-    raw: torch.Tensor, tokens: torch.Tensor, requests: list[SamplingRequest], token_ids: list[int]
-) -> list[TokenLogprobs | None]:
-    """Logprobs from the raw model distribution (before penalties and temperature), for the rows that ask.
-    `token_ids` is `tokens` on the host already: two more syncs for the whole batch, none per row."""
-    rows = [i for i, r in enumerate(requests) if r.params.logprobs is not None]
-    out: list[TokenLogprobs | None] = [None] * len(requests)
-    if not rows:
+def _to_host(tensor: torch.Tensor, pinned: bool) -> torch.Tensor:
+    if not pinned:
+        return tensor.cpu()
+    host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+    host.copy_(tensor, non_blocking=True)
+    return host
+
+
+@dataclass(frozen=True)
+class _DeviceLogprobs:
+    """Logprobs of the rows that asked (raw model distribution, before penalties and temperature)."""
+
+    rows: list[int]
+    values: torch.Tensor  # [R, 1 + k]: the chosen token's logprob, then the top k
+    top_ids: torch.Tensor  # [R, k]
+
+    def to_host(self, pinned: bool) -> _DeviceLogprobs:
+        return _DeviceLogprobs(self.rows, _to_host(self.values, pinned), _to_host(self.top_ids, pinned))
+
+    def entries(self, token_ids: list[int], requests: list[SamplingRequest]) -> list[TokenLogprobs | None]:
+        out: list[TokenLogprobs | None] = [None] * len(requests)
+        values, top_ids = self.values.tolist(), self.top_ids.tolist()
+        for j, i in enumerate(self.rows):
+            n = requests[i].params.logprobs or 0
+            top = list(zip(top_ids[j][:n], values[j][1:n + 1], strict=True))
+            out[i] = TokenLogprobs(token_id=token_ids[i], logprob=values[j][0], top=top)
         return out
+
+
+def device_logprobs(raw: torch.Tensor, tokens: torch.Tensor, requests: list[SamplingRequest]) -> _DeviceLogprobs | None:
+    rows = [i for i, r in enumerate(requests) if r.params.logprobs is not None]
+    if not rows:
+        return None
     index = torch.tensor(rows, device=raw.device)
     logprobs = raw[index].log_softmax(dim=-1)
     chosen = logprobs.gather(1, tokens[index][:, None])
     k = max(requests[i].params.logprobs or 0 for i in rows)
     top_values, top_ids = logprobs.topk(k, dim=-1) if k else (logprobs[:, :0], logprobs[:, :0].long())
-    values = torch.cat([chosen, top_values], dim=1).tolist()  # one copy for the chosen and the top values
-    top_ids = top_ids.tolist()
-    for j, i in enumerate(rows):
-        n = requests[i].params.logprobs or 0
-        top = list(zip(top_ids[j][:n], values[j][1:n + 1], strict=True))
-        out[i] = TokenLogprobs(token_id=token_ids[i], logprob=values[j][0], top=top)
-    return out
+    return _DeviceLogprobs(rows, torch.cat([chosen, top_values], dim=1), top_ids)

@@ -113,10 +113,13 @@ class KVCacheSettings:
 
 
 @dataclass(frozen=True)
+GPU_MAX_NUM_SEQS = 256  # vLLM's default; decode is memory-bound, so a GPU step barely grows with the batch
+
+
 class SchedulerSettings:
     """Batching limits of both roles, their queue bounds, and the decode-side reservation lease."""
 
-    max_num_seqs: int = 64
+    max_num_seqs: int = 64  # on CPU; a worker on a GPU takes GPU_MAX_NUM_SEQS unless told
     max_num_batched_tokens: int = 2048
     # longest silence of a transfer (every KV frame renews it; before the first, P's queueing counts too)
     kv_lease_timeout_s: float = 120.0
@@ -125,6 +128,8 @@ class SchedulerSettings:
     # requests held waiting beyond the running batch (P: queued for prefill; D: reserved, not yet running);
     # past it new work gets 503 + Retry-After, and the router tries another worker
     max_queued_requests: int = 1024
+    # decode: schedule and launch step N+1 while step N runs on the device (same outputs; False: one at a time)
+    async_scheduling: bool = True
 
     def __post_init__(self) -> None:
         if self.max_num_seqs <= 0:
@@ -273,7 +278,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
                        help="without --num-blocks/--kv-cache-memory on CUDA: the share of the GPU's memory this "
                             "worker may fill, weights included (workers sharing a GPU take a share each)")
     group.add_argument("--block-size", type=int, default=16)
-    group.add_argument("--max-num-seqs", type=int, default=SchedulerSettings.max_num_seqs)
+    group.add_argument("--max-num-seqs", type=int, default=None,
+                       help=f"sequences in a decode batch (default: {GPU_MAX_NUM_SEQS} on a GPU, as vLLM's; "
+                            f"{SchedulerSettings.max_num_seqs} on CPU)")
     group.add_argument("--max-num-batched-tokens", type=int, default=SchedulerSettings.max_num_batched_tokens)
     group.add_argument("--kv-lease-timeout", type=float, default=SchedulerSettings.kv_lease_timeout_s,
                        help="seconds a decode reservation waits without receiving KV (each KV frame renews it)")
@@ -283,6 +290,10 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
                             "fail the request, or recompute its prompt on the decode worker")
     group.add_argument("--max-queued-requests", type=int, default=SchedulerSettings.max_queued_requests,
                        help="requests a worker holds waiting beyond its running batch; more get 503 + Retry-After")
+    group.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction,
+                       default=SchedulerSettings.async_scheduling,
+                       help="decode: plan and launch each step while the previous one runs on the device "
+                            "(outputs are the same; --no-async-scheduling runs one step at a time)")
 
 
 def add_worker_arguments(parser: argparse.ArgumentParser, role: str) -> None:
@@ -324,11 +335,12 @@ def worker_settings_from_args(args: argparse.Namespace, cache_dir: str | None,
         model=model_settings_from_args(args, cache_dir),
         cache=KVCacheSettings(num_blocks=args.num_blocks, kv_cache_memory=args.kv_cache_memory,
                               block_size=args.block_size, gpu_memory_utilization=args.gpu_memory_utilization),
-        scheduler=SchedulerSettings(max_num_seqs=args.max_num_seqs,
+        scheduler=SchedulerSettings(max_num_seqs=_max_num_seqs(args),
                                     max_num_batched_tokens=args.max_num_batched_tokens,
                                     kv_lease_timeout_s=args.kv_lease_timeout,
                                     kv_load_failure_policy=args.kv_load_failure_policy,
-                                    max_queued_requests=args.max_queued_requests),
+                                    max_queued_requests=args.max_queued_requests,
+                                    async_scheduling=args.async_scheduling),
         transfer=TransferSettings(backend=args.transfer_backend, host=args.transfer_host or args.host,
                                   port=args.transfer_port),
         server=ServerSettings(host=args.host, port=args.port, data_port=args.data_port, router_url=args.router,
@@ -337,6 +349,12 @@ def worker_settings_from_args(args: argparse.Namespace, cache_dir: str | None,
                               drain_on_sigterm=args.drain_on_sigterm),
         tiers=tiers, cache_policy=cache_policy,
     )
+
+
+def _max_num_seqs(args: argparse.Namespace) -> int:
+    if args.max_num_seqs is not None:
+        return int(args.max_num_seqs)
+    return GPU_MAX_NUM_SEQS if _uses_cuda(args.device) else SchedulerSettings.max_num_seqs
 
 
 def _uses_cuda(device: str) -> bool:

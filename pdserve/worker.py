@@ -220,7 +220,8 @@ class Worker:
                               limits.watermark_blocks, prefix_cache=shared_cache, tiered=self.tiered,
                               kv_load_failure_policy=limits.kv_load_failure_policy,
                               max_waiting=limits.max_queued_requests)
-        return DecodeEngine(scheduler, self.runner, Sampler(self.device), self.state_lock, self.model_lock)
+        return DecodeEngine(scheduler, self.runner, Sampler(self.device), self.state_lock, self.model_lock,
+                            async_scheduling=limits.async_scheduling)
 
     def _receiver(self, engine: DecodeEngine, secret: str | None) -> KVReceiver:
         pools = self.runner.kv_caches

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from pdserve.protocol.messages import (
@@ -82,9 +83,10 @@ class DeltaSink:
 
 
 class Channel:
-    def __init__(self, sub: SubRequest, request_id: str, position: int, sink: DeltaSink,
-                 prefill: WorkerLink) -> None:
+    def __init__(self, sub: SubRequest, request_id: str, position: int, sink: DeltaSink, prefill: WorkerLink,
+                 on_prefilled: Callable[[PrefillNumbers], None] = lambda numbers: None) -> None:
         self.sub = sub
+        self._on_prefilled_numbers = on_prefilled
         self.request_id = request_id
         self.position = position
         self.sink = sink
@@ -147,6 +149,7 @@ class Channel:
         self.prefill_answered = True
         self.prefill_numbers = PrefillNumbers(message.num_cached_tokens, message.num_computed_tokens,
                                               message.prefill_s)
+        self._on_prefilled_numbers(self.prefill_numbers)
         if self.first_from is not None:
             return
         self.first_from = "prefill"

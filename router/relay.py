@@ -94,7 +94,8 @@ class Relay:
     async def _attempt(self, sub: SubRequest, request_id: str, position: int, sink: DeltaSink,
                        prefill: Worker) -> Channel:
         p_link = await self._ready(prefill, "prefill")
-        channel = Channel(sub, request_id, position, sink, p_link)
+        channel = Channel(sub, request_id, position, sink, p_link,
+                          lambda numbers: self._metrics.prefill.observe(numbers.prefill_s))
         p_link.subscribe(request_id, channel)
         prefill.inflight += 1
         try:

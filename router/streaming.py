@@ -6,9 +6,11 @@ Streaming, one ASGI response per request (no generator, no per-token task):
          ▲                                                                                      │
          └──────────────────────────── uvicorn's send waits while the client's socket is full ◀─┘
 
-So a token is written as soon as the TOKENS message that carries it is read; deltas of one choice are merged
-into one event only when several queued while the previous write waited (the client's socket was full, or
-the router's loop was busy): the stream stays smooth when all keeps up and catches up in one write when not.
+So a token is written as soon as the TOKENS message that carries it is read, one event per delta (deltas that
+arrived together go out in one write, still one event each). Deltas of one choice are merged into one event
+only when they queued while the previous write was waiting, i.e. uvicorn's send had suspended on a full client
+socket (a write that does not suspend lets nothing else run, so nothing can queue behind it): the stream stays
+token by token while the client keeps up, and catches up in one event per choice when it does not.
 
 Whatever ends the relay (last delta, a worker failure, the client gone) closes every channel, which sends
 ABORT to the workers still holding the request; a disconnect is noticed while waiting, not at the next write.
@@ -55,28 +57,41 @@ class Relayed:
     def done(self) -> bool:
         return self._open == 0
 
-    async def next_batch(self) -> list[tuple[int, TokenDelta]]:
-        """The deltas that arrived since the last call, merged per choice, each recorded in the writer."""
+    async def next_batch(self, merge: bool = True) -> list[tuple[int, TokenDelta]]:
+        """The deltas that arrived since the last call (merged per choice when `merge`), each recorded."""
         items = await self.sink.take()
         now = time.perf_counter()
         merged: dict[int, TokenDelta] = {}
-        for position, item in items:
-            if position < 0:
-                raise _ClientGone
-            if isinstance(item, WorkerFailed):
-                raise upstream_error(str(item))
-            if item.failed:
-                channel = self.channels[position]
-                raise upstream_error(f"decode worker {channel.decode.worker_id} ended {channel.request_id} "
-                                     f"with {item.finish_reason}: {item.error}")
+        batch: list[tuple[int, TokenDelta]] = []
+        for index, (position, item) in enumerate(items):
+            if position < 0 or isinstance(item, WorkerFailed) or item.failed:
+                if merged or batch:  # what came before the failure goes out first; the failure next time
+                    self.sink.pending[:0] = items[index:]
+                    break
+                self._raise(position, item)
+            assert isinstance(item, TokenDelta)
             self._timers[position].on_frame(now)
-            previous = merged.get(position)
-            merged[position] = item if previous is None else _merge(previous, item)
-        for position, delta in merged.items():
+            if merge:
+                previous = merged.get(position)
+                merged[position] = item if previous is None else _merge(previous, item)
+            else:
+                batch.append((position, item))
+        if merge:
+            batch = list(merged.items())
+        for position, delta in batch:
             self.writer.record(position, delta)
             if delta.finish_reason is not None:
                 self._finish(position)
-        return list(merged.items())
+        return batch
+
+    def _raise(self, position: int, item: TokenDelta | WorkerFailed) -> None:
+        if position < 0:
+            raise _ClientGone
+        if isinstance(item, WorkerFailed):
+            raise upstream_error(str(item))
+        channel = self.channels[position]
+        raise upstream_error(f"decode worker {channel.decode.worker_id} ended {channel.request_id} "
+                             f"with {item.finish_reason}: {item.error}")
 
     def _finish(self, position: int) -> None:
         self._open -= 1
@@ -84,7 +99,6 @@ class Relayed:
         numbers = channel.prefill_numbers
         if numbers is not None:  # D may not know how much of the prompt P found cached: P's count
             choice.cached_tokens = max(choice.cached_tokens, numbers.num_cached_tokens)
-            self.metrics.prefill.observe(numbers.prefill_s)
         self._timers[position].on_finish(choice.completion_tokens, len(channel.sub.prompt_token_ids),
                                          choice.cached_tokens)
 
@@ -121,14 +135,16 @@ class SSEResponse(Response):
     async def _events(self, send: Send) -> int:
         relayed, writer = self.relayed, self.relayed.writer
         body = writer.role_event() if writer.plan.chat else b""
+        behind = False  # deltas queued while the last write waited for the client's socket
         try:
             while not relayed.done:
-                batch = await relayed.next_batch()
+                batch = await relayed.next_batch(merge=behind)
                 events = [writer.chunk_event(position, delta) for position, delta in batch]
                 body += b"".join(e for e in events if e is not None)
                 if body:
                     await send({"type": "http.response.body", "body": body, "more_body": True})
                     body = b""
+                    behind = bool(relayed.sink.pending)
             status, tail = 200, (writer.usage_event() if writer.plan.include_usage else b"") + DONE_EVENT
         except _ClientGone:
             return CLIENT_CLOSED

@@ -30,9 +30,9 @@ def test_recompute_prefills_the_prompt_then_samples_the_first_token_on_d(char_to
     [item] = batch.decode
     assert (item.token_id, item.position) == (ids("f")[0], 5)  # the prompt's last token samples the first one
     [first] = sched.update(batch, ids("x"))
-    assert first.frame.token_ids == ids("x") and first.frame.finish_reason is None and first.frame.error is None
+    assert first.delta.token_ids == ids("x") and first.delta.finish_reason is None and first.delta.error is None
     frames = run_to_end(sched, lambda r: ids("y")[0])
-    assert "".join(f.frame.text for f in [first, *frames]) == "xyy" and frames[-1].frame.finish_reason == "length"
+    assert "".join(f.delta.text for f in [first, *frames]) == "xyy" and frames[-1].delta.finish_reason == "length"
     assert (sched.num_kv_load_failures, sched.num_kv_recomputes) == (1, 1)
     assert_no_leak(sched.pool)
 
@@ -44,7 +44,7 @@ def test_recompute_of_a_one_token_prompt_has_nothing_to_prefill(char_tokenizer) 
     batch = sched.schedule()
     assert batch.recompute == [] and [(i.token_id, i.position) for i in batch.decode] == [(0, 0)]
     [out] = sched.update(batch, ids("b"))
-    assert out.frame.finish_reason == "length" and out.frame.text == "b"
+    assert out.delta.finish_reason == "length" and out.delta.text == "b"
     assert_no_leak(sched.pool)
 
 
@@ -52,7 +52,7 @@ def test_fail_policy_ends_with_an_error_frame(char_tokenizer) -> None:
     sched = scheduler("fail")
     sched.reserve(make(char_tokenizer, "f", "abc"))
     [out] = sched.kv_failed("f", "connection lost")
-    assert out.frame.finish_reason == "error" and out.frame.error == "connection lost"
+    assert out.delta.finish_reason == "error" and out.delta.error == "connection lost"
     assert (sched.num_kv_load_failures, sched.num_kv_recomputes) == (1, 0)
     assert_no_leak(sched.pool)
 

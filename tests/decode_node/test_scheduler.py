@@ -75,14 +75,14 @@ def test_first_token_frame_then_batch_limited_by_max_num_seqs(char_tokenizer):
     for rid in "abc":
         assert sched.reserve(make(char_tokenizer, rid, "hi", max_tokens=3)) is None
         [out] = sched.kv_complete(rid, ids("x")[0], cached_tokens=0)
-        assert out.frame.token_ids == ids("x") and out.frame.text == "x" and out.frame.finish_reason is None
+        assert out.delta.token_ids == ids("x") and out.delta.text == "x" and out.delta.finish_reason is None
     batch = sched.schedule()
     assert [item.request.request_id for item in batch.decode] == ["a", "b"]
     assert [item.position for item in batch.decode] == [2, 2]  # prompt of 2, first token at position 2
     assert sched.waiting[0].request_id == "c"
     sched.update(batch, ids("yy"))
     frames = run_to_end(sched, lambda r: ids("z")[0])
-    finals = {f.request_id: f.frame for f in frames if f.frame.finish_reason}
+    finals = {f.request_id: f.delta for f in frames if f.delta.finish_reason}
     assert {rid: f.finish_reason for rid, f in finals.items()} == {"a": "length", "b": "length", "c": "length"}
     assert all(f.completion_tokens == 3 and f.prompt_tokens == 2 for f in finals.values())
     assert_no_leak(sched.pool)
@@ -106,7 +106,7 @@ def test_preemption_recomputes_and_nothing_leaks(char_tokenizer):
             assert len(item.block_ids) * BS >= len(item.token_ids) + 1
         tokens = [ids("e")[0] for _ in batch.decode]
         for out in sched.update(batch, tokens):
-            text[out.request_id] += out.frame.text
+            text[out.request_id] += out.delta.text
     assert sched.num_preemptions >= 1 and recomputed
     assert text == {rid: "d" + "e" * 13 for rid in "abc"}  # preemption changes no output
     assert_no_leak(sched.pool)
@@ -120,7 +120,7 @@ def test_abort_inside_a_step_is_finished_by_update(char_tokenizer):
     assert sched.abort("a") == []  # the forward is running: only marked
     assert sched.pool.num_free < 8
     [out] = sched.update(batch, ids("e"))
-    assert out.frame.finish_reason == "abort" and out.frame.token_ids == []
+    assert out.delta.finish_reason == "abort" and out.delta.token_ids == []
     assert_no_leak(sched.pool)
 
 
@@ -129,12 +129,12 @@ def test_abort_or_failed_transfer_while_waiting_for_kv(char_tokenizer):
     for rid in "abc":
         sched.reserve(make(char_tokenizer, rid, "abc"))
     [aborted] = sched.abort("a")  # the engine cancelled the expected transfer first
-    assert aborted.frame.finish_reason == "abort" and sched.pool.num_free == 8 - 2
+    assert aborted.delta.finish_reason == "abort" and sched.pool.num_free == 8 - 2
     assert sched.kv_complete("a", 1) == []  # a done frame arriving late is ignored
     [failed] = sched.kv_failed("b", "sender gave up: aborted")
-    assert failed.frame.finish_reason == "error" and failed.frame.error == "sender gave up: aborted"
+    assert failed.delta.finish_reason == "error" and failed.delta.error == "sender gave up: aborted"
     [lease] = sched.kv_failed("c", "lease of 30 s expired")
-    assert lease.frame.finish_reason == "error" and "lease" in lease.frame.error
+    assert lease.delta.finish_reason == "error" and "lease" in lease.delta.error
     assert_no_leak(sched.pool)
 
 
@@ -169,9 +169,9 @@ def test_stop_string_across_tokens_eos_and_stop_token_ids(char_tokenizer):
     script = {"s": iter(ids("ello world")), "e": iter(ids("ok") + [EOS_ID]), "t": iter(ids("yes!no"))}
     frames = [o for rid in "set" for o in sched.kv_complete(rid, next(script[rid]))]
     frames += run_to_end(sched, lambda r: next(script[r.request_id]))
-    text = {rid: "".join(o.frame.text for o in frames if o.request_id == rid) for rid in "set"}
+    text = {rid: "".join(o.delta.text for o in frames if o.request_id == rid) for rid in "set"}
     assert text == {"s": "el", "e": "ok", "t": "yes"}
-    finals = {o.request_id: o.frame for o in frames if o.frame.finish_reason}
+    finals = {o.request_id: o.delta for o in frames if o.delta.finish_reason}
     assert {rid: f.finish_reason for rid, f in finals.items()} == {"s": "stop", "e": "stop", "t": "stop"}
     assert finals["s"].completion_tokens == 6  # e l l o, space, w: stopped when "lo w" completed
     assert finals["e"].completion_tokens == 3  # the EOS token counts
@@ -182,7 +182,7 @@ def test_max_tokens_one_finishes_at_kv_complete(char_tokenizer):
     sched = scheduler(num_blocks=4)
     sched.reserve(make(char_tokenizer, "a", "abc", max_tokens=1))
     [out] = sched.kv_complete("a", ids("z")[0])
-    assert out.frame.finish_reason == "length" and out.frame.text == "z"
+    assert out.delta.finish_reason == "length" and out.delta.text == "z"
     assert not sched.has_work and sched.requests == {}
     assert sched.requests == {} and RequestState.FINISHED_LENGTH.finished
     assert_no_leak(sched.pool)

@@ -1,5 +1,6 @@
 """Router test fixtures: the real default tokenizer, and clusters of a real router (uvicorn, loopback) in
-front of FAKE prefill/decode workers (tests/router/fake_workers.py) until the real nodes exist."""
+front of FAKE prefill/decode workers (tests/router/fake_workers.py: the real data-plane server, a scripted
+engine) whose failures the tests switch on."""
 
 from __future__ import annotations
 
@@ -61,12 +62,11 @@ def cluster_factory(tokenizer: Tokenizer) -> Iterator[ClusterFactory]:
         return servers[-1]
 
     def make(num_prefill: int = 1, num_decode: int = 1, static: bool = True, **overrides: Any) -> Cluster:
-        prefill = [FakePrefillWorker(f"fake-p{i}") for i in range(num_prefill)]
         decode = [FakeDecodeWorker(f"fake-d{i}") for i in range(num_decode)]
+        by_id = {d.worker_id: d for d in decode}
+        prefill = [FakePrefillWorker(f"fake-p{i}", by_id) for i in range(num_prefill)]
         p_servers = [serve(p.app) for p in prefill]
         d_servers = [serve(d.app) for d in decode]
-        for worker, server in zip(decode, d_servers, strict=True):
-            worker.url = server.url
         config = RouterConfig(model=MODEL, prefill_urls=tuple(s.url for s in p_servers) if static else (),
                               decode_urls=tuple(s.url for s in d_servers) if static else (),
                               **{"max_model_len": 2048, "poll_interval_s": 0.2, **overrides})

@@ -1,11 +1,11 @@
-"""FAKE prefill and decode workers that speak docs/internal_api.md over real HTTP, without a model.
-
-Allowed only until the real prefill_node / decode_node exist (the end-to-end tests with real nodes come
-later). They exercise everything the router does: reserve (with 503 when "full"), the concurrent stream,
-prefill that hands the first token to D (here over HTTP, standing in for kv_transfer), frames, aborts.
+"""FAKE prefill and decode workers without a model: the real data-plane server (protocol/server.py) on a
+loopback port, the real status route over HTTP, and a scripted engine behind them. They let the router tests
+turn failures on and off that real workers only show under faults (the e2e and reliability tests run the
+real workers).
 
 Output is a deterministic script: token i of a request has id 1000 + i and text " s{seed}-{i}" (seed -1
-when unseeded), so tests can tell n samples apart and check seed + i.
+when unseeded), so tests can tell n samples apart and check seed + i. P hands the first token to D through a
+shared in-process table (standing in for kv_transfer), and answers the router with it.
 """
 
 from __future__ import annotations
@@ -18,11 +18,23 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
 from fastapi import FastAPI
-from fastapi.responses import JSONResponse, StreamingResponse
 
-from pdserve.router.frames import encode_frame
+from pdserve.protocol.connection import Connection
+from pdserve.protocol.messages import (
+    Abort,
+    Message,
+    Prefill,
+    Prefilled,
+    PrefillFailed,
+    PrefillTarget,
+    Refused,
+    Reserve,
+    Reserved,
+    TokenDelta,
+    Tokens,
+)
+from pdserve.protocol.server import DataPlaneServer
 
 FIRST_TOKEN_ID = 1000
 
@@ -40,164 +52,225 @@ class Reservation:
     request_id: str
     prompt_token_ids: list[int]
     sampling: dict[str, Any]
+    connection: Connection
     kv_done: asyncio.Event = field(default_factory=asyncio.Event)
     first_token_id: int | None = None
+    task: asyncio.Task[None] | None = None
 
 
-class FakeDecodeWorker:
+class _FakeWorker:
+    """The parts both fakes share: an HTTP app with /internal/status and a data-plane server in its loop."""
+
+    role = ""
+
+    def __init__(self, worker_id: str) -> None:
+        self.worker_id = worker_id
+        self.data = DataPlaneServer(self, None, worker_id)
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.app = self._build_app()
+
+    def status(self) -> dict[str, Any]:
+        return {"worker_id": self.worker_id, "roles": [self.role], "queue_len": 0, "num_running": 0,
+                "num_waiting": 0, "free_blocks": 100, "total_blocks": 100, "draining": False,
+                "data_port": self.data.port}
+
+    def _build_app(self) -> FastAPI:
+        @contextlib.asynccontextmanager
+        async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+            self.loop = asyncio.get_running_loop()
+            await self.data.start("127.0.0.1", 0)
+            yield
+            await self.data.close()
+
+        app = FastAPI(lifespan=lifespan)
+
+        @app.get("/internal/status")
+        async def status() -> dict[str, Any]:
+            return self.status()
+
+        return app
+
+    def on_message(self, connection: Connection, message: Message) -> None:
+        raise NotImplementedError
+
+    def on_disconnect(self, connection: Connection, reason: str) -> None:
+        pass
+
+    def drop_connections(self) -> None:
+        """Break every router connection (thread-safe): what a crash looks like from the router."""
+        assert self.loop is not None
+        self.loop.call_soon_threadsafe(lambda: [c.close() for c in list(self.data.connections)])
+
+
+class FakeDecodeWorker(_FakeWorker):
     """FAKE decode worker. Knobs (set from the test thread): full, token_delay_s, break_after, free_blocks,
-    kv_lease_s + kv_failure."""
+    kv_lease_s + kv_failure, stamp_times."""
+
+    role = "decode"
 
     def __init__(self, worker_id: str = "fake-d", total_blocks: int = 1000) -> None:
-        self.worker_id = worker_id
-        self.url = ""  # set once its server runs: the transfer target points at it
         self.full = False
         self.retry_after = 2
         self.token_delay_s = 0.0
-        self.break_after: int | None = None  # end the stream without a finish frame after this many frames
+        self.break_after: int | None = None  # drop the connection after this many deltas of a request
         self.stamp_times = False  # text = time.perf_counter() at send, to time the relay
         self.kv_lease_s: float | None = None  # the KV (P's hand-off) must come within this, else kv_failure:
-        self.kv_failure = "fail"  # "fail": an error frame, as --kv-load-failure-policy fail; "recompute": go on
+        self.kv_failure = "fail"  # "fail": an error delta, as --kv-load-failure-policy fail; "recompute": go on
         self.total_blocks = total_blocks
         self.free_blocks = total_blocks
         self.cached_tokens = 0
         self.reserved: list[str] = []
         self.refused = 0  # reserve calls answered 503
         self.finished: list[str] = []
-        self.closed_early: list[str] = []  # streams the router hung up on before the last frame
+        self.closed_early: list[str] = []  # requests the router aborted (or lost) before their last delta
         self.aborted: list[str] = []
         self.stream_closed = threading.Event()
-        self._reservations: dict[str, Reservation] = {}
-        self.app = self._build_app()
+        self._reservations: dict[str, Reservation] = {}  # live ones
+        self.requests: dict[str, Reservation] = {}  # every reservation made, for the tests to inspect
+        super().__init__(worker_id)
 
     def status(self) -> dict[str, Any]:
-        return {"worker_id": self.worker_id, "roles": ["decode"], "queue_len": 0, "num_running": 0,
-                "num_waiting": 0, "free_blocks": self.free_blocks, "total_blocks": self.total_blocks,
-                "draining": False}
+        return {**super().status(), "free_blocks": self.free_blocks, "total_blocks": self.total_blocks}
 
-    def _build_app(self) -> FastAPI:
-        app = FastAPI()
+    def on_message(self, connection: Connection, message: Message) -> None:
+        if isinstance(message, Reserve):
+            self._reserve(connection, message)
+        elif isinstance(message, Abort):
+            self.aborted.append(message.request_id)
+            reservation = self._reservations.pop(message.request_id, None)
+            if reservation is not None and reservation.task is not None:
+                reservation.task.cancel()
 
-        @app.post("/internal/reserve")
-        async def reserve(body: dict[str, Any]) -> JSONResponse:
-            if self.full:
-                self.refused += 1
-                return JSONResponse({"error": {"message": "no free KV blocks", "type": "service_unavailable_error",
-                                               "code": "kv_full"}, "retry_after": self.retry_after}, 503)
-            rid = body["request_id"]
-            self._reservations[rid] = Reservation(rid, body["prompt_token_ids"], body["sampling"])
-            self.reserved.append(rid)
-            return JSONResponse({"request_id": rid, "transfer": {"backend": "fake-http", "url": self.url}})
+    def on_disconnect(self, connection: Connection, reason: str) -> None:
+        for rid, reservation in list(self._reservations.items()):
+            if reservation.connection is connection and reservation.task is not None:
+                reservation.task.cancel()
 
-        @app.post("/fake/kv_done/{rid}")
-        async def kv_done(rid: str, body: dict[str, Any]) -> dict[str, Any]:
-            reservation = self._reservations[rid]
-            reservation.first_token_id = body["first_token_id"]
-            reservation.kv_done.set()
-            return {}
+    def _reserve(self, connection: Connection, message: Reserve) -> None:
+        rid = message.request_id
+        if self.full:
+            self.refused += 1
+            connection.send(Refused(rid, 503, "no free KV blocks", self.retry_after, code="kv_full"))
+            return
+        reservation = Reservation(rid, message.prompt_token_ids, message.sampling, connection)
+        self._reservations[rid] = self.requests[rid] = reservation
+        self.reserved.append(rid)
+        connection.send(Reserved(rid, {"backend": "fake", "worker_id": self.worker_id}))
+        reservation.task = asyncio.get_running_loop().create_task(self._stream(reservation))
 
-        @app.post("/internal/stream/{rid}")
-        async def stream(rid: str) -> StreamingResponse:
-            return StreamingResponse(self._frames(self._reservations[rid]), media_type="application/octet-stream")
+    def kv_done(self, rid: str, first_token_id: int) -> None:
+        """P's hand-off (called from P's thread)."""
+        assert self.loop is not None
 
-        @app.post("/internal/abort/{rid}")
-        async def abort(rid: str) -> dict[str, Any]:
-            self.aborted.append(rid)
-            return {}
+        def done() -> None:
+            reservation = self._reservations.get(rid)
+            if reservation is not None:
+                reservation.first_token_id = first_token_id
+                reservation.kv_done.set()
 
-        @app.get("/internal/status")
-        async def status() -> dict[str, Any]:
-            return self.status()
+        self.loop.call_soon_threadsafe(done)
 
-        return app
-
-    async def _frames(self, r: Reservation):
+    async def _stream(self, r: Reservation) -> None:
         sent = 0
         try:
             try:
                 await asyncio.wait_for(r.kv_done.wait(), self.kv_lease_s)
             except TimeoutError:
                 if self.kv_failure == "fail":
-                    frame = {**self._frame(r, FIRST_TOKEN_ID, "", 0, "error"), "token_ids": [],
-                             "error": f"lease of {self.kv_lease_s} s expired"}
-                    yield encode_frame(frame)
+                    self._send(r, TokenDelta(r.request_id, [], "", "error", None, len(r.prompt_token_ids), 0, 0,
+                                             f"lease of {self.kv_lease_s} s expired"))
                     self.finished.append(r.request_id)
                     return
                 r.first_token_id = FIRST_TOKEN_ID  # recomputed here
             max_tokens, seed = r.sampling["max_tokens"], r.sampling["seed"]
             for i in range(max_tokens):
                 if self.break_after is not None and sent >= self.break_after:
+                    r.connection.close()
                     return
                 if i and self.token_delay_s:
                     await asyncio.sleep(self.token_delay_s)
                 token_id = r.first_token_id if i == 0 else FIRST_TOKEN_ID + i
                 last = i == max_tokens - 1
-                yield encode_frame(self._frame(r, token_id, token_text(seed, i), i + 1, "length" if last else None))
+                self._send(r, self._delta(r, token_id, token_text(seed, i), i + 1, "length" if last else None))
                 sent += 1
             self.finished.append(r.request_id)
         finally:
+            self._reservations.pop(r.request_id, None)
             if r.request_id not in self.finished:
                 self.closed_early.append(r.request_id)
                 self.stream_closed.set()
 
-    def _frame(self, r: Reservation, token_id: int, text: str, count: int, finish: str | None) -> dict[str, Any]:
+    def _send(self, r: Reservation, delta: TokenDelta) -> None:
+        if not r.connection.closed:
+            r.connection.send(Tokens([delta]))
+
+    def _delta(self, r: Reservation, token_id: int, text: str, count: int, finish: str | None) -> TokenDelta:
         k = r.sampling.get("logprobs")
         logprobs = None if k is None else [
             {"token_id": token_id, "logprob": -0.5, "top": [[token_id, -0.5], [token_id + 1, -1.5]][:k]}]
         if self.stamp_times:
             text = f"{time.perf_counter():.6f};"
-        return {"token_ids": [token_id], "text": text, "finish_reason": finish, "logprobs": logprobs,
-                "prompt_tokens": len(r.prompt_token_ids), "completion_tokens": count,
-                "cached_tokens": self.cached_tokens, "error": None}
+        return TokenDelta(r.request_id, [token_id], text, finish, logprobs, len(r.prompt_token_ids), count,
+                          self.cached_tokens)
 
 
-class FakePrefillWorker:
-    """FAKE prefill worker: hands the first token to D over HTTP. Knobs: fail (answer 500), hang_s."""
+class FakePrefillWorker(_FakeWorker):
+    """FAKE prefill worker: hands the first token to D (its in-process table), answers the router after D
+    has it, so D's first delta comes first. Knobs: fail (answer 500), hang_s, answer_first."""
 
-    def __init__(self, worker_id: str = "fake-p") -> None:
-        self.worker_id = worker_id
+    role = "prefill"
+
+    def __init__(self, worker_id: str = "fake-p", decoders: dict[str, FakeDecodeWorker] | None = None) -> None:
         self.fail = False
         self.hang_s = 0.0  # wait this long before handing the KV off (a stalled prefill worker)
+        self.answer_first = False  # answer the router with the first token before handing it to D
         self.prefilled: list[str] = []
         self.aborted: list[str] = []
         self.queue_len = 0
-        self.app = self._build_app()
+        self.decoders = decoders if decoders is not None else {}
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._targets: dict[str, asyncio.Future[dict[str, Any]]] = {}
+        super().__init__(worker_id)
 
     def status(self) -> dict[str, Any]:
-        return {"worker_id": self.worker_id, "roles": ["prefill"], "queue_len": self.queue_len, "num_running": 0,
-                "num_waiting": 0, "free_blocks": 100, "total_blocks": 100, "draining": False}
+        return {**super().status(), "queue_len": self.queue_len}
 
-    def _build_app(self) -> FastAPI:
-        @contextlib.asynccontextmanager
-        async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-            async with httpx.AsyncClient() as client:  # one client: creating one costs ~50 ms (SSL context)
-                self._client = client
-                yield
+    def on_message(self, connection: Connection, message: Message) -> None:
+        if isinstance(message, Prefill):
+            self.prefilled.append(message.request_id)
+            target = self._targets[message.request_id] = asyncio.get_running_loop().create_future()
+            self._tasks[message.request_id] = asyncio.get_running_loop().create_task(
+                self._prefill(connection, message, target))
+        elif isinstance(message, PrefillTarget):
+            future = self._targets.get(message.request_id)
+            if future is not None and not future.done():
+                future.set_result(message.transfer)
+        elif isinstance(message, Abort):
+            self.aborted.append(message.request_id)
+            task = self._tasks.pop(message.request_id, None)
+            if task is not None:
+                task.cancel()
 
-        app = FastAPI(lifespan=lifespan)
-
-        @app.post("/internal/prefill")
-        async def prefill(body: dict[str, Any]) -> JSONResponse:
-            rid = body["request_id"]
-            self.prefilled.append(rid)
+    async def _prefill(self, connection: Connection, message: Prefill,
+                       target: asyncio.Future[dict[str, Any]]) -> None:
+        rid = message.request_id
+        try:
+            transfer = await target
             if self.fail:
-                return JSONResponse({"error": {"message": "prefill crashed", "type": "server_error",
-                                               "code": None}}, 500)
+                connection.send(PrefillFailed(rid, 500, "prefill crashed"))
+                return
             if self.hang_s:
                 await asyncio.sleep(self.hang_s)
-            await self._client.post(f"{body['transfer']['url']}/fake/kv_done/{rid}",
-                                    json={"first_token_id": FIRST_TOKEN_ID})
-            n = len(body["prompt_token_ids"])
-            return JSONResponse({"request_id": rid, "first_token_id": FIRST_TOKEN_ID, "num_cached_tokens": 0,
-                                 "num_computed_tokens": n, "prefill_s": 0.001})
-
-        @app.post("/internal/abort/{rid}")
-        async def abort(rid: str) -> dict[str, Any]:
-            self.aborted.append(rid)
-            return {}
-
-        @app.get("/internal/status")
-        async def status() -> dict[str, Any]:
-            return self.status()
-
-        return app
+            answer = Prefilled(rid, FIRST_TOKEN_ID, token_text(message.sampling["seed"], 0),
+                               "length" if message.sampling["max_tokens"] == 1 else None, None, 0,
+                               len(message.prompt_token_ids), 0.001)
+            if self.answer_first:
+                connection.send(answer)
+                await asyncio.sleep(0.05)
+            self.decoders[transfer["worker_id"]].kv_done(rid, FIRST_TOKEN_ID)
+            if not self.answer_first:
+                await asyncio.sleep(0.01)
+                connection.send(answer)
+        finally:
+            self._tasks.pop(rid, None)
+            self._targets.pop(rid, None)

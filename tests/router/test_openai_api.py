@@ -62,7 +62,7 @@ def test_chat_non_streaming(cluster) -> None:
     tokenizer = cluster.state.tokenizer
     expected_prompt = tokenizer.encode(tokenizer.apply_chat_template(messages), add_special_tokens=False)
     assert out.usage.prompt_tokens == len(expected_prompt)
-    assert cluster.decode[0]._reservations[cluster.decode[0].reserved[-1]].prompt_token_ids == expected_prompt
+    assert cluster.decode[0].requests[cluster.decode[0].reserved[-1]].prompt_token_ids == expected_prompt
 
 
 def test_chat_streaming_opens_with_the_assistant_role(cluster) -> None:
@@ -87,7 +87,7 @@ def test_chat_content_parts_and_max_completion_tokens(cluster) -> None:
 def test_chat_max_tokens_defaults_to_the_rest_of_the_context(cluster) -> None:
     cluster.client().chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}])
     decode = cluster.decode[0]
-    reservation = decode._reservations[decode.reserved[-1]]
+    reservation = decode.requests[decode.reserved[-1]]
     assert reservation.sampling["max_tokens"] == 2048 - len(reservation.prompt_token_ids)
 
 
@@ -123,7 +123,7 @@ def test_token_id_prompts(cluster) -> None:
     out = cluster.client().completions.create(model=MODEL, prompt=[[1, 2, 3], [4, 5]], max_tokens=1)
     assert out.usage.prompt_tokens == 5
     decode = cluster.decode[0]
-    assert sorted(decode._reservations[r].prompt_token_ids for r in decode.reserved[-2:]) == [[1, 2, 3], [4, 5]]
+    assert sorted(decode.requests[r].prompt_token_ids for r in decode.reserved[-2:]) == [[1, 2, 3], [4, 5]]
 
 
 def test_sampling_parameters_reach_the_workers(cluster) -> None:
@@ -132,7 +132,7 @@ def test_sampling_parameters_reach_the_workers(cluster) -> None:
         frequency_penalty=0.25, seed=7, extra_body={"top_k": 20, "min_p": 0.1, "repetition_penalty": 1.1,
                                                      "ignore_eos": True, "stop_token_ids": [5], "made_up": 1})
     decode = cluster.decode[0]
-    sampling = decode._reservations[decode.reserved[-1]].sampling
+    sampling = decode.requests[decode.reserved[-1]].sampling
     assert sampling == {"max_tokens": 2, "temperature": 0.5, "top_p": 0.9, "top_k": 20, "min_p": 0.1,
                         "presence_penalty": 0.5, "frequency_penalty": 0.25, "repetition_penalty": 1.1, "seed": 7,
                         "stop": ["x", "y"], "stop_token_ids": [5], "ignore_eos": True, "logprobs": None}

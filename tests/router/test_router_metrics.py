@@ -16,6 +16,7 @@ def _samples(url: str) -> dict[tuple[str, tuple], float]:
 
 def test_latency_histograms_counters_and_worker_gauges(make_cluster) -> None:
     cluster = make_cluster()
+    cluster.prefill[0].answer_first = True  # P's answer (its prefill time) before the request ends
     client = cluster.client()
     list(client.completions.create(model=MODEL, prompt="Hi", max_tokens=4, stream=True))
     client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=3)

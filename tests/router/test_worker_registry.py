@@ -96,7 +96,7 @@ def test_registered_workers_serve_requests(make_cluster) -> None:
     cluster = make_cluster(static=False)
     for worker, server, role in ((cluster.prefill[0], cluster.prefill_servers[0], "prefill"),
                                  (cluster.decode[0], cluster.decode_servers[0], "decode")):
-        body = _register_body(worker.worker_id, server.url, [role])
+        body = _register_body(worker.worker_id, server.url, [role], data_port=worker.data.port)
         assert httpx.post(f"{cluster.url}/internal/workers/register", json=body).status_code == 200
     out = cluster.client().completions.create(model=MODEL, prompt="Hi", max_tokens=2)
     assert out.usage.completion_tokens == 2
