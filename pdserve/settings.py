@@ -112,10 +112,10 @@ class KVCacheSettings:
         return count
 
 
-@dataclass(frozen=True)
 GPU_MAX_NUM_SEQS = 256  # vLLM's default; decode is memory-bound, so a GPU step barely grows with the batch
 
 
+@dataclass(frozen=True)
 class SchedulerSettings:
     """Batching limits of both roles, their queue bounds, and the decode-side reservation lease."""
 

@@ -95,6 +95,7 @@ class Channel:
         loop = asyncio.get_running_loop()
         self.reserve_answer: asyncio.Future[Reserved | Refused] = loop.create_future()
         self.started: asyncio.Future[None] = loop.create_future()  # first token relayed, or a failure
+        self.prefill_lost: asyncio.Future[str] = loop.create_future()  # P's link dropped before the first token
         self.prefill_numbers: PrefillNumbers | None = None  # P's answer, once it came
         self.prefill_answered = False
         self.first_from: str | None = None  # "prefill" | "decode"
@@ -188,8 +189,11 @@ class Channel:
                 return
             self._fail(WorkerFailed(f"decode worker {link.worker_id} lost: {reason}", "decode", "decode_failed"))
         elif link is self.prefill_link and self.first_from is None:
+            # not a failure yet: D still holds the reservation, and its KV lease ends in a recompute (or an
+            # error delta); the relay retries on another P now if there is one (router/relay.py)
             self.prefill_answered = True
-            self._fail(WorkerFailed(f"prefill worker {link.worker_id} lost: {reason}"))
+            if not self.prefill_lost.done():
+                self.prefill_lost.set_result(f"prefill worker {link.worker_id} lost: {reason}")
 
     # ---- to the response ------------------------------------------------------------------------
 

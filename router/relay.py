@@ -7,8 +7,9 @@
                  ▼ RESERVED
               PREFILL_TARGET to P ─▶ the first token, from P's PREFILLED or D's first delta, whichever
                                      comes first (router/channel.py) ─▶ the channel is started
-                 failed before it (P failed or lost, D's KV load failed, D lost): ABORT to both, then once
-                 more with another P (the same P again when D was what failed), else 503
+                 failed before it (P failed, D's KV load failed, D lost): ABORT to both, then once more with
+                 another P (the same P again when D was what failed), else 503. P's link lost: the same when
+                 another P is up; else D's KV lease decides (it recomputes the prompt, or fails the request)
 
 A started channel relays D's deltas into the response's sink until the last one; closing it early (the client
 left, another choice failed) sends ABORT to D (and to P if P had not answered), which frees the blocks.
@@ -116,6 +117,14 @@ class Relay:
     async def _first_token(self, channel: Channel) -> None:
         try:
             async with asyncio.timeout(self._config.prefill_timeout_s):
+                await asyncio.wait({channel.started, channel.prefill_lost}, return_when=asyncio.FIRST_COMPLETED)
+                if not channel.started.done():
+                    lost = channel.prefill_lost.result()
+                    others = [w for w in self._registry.candidates("prefill") if w is not channel.prefill]
+                    if others:
+                        raise WorkerFailed(lost)
+                    log.warning("%s: %s and no other prefill worker is up; waiting for the decode worker's KV "
+                                "lease (recompute or error)", channel.request_id, lost)
                 await asyncio.shield(channel.started)
         except TimeoutError:
             raise WorkerFailed(f"no first token for {channel.request_id} from {channel.prefill.worker_id} or "

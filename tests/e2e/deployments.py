@@ -14,6 +14,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -69,6 +70,11 @@ class Deployment:
     def worker_url(self, role: str) -> str:
         [worker] = [w for w in self.workers if role in w["roles"]]
         return worker["url"]
+
+    def data_address(self, role: str) -> tuple[str, int]:
+        """Where the worker of `role` takes data-plane connections."""
+        [worker] = [w for w in self.workers if role in w["roles"]]
+        return urlsplit(worker["url"]).hostname or "127.0.0.1", worker["data_port"]
 
     def status(self, role: str) -> dict:
         return httpx.get(f"{self.worker_url(role)}/internal/status", headers=INTERNAL, timeout=5).json()

@@ -17,13 +17,18 @@ TINY = ModelConfig(name="tiny", vocab_size=512, hidden_size=64, intermediate_siz
 BLOCK = 16
 
 
-def test_buckets_on_cuda_are_powers_of_two_capped_and_captured_largest_first() -> None:
+def test_buckets_on_cuda_follow_the_batch_closely_and_are_captured_largest_first() -> None:
     cuda = torch.device("cuda")
-    assert default_decode_buckets(256, cuda) == [1, 2, 4, 8, 16, 32, 64, 128, 256]
-    assert default_decode_buckets(48, cuda) == [1, 2, 4, 8, 16, 32, 48]
-    assert capture_order([1, 2, 4, 8, 16, 32, 48]) == [48, 32, 16, 8, 4, 2, 1]
+    buckets = default_decode_buckets(256, cuda)
+    assert buckets[:4] == [1, 2, 4, 8] and buckets[-1] == 256 and len(buckets) == 23
+    gaps = [b - a for a, b in zip(buckets, buckets[1:], strict=False)]
+    assert max(gaps[:10]) == 8 and set(gaps[10:]) == {16}  # every 8 up to 64, every 16 up to 256
+    assert default_decode_buckets(512, cuda)[-9:] == [256, 288, 320, 352, 384, 416, 448, 480, 512]
+    assert default_decode_buckets(48, cuda) == [1, 2, 4, 8, 16, 24, 32, 40, 48]
+    assert default_decode_buckets(100, cuda)[-3:] == [80, 96, 100]
+    assert capture_order([1, 2, 4, 8, 16, 24, 48]) == [48, 24, 16, 8, 4, 2, 1]
     buffers = DecodeBuffers(48, 8, BLOCK, torch.device("cpu"), default_decode_buckets(48, cuda))
-    assert [buffers.bucket_for(n) for n in (1, 3, 8, 17, 33, 48)] == [1, 4, 8, 32, 48, 48]
+    assert [buffers.bucket_for(n) for n in (1, 3, 8, 17, 33, 48)] == [1, 4, 8, 24, 40, 48]
     with pytest.raises(ValueError, match="exceeds the largest bucket 48"):
         buffers.bucket_for(49)
 

@@ -12,14 +12,13 @@ import httpx
 import openai
 import pytest
 from cluster import API_KEY, MODEL, Cluster, Proc, metric
+from data_plane import refuses_a_wrong_secret
 from raw_wire import frame, read_frame
 
 OPENAI_CALLS = [("GET", "/v1/models", None), ("POST", "/v1/completions", {"model": MODEL, "prompt": "hi"}),
                 ("POST", "/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]})]
-WORKER_CALLS = [("GET", "/internal/status"), ("POST", "/internal/reserve"), ("POST", "/internal/prefill"),
-                ("POST", "/internal/stream/x"), ("POST", "/internal/abort/x"), ("POST", "/internal/drain"),
-                ("POST", "/internal/role"), ("GET", "/internal/cache"), ("POST", "/internal/cache/clear"),
-                ("GET", "/internal/control")]
+WORKER_CALLS = [("GET", "/internal/status"), ("POST", "/internal/drain"), ("POST", "/internal/role"),
+                ("GET", "/internal/cache"), ("POST", "/internal/cache/clear"), ("GET", "/internal/control")]
 
 
 def test_the_openai_api_needs_the_api_key(cluster: Cluster) -> None:
@@ -52,8 +51,9 @@ def test_internal_endpoints_and_transfer_ports_need_the_secret(cluster: Cluster)
     for proc in workers(cluster):
         if proc.role == "decode":
             assert transfer_port_refuses(proc), proc.name
+        assert refuses_a_wrong_secret("127.0.0.1", cluster.status(proc)["data_port"]), proc.name
     print(f"\nRELIABILITY secret: {refused} internal calls without or with a wrong secret -> 401; every decode "
-          f"worker's transfer port refused a wrong HMAC")
+          f"worker's transfer port and every worker's data plane refused a wrong HMAC")
 
 
 def transfer_port_refuses(proc: Proc) -> bool:
@@ -97,8 +97,8 @@ def _ip(hex_address: str, width: int) -> str:
 def test_every_socket_listens_on_loopback(cluster: Cluster) -> None:
     procs = [cluster.router, *workers(cluster)]
     addresses = {p.name: listening_addresses(p.pid) for p in procs if p is not None}
-    for proc in workers(cluster):  # HTTP, and the KV receiver (both nodes are built, whatever the role)
-        assert len(addresses[proc.name]) >= 2, addresses
+    for proc in workers(cluster):  # HTTP, the data plane, the KV receiver (both nodes are built, whatever the role)
+        assert len(addresses[proc.name]) >= 3, addresses
     bad = {name: a for name, a in addresses.items() if any(not x.startswith(("127.0.0.1:", "::1:")) for x in a)}
     assert not bad, bad
     print(f"\nRELIABILITY loopback: {sum(map(len, addresses.values()))} listening sockets of {len(procs)} "
