@@ -21,6 +21,7 @@ COPY kv_transfer /kv_transfer
 COPY prefill_node /prefill_node
 COPY decode_node /decode_node
 COPY router /router
+COPY protocol /protocol
 
 FROM python:${PYTHON_VERSION}-slim AS base
 ENV PYTHONUNBUFFERED=1 \

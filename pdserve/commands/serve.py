@@ -21,7 +21,8 @@ _MODEL_FLAGS = ("model", "load_format", "model_preset", "tokenizer", "max_model_
 _WORKER_ONLY_FLAGS = ("device", "dtype", "torch_threads", "enforce_eager", "num_blocks", "kv_cache_memory",
                       "gpu_memory_utilization",
                       "block_size", "max_num_seqs",
-                      "max_num_batched_tokens", "kv_lease_timeout", "kv_load_failure_policy", "max_queued_requests")
+                      "max_num_batched_tokens", "kv_lease_timeout", "kv_load_failure_policy", "max_queued_requests",
+                      "async_scheduling")
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -59,7 +60,10 @@ def forwarded_flags(args: argparse.Namespace, names: tuple[str, ...]) -> list[st
         if value is None or value == _DEFAULTS.get(name):
             continue
         flag = f"--{name.replace('_', '-')}"
-        out += [flag] if value is True else [flag, str(value)]  # an on/off flag takes no value
+        if value is False:  # an on-by-default switch turned off (argparse.BooleanOptionalAction)
+            out.append(f"--no-{name.replace('_', '-')}")
+        else:
+            out += [flag] if value is True else [flag, str(value)]  # an on/off flag takes no value
     return out
 
 

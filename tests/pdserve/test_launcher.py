@@ -79,9 +79,13 @@ def test_p_and_d_on_gpus_default_to_cuda_ipc_and_cpus_to_the_workers_tcp() -> No
 
 def test_serve_forwards_only_changed_flags() -> None:
     args = build_parser().parse_args(["serve", "--load-format", "dummy", "--model-preset", "llama3-8b",
-                                      "--num-blocks", "100", "--max-num-seqs", "64"])
+                                      "--num-blocks", "100", "--block-size", "16", "--max-num-seqs", "64"])
     worker = forwarded_flags(args, _MODEL_FLAGS + _WORKER_ONLY_FLAGS)
-    assert worker == ["--load-format", "dummy", "--model-preset", "llama3-8b", "--num-blocks", "100"]
+    # --block-size 16 is the default: not forwarded; --max-num-seqs has none (each worker picks by its device)
+    assert worker == ["--load-format", "dummy", "--model-preset", "llama3-8b", "--num-blocks", "100",
+                      "--max-num-seqs", "64"]
+    sync = build_parser().parse_args(["serve", "--no-async-scheduling"])
+    assert forwarded_flags(sync, _WORKER_ONLY_FLAGS) == ["--no-async-scheduling"]
     assert forwarded_flags(args, _MODEL_FLAGS) == ["--load-format", "dummy", "--model-preset", "llama3-8b"]
     eager = build_parser().parse_args(["serve", "--enforce-eager", "--gpu-memory-utilization", "0.4"])
     assert forwarded_flags(eager, _WORKER_ONLY_FLAGS) == ["--enforce-eager", "--gpu-memory-utilization", "0.4"]
