@@ -21,15 +21,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--hf-config", default=None, help="a HF model directory whose config.json gives the shapes "
                                                      "(instead of --model-preset)")
     p.add_argument("--device", default="auto", help="auto: cuda when available, else cpu")
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"])
-    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"],
+                   help="weights and KV dtype; auto: bfloat16 on CUDA, float32 on CPU")
+    p.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
     p.add_argument("--prefill-lens", type=_ints, default=None, help="prompt lengths, e.g. 16,64,256,1024")
     p.add_argument("--prefill-batches", type=_ints, default=None, help="prompts per iteration, e.g. 1,2,4")
     p.add_argument("--max-num-batched-tokens", type=int, default=None, help="skip prefill shapes above this")
     p.add_argument("--decode-batches", type=_ints, default=None, help="sequences per step, e.g. 1,8,32")
     p.add_argument("--decode-ctxs", type=_ints, default=None, help="context per sequence, e.g. 64,512")
     p.add_argument("--repeats", type=int, default=3, help="timed runs per shape (median kept)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
     p.add_argument("--output", default="profile.json", help="where the profile JSON goes")
     p.set_defaults(func=run)
 
