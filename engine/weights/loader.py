@@ -117,7 +117,7 @@ def model_dir(resolved: ResolvedModel, cache: Path, progress: bool = True, hub: 
     assert resolved.path is not None
     if resolved.kind is ModelKind.GGUF:
         return ensure_converted(resolved.path, converted_dir(cache, resolved.name, file_digest(resolved.path)),
-                                resolved.name)
+                                resolved.name, progress)
     return resolved.path
 
 
