@@ -8,6 +8,8 @@ import os
 import sys
 from pathlib import Path
 
+from pdserve.env_flags import apply_env_defaults
+
 
 def cache_dir_from_env() -> Path | None:
     value = os.environ.get("PDSERVE_CACHE_DIR")
@@ -29,6 +31,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                        help="Hugging Face cache of repo ids (default: huggingface_hub's, from HF_HOME)")
     fetch.add_argument("--cache-dir", type=Path, default=None,
                        help="model cache (default: $PDSERVE_CACHE_DIR or ~/.cache/pdserve)")
+    apply_env_defaults(fetch, os.environ)  # PDSERVE_REVISION, PDSERVE_DOWNLOAD_DIR: compose's `model` service
     fetch.set_defaults(func=run_fetch)
     listing = actions.add_parser("list", help="list embedded models and dummy presets")
     listing.set_defaults(func=run_list)

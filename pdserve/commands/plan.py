@@ -1,5 +1,7 @@
 """`pdserve plan`: from a profile (`pdserve profile`), a workload and SLOs, simulate router + P pool + D pool
-and recommend the P:D split and pool size with the most goodput per worker (pdserve/planner/plan.py)."""
+and recommend the P:D split and pool size with the most goodput per worker (pdserve/planner/plan.py); then say
+how the choice was made and print the `pdserve serve` (and, for a GPU profile, `pdserve compose`) command that
+deploys it (pdserve/planner/deploy_command.py)."""
 
 from __future__ import annotations
 
@@ -29,7 +31,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     s = p.add_argument_group("objective")
     s.add_argument("--goodput", nargs="+", default=["ttft:1000", "tpot:50"], metavar="KEY:MS",
                    help="SLOs in ms (default ttft:1000 tpot:50)")
-    s.add_argument("--target-attainment", type=float, default=0.9, help="share of requests within every SLO")
+    s.add_argument("--target-attainment", type=float, default=0.9,
+                   help="the gate: the share of simulated requests within every SLO a split must reach to qualify")
     s.add_argument("--max-workers", type=int, default=512, help="largest P + D considered")
     s.add_argument("--num-prefill", type=int, default=None, help="simulate this split only (with --num-decode)")
     s.add_argument("--num-decode", type=int, default=None, help="simulate this split only (with --num-prefill)")
@@ -81,6 +84,8 @@ def run(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
     from pdserve.bench.metrics import SLOs
+    from pdserve.engine.weights import DEFAULT_MODEL, KNOWN_MODELS
+    from pdserve.planner.deploy_command import deploy_lines, gate_explanation
     from pdserve.planner.plan import Planner, PlanResult, format_plan
     from pdserve.planner.profile import Profile
 
@@ -100,6 +105,11 @@ def run(args: argparse.Namespace) -> int:
     elapsed = time.perf_counter() - start
     print(format_plan(result, slos))
     print(f"{len(result.candidates)} clusters simulated ({args.num_requests} requests each) in {elapsed:.1f} s")
+    print(gate_explanation(planner.target, slos))
+    choice = result.recommended or (result.candidates[0] if args.num_prefill is not None else None)
+    if choice is not None:
+        print("\n".join(deploy_lines(choice, planner.cluster, profile.model, profile.device,
+                                     KNOWN_MODELS[DEFAULT_MODEL].preset)))
     if args.output:
         payload = {"profile": args.profile, "workload": vars(args) | {"func": None}, "slos_ms": slos.to_dict(),
                    "candidates": [asdict(c) for c in result.candidates],
