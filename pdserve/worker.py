@@ -20,7 +20,6 @@ import hmac
 import logging
 import socket
 import threading
-import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -119,19 +118,15 @@ class Worker:
         self.device = resolve_device(settings.model.device)
         self.dtype = parse_dtype(None if settings.model.dtype == "auto" else settings.model.dtype, self.device)
         self.model_name = served_model_name(settings.model)
-        started = time.perf_counter()
-        logger.info("loading %s (%s) on %s", settings.model.model, self.dtype, self.device)
         self.loaded = load_engine_model(settings.model, self.device, self.dtype)
-        logger.info("loaded %s in %.1f s", self.loaded.config.name, time.perf_counter() - started)
         self.config: ModelConfig = self.loaded.config
         weights = self._fuse_weights()
         self.cache_config = self._cache_config()
         self.runner = ModelRunner(self.config, self.cache_config, weights, self.device, self.dtype,
                                   max_num_seqs=settings.scheduler.max_num_seqs,
                                   enforce_eager=settings.model.enforce_eager)
-        started = time.perf_counter()
         if warmed := self.runner.warm_up_prefill(settings.scheduler.max_num_batched_tokens):
-            logger.info("prefill warm-up: %d shapes compiled and run in %.1f s", warmed, time.perf_counter() - started)
+            logger.info("prefill warm-up: %d shapes compiled and run", warmed)
         self.pool = BlockPool(self.cache_config.num_blocks)
         self.prefix_cache = PrefixCache(self.pool, self.cache_config.block_size, settings.cache.enable_prefix_caching)
         self.state_lock = threading.RLock()

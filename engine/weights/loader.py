@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,6 +34,7 @@ from pdserve.engine.weights.hf_dir import hf_config, load_safetensors, safetenso
 from pdserve.engine.weights.hub import HubOptions, snapshot_dir
 from pdserve.engine.weights.registry import DEFAULT_MODEL, ModelKind, ResolvedModel, resolve_model
 
+logger = logging.getLogger(__name__)
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
            "half": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
 
@@ -82,7 +85,11 @@ def load_model(
     if resolved.kind is ModelKind.DUMMY:
         loaded = _load_dummy(resolved, spec.seed, torch_dtype, device)
     else:
-        loaded = _load_dir(model_dir(resolved, cache, progress, spec.hub), resolved.name, torch_dtype, device)
+        path = model_dir(resolved, cache, progress, spec.hub)
+        started = time.perf_counter()
+        logger.info("loading %s from %s (%s on %s)", resolved.name, path, torch_dtype, device)
+        loaded = _load_dir(path, resolved.name, torch_dtype, device)
+        logger.info("loaded %s in %.1f s", resolved.name, time.perf_counter() - started)
     if spec.tokenizer is not None:
         loaded.tokenizer = Tokenizer.from_dir(spec.tokenizer, eos_token_ids=loaded.config.eos_token_ids)
     return loaded
