@@ -2,11 +2,15 @@
 # The one image every pdserve service runs (compose.yaml), in two variants:
 #
 #   docker build --target cpu -t pdserve:cpu .   torch 2.13.0 CPU wheel; the router always uses this one
-#   docker build --target gpu -t pdserve:gpu .   torch 2.13.0 CUDA wheel (CUDA libraries come with it) + triton
-#                                                + cupy; the host needs the NVIDIA driver and Container Toolkit
+#   docker build --target gpu -t pdserve:gpu .   torch 2.13.0 CUDA wheel (CUDA libraries come with it) + triton;
+#                                                the host needs the NVIDIA driver and Container Toolkit
+#
+# The image holds what the code imports and nothing else (tests/deploy/test_image_contents.py checks the
+# dependency lists against the imports): no cupy, which no code imports (KV moves between GPUs through torch).
 #
 # The entry point is `pdserve`; every flag defaults from PDSERVE_<FLAG>, so compose configures it through the
-# environment. Models are fetched into PDSERVE_CACHE_DIR (/cache, a named volume in compose.yaml).
+# environment. Models are fetched into PDSERVE_CACHE_DIR (/cache, a named volume in compose.yaml), Hugging Face
+# repo ids into HF_HOME (/cache/huggingface); your own weights can be mounted at /models.
 # torch is installed before the sources are copied, so a code change does not download it again.
 ARG PYTHON_VERSION=3.12
 
@@ -27,8 +31,9 @@ FROM python:${PYTHON_VERSION}-slim AS base
 ENV PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    PDSERVE_CACHE_DIR=/cache
-RUN useradd --create-home --uid 1000 pdserve && mkdir -p /cache && chown pdserve:pdserve /cache
+    PDSERVE_CACHE_DIR=/cache \
+    HF_HOME=/cache/huggingface
+RUN useradd --create-home --uid 1000 pdserve && mkdir -p /cache /models && chown pdserve:pdserve /cache /models
 EXPOSE 8000 8100 8200
 ENTRYPOINT ["pdserve"]
 CMD ["serve", "--host", "0.0.0.0"]

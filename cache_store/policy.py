@@ -148,9 +148,12 @@ _FLAGS: dict[str, tuple[str, type | None, str]] = {  # setting -> (flag, type, h
 
 def add_cache_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("KV cache tiers (host RAM, Redis)")
-    for flag, kind, text in _FLAGS.values():  # dest from the flag's name: PDSERVE_CACHE_WRITE_POLICY and so on
-        group.add_argument(flag, type=kind, default=None, help=text)
-    group.add_argument("--cache-policy-file", default=None, help="JSON or TOML file of the settings above")
+    defaults = TierConfig().__dict__ | CachePolicy().__dict__
+    for name, (flag, kind, text) in _FLAGS.items():  # dest from the flag's name: PDSERVE_CACHE_WRITE_POLICY ...
+        shown = {None: "none", 24 * 3600: "86400 (a day)"}.get(defaults[name], defaults[name])
+        group.add_argument(flag, type=kind, default=None, help=f"{text} (default: {shown}, or the policy file's)")
+    group.add_argument("--cache-policy-file", default=None,
+                       help="JSON or TOML file of the settings above (default: none)")
 
 
 def cache_settings_from_args(args: argparse.Namespace, pin_host_memory: bool) -> tuple[TierConfig, CachePolicy]:

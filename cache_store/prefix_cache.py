@@ -14,6 +14,9 @@ A sequence's life with the cache (P and D alike):
 
 `allocate` is the leak-proof entry point: hits and new blocks come back as one list that one `free`
 releases. `match` (acquire only) exists for callers that allocate elsewhere; its result must be freed.
+
+`enabled=False` (`--no-enable-prefix-caching`): `commit` names nothing, so nothing is ever found and every
+prompt is computed in full; the calls stay the same, so the nodes need no second code path.
 """
 
 from __future__ import annotations
@@ -64,11 +67,12 @@ class PrefixCacheStats:
 
 
 class PrefixCache:
-    def __init__(self, pool: BlockPool, block_size: int) -> None:
+    def __init__(self, pool: BlockPool, block_size: int, enabled: bool = True) -> None:
         if block_size <= 0:
             raise ValueError(f"block_size must be positive, got {block_size}")
         self.pool = pool
         self.block_size = block_size
+        self.enabled = enabled
         self.stats = PrefixCacheStats()
 
     def peek(self, hashes: Sequence[bytes]) -> PrefixMatch:
@@ -115,6 +119,8 @@ class PrefixCache:
         """
         if len(hashes) > len(block_ids):
             raise ValueError(f"{len(hashes)} hashes for only {len(block_ids)} blocks")
+        if not self.enabled:
+            return 0
         newly = 0
         for block_hash, block_id in zip(hashes, block_ids):
             had_hash = self.pool.block_hash(block_id) is not None

@@ -25,7 +25,9 @@ between repeats with no consistent winner (results/redis_granularity_devbox_2cpu
 
 Failures never reach a request: every call catches Redis and socket errors, counts them, and returns a miss
 (or writes nothing). After an error Redis is skipped for `retry_interval_s` (counted as skipped), then
-tried again: the client reconnects by itself, so a restarted server is used again.
+tried again: the client reconnects by itself, so a restarted server is used again. The console hears of it
+once per change, not per call: `probe()` at start warns when Redis cannot be reached, the first failure after
+a success warns that it went away, and the first success after failures warns that it is back.
 
 URL forms: redis://, rediss://, unix:// (redis-py's own), redis+cluster:// or rediss+cluster:// (a
 RedisCluster from one or more seed nodes) and redis+sentinel://[:password@]host:port[,host:port]/service[/db].
@@ -33,6 +35,7 @@ RedisCluster from one or more seed nodes) and redis+sentinel://[:password@]host:
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import urllib.parse
@@ -50,6 +53,16 @@ from pdserve.cache_store.kv_codec import BlockLayout, CorruptValueError, decode_
 from pdserve.cache_store.tier_stats import TieredCacheStats
 
 _ERRORS = (redis.RedisError, OSError)
+logger = logging.getLogger(__name__)
+
+
+def redacted_url(url: str) -> str:
+    """The URL for a log line: a password in it becomes '***'."""
+    scheme, sep, rest = url.partition("://")
+    auth, at, location = rest.rpartition("@")
+    if not at or ":" not in auth:
+        return url
+    return f"{scheme}{sep}{auth.partition(':')[0]}:***@{location}"
 
 
 def connect_redis(url: str, socket_timeout_s: float, max_connections: int = 32) -> Any:
@@ -126,8 +139,11 @@ class PrefixSink:
 
 class RedisTier:
     def __init__(self, client: Any, layout: BlockLayout, stats: TieredCacheStats, retry_interval_s: float = 1.0,
-                 batch_blocks: int = 16, pin_memory: bool = False) -> None:
+                 batch_blocks: int = 16, pin_memory: bool = False, name: str = "Redis") -> None:
+        """`name`: how log lines call this server (its URL, redacted)."""
         self.client = client
+        self.name = name
+        self.reachable: bool | None = None  # None: not tried yet
         self.pin_memory = pin_memory
         self.layout = layout
         self.stats = stats
@@ -144,10 +160,35 @@ class RedisTier:
     def backing_off(self) -> bool:
         return time.monotonic() < self._down_until
 
-    def mark_failed(self, timed_out: bool = False) -> None:
-        """Count one failed call and skip Redis for `retry_interval_s`."""
+    def probe(self) -> bool:
+        """PING once (at start): warns when Redis cannot be reached. Returns whether it answered."""
+        try:
+            self.client.ping()
+        except _ERRORS as exc:
+            self.mark_failed(error=exc)
+            return False
+        self.mark_ok()
+        return True
+
+    def mark_failed(self, timed_out: bool = False, error: BaseException | None = None) -> None:
+        """Count one failed call and skip Redis for `retry_interval_s`; the first failure after a success (or
+        at start) is logged."""
         self.stats.count(redis_errors=1, redis_timeouts=int(timed_out))
         self._down_until = time.monotonic() + self.retry_interval_s
+        if self.reachable is not False:
+            cause = "a lookup ran past its deadline" if timed_out else f"{type(error).__name__}: {error}"
+            when = "at start" if self.reachable is None else "any more"
+            logger.warning("%s cannot be reached %s (%s): Redis lookups miss and writes are dropped, retried every "
+                           "%g s", self.name, when, cause, self.retry_interval_s)
+        self.reachable = False
+
+    def mark_ok(self) -> None:
+        """A call succeeded: logged when Redis was failing before."""
+        if self.reachable is False:
+            logger.warning("%s is back: the Redis tier is used again", self.name)
+        elif self.reachable is None:
+            logger.info("%s reachable: the Redis tier is on", self.name)
+        self.reachable = True
 
     def _usable(self) -> bool:
         if self.backing_off:
@@ -175,10 +216,12 @@ class RedisTier:
             keys = [self.key(h, salt) for h in batch]
             try:
                 values = self._get_many(keys, ttl_s)
-            except _ERRORS:
+            except _ERRORS as exc:
                 if not sink.closed:  # a closed sink's caller already counted the timeout
-                    self.mark_failed()
+                    self.mark_failed(error=exc)
                 return
+            if self.reachable is not True:
+                self.mark_ok()
             found = self._decode_prefix(batch, keys, values)
             if found.shape[0]:
                 self.stats.count(redis_read_bytes=sum(len(v) for v in values[:found.shape[0]]))
@@ -219,8 +262,8 @@ class RedisTier:
             for key in keys:
                 pipe.delete(key)
             pipe.execute()
-        except _ERRORS:
-            self.mark_failed()
+        except _ERRORS as exc:
+            self.mark_failed(error=exc)
 
     # ---- writes -------------------------------------------------------------------------------------
 
@@ -241,8 +284,11 @@ class RedisTier:
             for start in range(0, len(todo), self.batch_blocks):
                 batch = todo[start:start + self.batch_blocks]
                 written += self._set_batch([(keys[i], hashes[i], blocks[i]) for i in batch], ttl_s)
-        except _ERRORS:
-            self.mark_failed()
+        except _ERRORS as exc:
+            self.mark_failed(error=exc)
+            return written
+        if self.reachable is not True:
+            self.mark_ok()
         return written
 
     def _missing(self, keys: list[str]) -> list[int]:

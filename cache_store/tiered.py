@@ -46,7 +46,7 @@ from pdserve.cache_store.host_tier import HostTier
 from pdserve.cache_store.kv_codec import BlockLayout, gather_to_host, scatter_from_host
 from pdserve.cache_store.policy import CachePolicy, TierConfig
 from pdserve.cache_store.prefix_cache import PrefixCache, SequenceBlocks
-from pdserve.cache_store.redis_tier import PrefixSink, RedisTier, connect_redis
+from pdserve.cache_store.redis_tier import PrefixSink, RedisTier, connect_redis, redacted_url
 from pdserve.cache_store.summary import DEFAULT_SUMMARY_BLOCKS, RecentHashes
 from pdserve.cache_store.tier_stats import TieredCacheStats
 from pdserve.cache_store.tier_writer import RedisTarget, TierWriter, WriteJob
@@ -118,8 +118,10 @@ class TieredKVCache:
         if config.redis_url is None:
             return None
         client = connect_redis(config.redis_url, config.redis_socket_timeout_s, 4 * config.redis_io_threads)
-        return RedisTier(client, self.layout, self.stats, config.redis_retry_interval_s, config.redis_batch_blocks,
-                         config.pin_host_memory)
+        tier = RedisTier(client, self.layout, self.stats, config.redis_retry_interval_s, config.redis_batch_blocks,
+                         config.pin_host_memory, name=f"Redis {redacted_url(config.redis_url)}")
+        tier.probe()  # the console says at start whether the tier works (a refused connection answers at once)
+        return tier
 
     @property
     def policy(self) -> CachePolicy:
@@ -188,9 +190,9 @@ class TieredKVCache:
             future.result(timeout=max(deadline - time.monotonic(), 0.0))
         except FutureTimeout:
             self.redis.mark_failed(timed_out=True)
-        except Exception:  # a cache bug must cost a miss, not the request
+        except Exception as exc:  # a cache bug must cost a miss, not the request
             logger.exception("Redis lookup of %d blocks failed", len(hashes))
-            self.redis.mark_failed()
+            self.redis.mark_failed(error=exc)
         return sink.close()
 
     def _after_fetch(self, rest: list[bytes], fetched: FetchedPrefix) -> None:

@@ -23,12 +23,16 @@ bucket. Callers sample from them before the next step (decode_node/engine.py, pd
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from pdserve.engine.attention_metadata import DecodeBatch, DecodeBuffers
+
+logger = logging.getLogger(__name__)
 
 DecodeForward = Callable[[DecodeBatch], torch.Tensor]  # batch -> fp32 logits [bucket, V]
 
@@ -64,16 +68,23 @@ class DecodeGraphs:
     def capture(self, warmup_runs: int = 2) -> None:
         """Warm every bucket up, then capture each; leaves the buffers holding padding rows."""
         order = capture_order(self.buffers.buckets)
+        start = time.perf_counter()
+        logger.info("capturing %d CUDA graphs of the decode step (batch sizes %d..%d) on %s, once per start",
+                    len(order), min(order), max(order), self.device)
         with torch.cuda.device(self.device):
             self._warm_up(order, warmup_runs)
+            logger.info("decode warm-up done in %.1f s; capturing", time.perf_counter() - start)
             pool = torch.cuda.graph_pool_handle()
-            for bucket in order:
+            for done, bucket in enumerate(order, 1):
                 batch = self.buffers.padding_batch(bucket)
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=pool):
                     logits = self.forward(batch)
                 self.steps[bucket] = CapturedStep(graph, logits)
+                logger.debug("captured the graph of batch size %d (%d/%d)", bucket, done, len(order))
             torch.cuda.synchronize(self.device)
+        logger.info("captured %d CUDA graphs in %.1f s (--enforce-eager skips them)", len(order),
+                    time.perf_counter() - start)
 
     def _warm_up(self, order: list[int], runs: int) -> None:
         # On a side stream, as torch.cuda.graphs recommends: lazy initialisations done here (Triton compiles,

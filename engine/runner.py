@@ -7,6 +7,7 @@ engine worker thread.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -22,6 +23,8 @@ from pdserve.engine.config import CacheConfig, ModelConfig
 from pdserve.engine.cuda_graphs import DecodeGraphs, use_cuda_graphs
 from pdserve.engine.kv_cache import allocate_kv_caches
 from pdserve.engine.model import LayerDone, LlamaModel, ModelWeights, fuse_weights
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -115,6 +118,8 @@ class ModelRunner:
         bs = self.cache_config.block_size
         limit = min(max_tokens, self.config.max_model_len - 1, (self.cache_config.num_blocks - 1) * bs)
         lengths = warm_up_lengths(limit)
+        logger.info("prefill warm-up: %d prompt lengths up to %d tokens, so no request waits for a Triton compile",
+                    len(lengths) + 1, limit)
         ids = [(7 * j + 3) % self.config.vocab_size for j in range(limit + 1)]
         for n in lengths:
             self.prefill([PrefillChunk(ids[:n], 0, list(range(-(-n // bs))))])

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pdserve.vllm_flags import render_vllm_table
+
 _ENV_SUFFIX = re.compile(r"\s*\[env (PDSERVE_[A-Z0-9_]+)\]$")
 # What the variables read straight from os.environ mean (they have no flag). A variable found in a command
 # module but missing here is listed as "(undocumented)", which tests/docs/test_configuration_doc.py refuses.
@@ -33,56 +35,14 @@ ENV_ONLY_HELP = {
                          "(default ~/.cache/pdserve; compose mounts the `model-cache` volume at /cache)",
     "PDSERVE_SECRET": "shared secret of the internal API: sent as `X-PDServe-Secret` on every `/internal/*` call "
                       "and HMAC key of the KV transfer handshake; router and workers must agree (empty: none)",
+    "PDSERVE_MODEL": "`pdserve model fetch`'s default MODEL (compose's one-shot `model` service fetches what every "
+                     "service will serve); for router and workers it is the --model flag's variable",
     "OPENAI_API_KEY": "API key `pdserve bench` sends as `Authorization: Bearer` (a router started with "
                       "--api-key wants it)",
 }
 UNDOCUMENTED = "(undocumented)"
-# Said here for the flags whose add_argument has no help (the command's own help, when it has one, wins).
-FALLBACK_HELP = {
-    "--host": "address to bind (0.0.0.0: every interface)",
-    "bench --host": "host of the server under test",
-    "--port": "HTTP port",
-    "bench --port": "port of the server under test",
-    "--endpoint": "API route the requests go to",
-    "--temperature": "sampling temperature (0: greedy)",
-    "--top-p": "nucleus sampling: keep the smallest set of tokens whose probability reaches this",
-    "--top-k": "sample among the k most likely tokens (-1: all)",
-    "--max-concurrency": "requests in flight at most (default: no limit)",
-    "bench --seed": "seed of the prompts and arrival times",
-    "plan --seed": "seed of the simulated workload",
-    "profile --seed": "seed of the random weights",
-    "--disable-tqdm": "no progress bar",
-    "--dataset-name": "where prompts come from",
-    "--random-input-len": "prompt length of the random data sets",
-    "--random-output-len": "max_tokens of the random data sets",
-    "--random-length-dist": "distribution of the random lengths",
-    "--percentile-metrics": "metrics whose percentiles are reported",
-    "--metric-percentiles": "percentiles reported",
-    "--result-dir": "folder of the result JSON and plots",
-    "--result-filename": "name of the result JSON (default: from the run's settings)",
-    "--role": "which work the worker admits; both: prefill and decode over one block pool",
-    "--worker-id": "name in the router's registry, metrics and admin API (default: generated)",
-    "--transfer-backend": "how KV moves P → D: auto is local for --role both, tcp otherwise; cuda_ipc: P writes "
-                          "into D's GPU pool (one host, one GPU or two with P2P); nccl: control on tcp, bytes "
-                          "through torch.distributed (NCCL on GPUs, gloo on CPUs; GPUs without P2P, any hosts)",
-    "--load-format": "auto: from --model (embedded name, .gguf file, HF directory); dummy: random weights",
-    "--dtype": "weights and KV dtype; auto: bfloat16 on CUDA, float32 on CPU",
-    "--block-size": "tokens per KV block (the router and every worker must agree)",
-    "--max-num-seqs": "sequences in one batch at most: decode's running batch, prompts in one prefill iteration",
-    "--max-num-batched-tokens": "tokens in one prefill iteration at most (chunked prefill beyond it)",
-    "--input-len": "prompt length",
-    "--output-len": "generated tokens per request",
-    "--length-dist": "distribution of the lengths",
-    "--num-prefix-groups": "distinct shared prefixes",
-    "--burstiness": "gamma shape of arrival gaps; 1 = Poisson",
-    "--max-workers": "largest P + D considered",
-    "--num-decode": "simulate this split only (with --num-prefill)",
-    "--kv-latency-ms": "P → D transfer latency per request",
-    "--router-overhead-ms": "router time per request",
-    "--model": "model name, .gguf file or Hugging Face directory; the served name",
-    "--max-model-len": "cap on prompt + output tokens (default: the model's)",
-    "--heartbeat-interval": "seconds between a worker's heartbeats (told to workers at registration)",
-}
+# argparse's BooleanOptionalAction (Python 3.11) appends this to its help; the table has its own default column
+_ARGPARSE_DEFAULT = re.compile(r"\s*\(default: %\(default\)s\)")
 
 
 @dataclass(frozen=True)
@@ -123,10 +83,7 @@ def command_flags(command: str, parser: argparse.ArgumentParser) -> list[FlagDoc
             if action.dest == "help" or isinstance(action, argparse._SubParsersAction):
                 continue
             help_text, env = split_env(action.help or "")
-            if not help_text.strip() and action.option_strings:
-                flag = action.option_strings[0]
-                name = command.removeprefix("pdserve ")
-                help_text = FALLBACK_HELP.get(f"{name} {flag}", FALLBACK_HELP.get(flag, ""))
+            help_text = _ARGPARSE_DEFAULT.sub("", help_text)
             docs.append(FlagDoc(command, _group_title(group), _flag_words(action), _default(action),
                                 _unit(action), env, help_text))
     return docs
@@ -168,10 +125,12 @@ def render(parser: argparse.ArgumentParser, commands_dir: Path) -> str:
     """The whole of docs/configuration.md."""
     commands = list(iter_commands(parser))
     lines = _preamble()
-    lines += ["Commands: " + ", ".join(f"[`{c}`](#{_slug(c)})" for c, _ in commands) + ".", ""]
+    lines += ["Commands: " + ", ".join(f"[`{c}`](#{_slug(c)})" for c, _ in commands) + ". Coming from vLLM: "
+              "[the flag table](#coming-from-vllm).", ""]
     lines += _env_only_section(env_reads(commands_dir))
     for command, sub in commands:
         lines += _command_section(command, sub)
+    lines += render_vllm_table()
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -190,7 +149,12 @@ def _preamble() -> list[str]:
         "  comma-separated list (`PDSERVE_PREFILL=http://a:8100,http://b:8100`); on/off flags take 1/0, true/false,",
         "  yes/no, on/off. A value the flag would refuse stops the command with the variable's name.",
         "- **`pdserve serve`** reads no `PDSERVE_<FLAG>` variable itself; it passes its model, KV-cache, batching",
-        "  and cache-tier flags on to the router and workers it starts (they inherit its environment).",
+        "  and cache-tier flags on to the router and workers it starts, and its router flags to the router (they",
+        "  inherit its environment; `--api-key` and `--admin-token` travel as PDSERVE_API_KEY / PDSERVE_ADMIN_TOKEN).",
+        "- **Models**: `MODEL` (positional) or `--model` is an embedded name, a Hugging Face repo id (`org/name`,",
+        "  found in the hub cache: `--download-dir`, else HF_HUB_CACHE, else HF_HOME/hub, else",
+        "  ~/.cache/huggingface/hub; downloaded there when missing and the hub is reachable; HF_HUB_OFFLINE=1",
+        "  forbids downloads), a .gguf file or a Hugging Face directory.",
         "- **Sizes** (`--kv-cache-memory`, `--max-body-size`) take binary units: `512MiB`, `2GiB`, `1048576`.",
         "- **Cache tiers**: the `--host-cache-gb` ... `--cache-timeout` flags can also come from a JSON or TOML",
         "  file of the same setting names (`--cache-policy-file`, cache_store/policy.py); flags win over the file.",
@@ -224,7 +188,7 @@ def _command_section(command: str, parser: argparse.ArgumentParser) -> list[str]
                   "|---|---|---|---|---|" if with_env else "|---|---|---|---|"]
         for f in rows:
             env = [f"`{f.env}`" if f.env else ""] if with_env else []
-            lines.append("| " + " | ".join([f"`{f.flags}`", _cell(f.default), f.unit, *env, _cell(f.help)]) + " |")
+            lines.append("| " + " | ".join([", ".join(f"`{w}`" for w in f.flags.split(", ")), _cell(f.default), f.unit, *env, _cell(f.help)]) + " |")
         lines.append("")
     return lines
 
@@ -260,6 +224,10 @@ def _default(action: argparse.Action) -> str:
         return "off"
     if isinstance(action, argparse._StoreFalseAction):
         return "on"
+    if isinstance(action, argparse.BooleanOptionalAction):
+        return "on" if value else "off"
+    if not action.option_strings and action.nargs == "?":
+        return "optional"
     if value is None and action.dest in _tier_defaults():
         value = _tier_defaults()[action.dest]
     if value is None or value == argparse.SUPPRESS:

@@ -49,7 +49,7 @@ def apply_env_defaults(parser: argparse.ArgumentParser, environ: Mapping[str, st
 
 
 def _convert(action: argparse.Action, raw: str) -> Any:
-    if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
+    if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction, argparse.BooleanOptionalAction)):
         return _boolean(raw)
     if isinstance(action, argparse._AppendAction):
         return [_one(action, part.strip()) for part in raw.split(",") if part.strip()]

@@ -54,8 +54,12 @@ def plan_children(settings: LaunchSettings, python: str = sys.executable,
     torch; 0 on a machine without CUDA)."""
     base = [python, "-m", "pdserve.cli"]
     router_url = f"http://{settings.host}:{settings.port}"
-    children = [ChildSpec("router", [*base, "router", "--host", settings.host, "--port", str(settings.port),
-                                     *settings.router_args], f"{router_url}/health", f"{router_url}/v1/models")]
+    router_argv = [*base, "router", "--host", settings.host, "--port", str(settings.port), *settings.router_args]
+    if settings.router_tls:  # workers and health checks: the router's plain loopback listener (router_server.py)
+        internal = free_port("127.0.0.1")
+        router_url = f"http://127.0.0.1:{internal}"
+        router_argv += ["--internal-port", str(internal)]
+    children = [ChildSpec("router", router_argv, f"{router_url}/health", f"{router_url}/v1/models")]
     if settings.colocated:
         workers = [("decode", "both", i) for i in range(settings.num_colocated)]
     else:
@@ -159,7 +163,8 @@ class Launcher:
     def wait_ready(self) -> None:
         specs = [spec for spec, _ in self.children]
         self._wait_for([s.health_url for s in specs], [s.name for s in specs], self.settings.ready_timeout_s)
-        self.log(f"pdserve ready: http://{self.settings.host}:{self.settings.port}/v1 "
+        scheme = "https" if self.settings.router_tls else "http"
+        self.log(f"pdserve ready: {scheme}://{self.settings.host}:{self.settings.port}/v1 "
                  f"({', '.join(spec.name for spec, _ in self.children)})")
 
     def _wait_for(self, urls: list[str], names: list[str], timeout_s: float) -> None:

@@ -28,6 +28,7 @@ from pdserve.engine.runner import ModelRunner
 from pdserve.engine.sampling import Sampler, SamplingParams, SamplingRequest, TokenLogprobs
 from pdserve.engine.tokenizer import Tokenizer
 from pdserve.engine.weights import DEFAULT_MODEL, ModelSpec, load_model, parse_dtype
+from pdserve.engine.weights.hub import HubOptions
 from pdserve.offline_scheduler import OfflineScheduler, OfflineSequence, SchedulerStats, StepPlan
 
 
@@ -78,11 +79,13 @@ class LLM:
         cache_dir: str | Path | None = None,
         progress: bool = True,
         enforce_eager: bool = False,
+        hub: HubOptions | None = None,
     ) -> None:
         if max_num_seqs <= 0 or max_num_batched_tokens < max_num_seqs:
             raise ValueError(f"need 0 < max_num_seqs ({max_num_seqs}) <= max_num_batched_tokens "
                              f"({max_num_batched_tokens}): every running sequence decodes one token per step")
-        loaded = load_model(ModelSpec(model, load_format), dtype=dtype, device=device, cache_dir=cache_dir,
+        spec = ModelSpec(model, load_format, hub=hub or HubOptions())
+        loaded = load_model(spec, dtype=dtype, device=device, cache_dir=cache_dir,
                             progress=progress)
         if loaded.tokenizer is None:
             raise ValueError(f"model {model!r} has no tokenizer; the offline LLM needs one")

@@ -4,17 +4,21 @@ A worker process receives a `WorkerSettings` composed of `ModelSettings` (what t
 `KVCacheSettings` (how big the paged pool is), `SchedulerSettings` (batching limits), `TransferSettings`
 (how KV moves between P and D), `ServerSettings` (HTTP address, router, secret) and the KV cache tiers'
 `TierConfig` + `CachePolicy` (cache_store/policy.py: host RAM, Redis; eviction, write and admission policies).
-Each component is handed only its own part. `LaunchSettings` describes what `pdserve serve` starts. Nothing here reads the environment:
-the command modules do that and pass values in.
+Each component is handed only its own part. `LaunchSettings` describes what `pdserve serve` starts. The
+command-line flags that build them are in pdserve/worker_flags.py. Nothing here reads the environment: the
+command modules do that and pass values in.
 """
 
 from __future__ import annotations
 
-import argparse
 import re
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from pdserve.cache_store.policy import CachePolicy, TierConfig, add_cache_arguments, cache_settings_from_args
+from pdserve.cache_store.policy import CachePolicy, TierConfig
+
+if TYPE_CHECKING:
+    from pdserve.engine.weights.hub import HubOptions
 
 ROLES = ("prefill", "decode")
 DEFAULT_MODEL = "smollm2-135m-instruct"
@@ -45,8 +49,9 @@ def parse_roles(text: str) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class ModelSettings:
-    """What the engine loads: a model name, a .gguf file or a HF directory; or (dummy) random weights of
-    `model_preset` (or of the preset matching `model`)."""
+    """What the engine loads: a model name, a .gguf file, a HF directory or repo id (found in the hub cache
+    `download_dir`, at `revision`); or (dummy) random weights of `model_preset` (or of the preset matching
+    `model`). `served_model_names`: what clients call it (empty: the model's own name)."""
 
     model: str = DEFAULT_MODEL
     load_format: str = "auto"
@@ -56,9 +61,12 @@ class ModelSettings:
     dtype: str = "auto"  # auto: bfloat16 on cuda, float32 on cpu
     cache_dir: str | None = None
     max_model_len: int | None = None
-    seed: int = 0  # dummy weights
+    seed: int = 0  # dummy weights, and the worker's torch RNG
     torch_threads: int | None = None
     enforce_eager: bool = False  # no CUDA graphs for decode steps (CPU is always eager)
+    revision: str | None = None  # of a repo id; None: main
+    download_dir: str | None = None  # hub cache of repo ids; None: huggingface_hub's (HF_HUB_CACHE, HF_HOME/hub)
+    served_model_names: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.load_format not in LOAD_FORMATS:
@@ -67,6 +75,14 @@ class ModelSettings:
             raise ValueError(f"unknown dtype {self.dtype!r}; choose one of {DTYPES}")
         if self.max_model_len is not None and self.max_model_len <= 0:
             raise ValueError(f"max_model_len must be positive, got {self.max_model_len}")
+        if any(not name.strip() for name in self.served_model_names):
+            raise ValueError(f"served model names must not be empty, got {list(self.served_model_names)}")
+
+    @property
+    def hub(self) -> HubOptions:
+        from pdserve.engine.weights.hub import HubOptions  # here only: pdserve.engine.weights imports torch
+
+        return HubOptions(revision=self.revision, cache_dir=self.download_dir)
 
 
 @dataclass(frozen=True)
@@ -80,6 +96,7 @@ class KVCacheSettings:
     # for this process (weights included), so that workers sharing a GPU can be given a share each
     default_cpu_memory: int = 1 << 30
     gpu_memory_utilization: float = 0.8
+    enable_prefix_caching: bool = True  # off: no block is named, every prompt computed in full
 
     def __post_init__(self) -> None:
         if self.num_blocks is not None and self.kv_cache_memory is not None:
@@ -178,6 +195,7 @@ class ServerSettings:
     heartbeat_interval_s: float = 1.0  # until the router answers with its own
     advertise_host: str | None = None  # the host others reach this worker at (None: the bind address's IP)
     drain_on_sigterm: bool = False  # SIGTERM finishes the requests held first (containers), else stops in 3 s
+    log_level: str = "info"
 
     def __post_init__(self) -> None:
         for name in ("port", "data_port"):
@@ -201,6 +219,9 @@ class WorkerSettings:
     def __post_init__(self) -> None:
         if not self.roles or any(role not in ROLES for role in self.roles):
             raise ValueError(f"roles must be a non-empty subset of {ROLES}, got {self.roles}")
+        if not self.cache.enable_prefix_caching and (self.tiers.host_capacity_gb or self.tiers.redis_url):
+            raise ValueError(f"--no-enable-prefix-caching keeps no prefix, so the host ({self.tiers.host_capacity_gb} "
+                             f"GiB) and Redis ({self.tiers.redis_url}) tiers would hold nothing: drop one or the other")
         if self.transfer.backend == "auto":
             backend = "local" if self.colocated else "tcp"
             object.__setattr__(self, "transfer", TransferSettings(backend, self.transfer.host, self.transfer.port))
@@ -231,6 +252,8 @@ class LaunchSettings:
     ready_timeout_s: float = 600.0
     # P -> D: auto is cuda_ipc when the workers run on this host's GPUs, else tcp; --colocated uses local
     transfer_backend: str = "auto"
+    # the router answers https (router_args carry --ssl-*); the workers reach it on a plain loopback listener
+    router_tls: bool = False
 
     def __post_init__(self) -> None:
         if self.transfer_backend not in TRANSFER_BACKENDS or self.transfer_backend == "local":
@@ -246,121 +269,3 @@ class LaunchSettings:
                 f"a disaggregated launch needs >= 1 prefill and >= 1 decode worker, "
                 f"got {self.num_prefill} and {self.num_decode}"
             )
-
-
-# ---- command-line flags (shared by `pdserve prefill`, `pdserve decode` and `pdserve serve`) ----------------
-
-
-def add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("model")
-    group.add_argument("--model", default=DEFAULT_MODEL,
-                       help=f"model name, .gguf file or Hugging Face directory (default {DEFAULT_MODEL})")
-    group.add_argument("--load-format", default="auto", choices=LOAD_FORMATS)
-    group.add_argument("--model-preset", default=None, help="shapes for --load-format dummy, e.g. llama3-8b")
-    group.add_argument("--tokenizer", default=None, help="directory with tokenizer.json (dummy weights have none)")
-    group.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 ... (default: cuda if available)")
-    group.add_argument("--dtype", default="auto", choices=DTYPES)
-    group.add_argument("--torch-threads", type=int, default=None,
-                       help="CPU threads per worker (default: torch's, one per core; use 1 when several "
-                            "workers share few cores)")
-    group.add_argument("--max-model-len", type=int, default=None, help="cap on prompt + output tokens")
-    group.add_argument("--enforce-eager", action="store_true",
-                       help="run decode steps eagerly instead of replaying one CUDA graph per batch bucket "
-                            "(CUDA only; CPU always runs eagerly)")
-
-
-def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("KV cache and batching")
-    size = group.add_mutually_exclusive_group()
-    size.add_argument("--num-blocks", type=int, default=None, help="KV blocks in the pool")
-    size.add_argument("--kv-cache-memory", type=parse_size, default=None, help="KV pool size, e.g. 2GiB")
-    group.add_argument("--gpu-memory-utilization", type=float, default=KVCacheSettings.gpu_memory_utilization,
-                       help="without --num-blocks/--kv-cache-memory on CUDA: the share of the GPU's memory this "
-                            "worker may fill, weights included (workers sharing a GPU take a share each)")
-    group.add_argument("--block-size", type=int, default=16)
-    group.add_argument("--max-num-seqs", type=int, default=None,
-                       help=f"sequences in a decode batch (default: {GPU_MAX_NUM_SEQS} on a GPU, as vLLM's; "
-                            f"{SchedulerSettings.max_num_seqs} on CPU)")
-    group.add_argument("--max-num-batched-tokens", type=int, default=SchedulerSettings.max_num_batched_tokens)
-    group.add_argument("--kv-lease-timeout", type=float, default=SchedulerSettings.kv_lease_timeout_s,
-                       help="seconds a decode reservation waits without receiving KV (each KV frame renews it)")
-    group.add_argument("--kv-load-failure-policy", default=SchedulerSettings.kv_load_failure_policy,
-                       choices=KV_LOAD_FAILURE_POLICIES,
-                       help="a decode reservation whose KV did not arrive (lease ran out, prefill worker gone): "
-                            "fail the request, or recompute its prompt on the decode worker")
-    group.add_argument("--max-queued-requests", type=int, default=SchedulerSettings.max_queued_requests,
-                       help="requests a worker holds waiting beyond its running batch; more get 503 + Retry-After")
-    group.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction,
-                       default=SchedulerSettings.async_scheduling,
-                       help="decode: plan and launch each step while the previous one runs on the device "
-                            "(outputs are the same; --no-async-scheduling runs one step at a time)")
-
-
-def add_worker_arguments(parser: argparse.ArgumentParser, role: str) -> None:
-    parser.add_argument("--role", default=role, choices=("prefill", "decode", "both"))
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=0, help="HTTP port (0: any free port)")
-    parser.add_argument("--data-port", type=int, default=0,
-                        help="port of the data plane: reserve, prefill, abort and token messages from the routers, "
-                             "one multiplexed connection per router (0: any free port; sent with the registration)")
-    parser.add_argument("--router", default=None, help="router URL to register with, e.g. http://127.0.0.1:8000")
-    parser.add_argument("--worker-id", default=None)
-    parser.add_argument("--advertise-host", default=None,
-                        help="host name or IP the router and other workers reach this worker at (default: the IP "
-                             "of --host; in a container, its own address)")
-    parser.add_argument("--drain-on-sigterm", action="store_true",
-                        help="on SIGTERM, take no new work, finish the requests held, deregister, then exit "
-                             "(a second SIGTERM stops at once)")
-    parser.add_argument("--transfer-backend", default="auto", choices=TRANSFER_BACKENDS)
-    parser.add_argument("--transfer-host", default=None, help="address of the KV receiver (default: --host)")
-    parser.add_argument("--transfer-port", type=int, default=0, help="KV receiver port (0: any free port)")
-    add_model_arguments(parser)
-    add_engine_arguments(parser)
-    add_cache_arguments(parser)
-
-
-def model_settings_from_args(args: argparse.Namespace, cache_dir: str | None) -> ModelSettings:
-    return ModelSettings(model=args.model, load_format=args.load_format, model_preset=args.model_preset,
-                         tokenizer=args.tokenizer, device=args.device, dtype=args.dtype, cache_dir=cache_dir,
-                         max_model_len=args.max_model_len, torch_threads=args.torch_threads,
-                         enforce_eager=args.enforce_eager)
-
-
-def worker_settings_from_args(args: argparse.Namespace, cache_dir: str | None,
-                              secret: str | None) -> WorkerSettings:
-    """`cache_dir` and `secret` come from the environment, which only the command module reads."""
-    tiers, cache_policy = cache_settings_from_args(args, pin_host_memory=_uses_cuda(args.device))
-    return WorkerSettings(
-        roles=parse_roles(args.role),
-        model=model_settings_from_args(args, cache_dir),
-        cache=KVCacheSettings(num_blocks=args.num_blocks, kv_cache_memory=args.kv_cache_memory,
-                              block_size=args.block_size, gpu_memory_utilization=args.gpu_memory_utilization),
-        scheduler=SchedulerSettings(max_num_seqs=_max_num_seqs(args),
-                                    max_num_batched_tokens=args.max_num_batched_tokens,
-                                    kv_lease_timeout_s=args.kv_lease_timeout,
-                                    kv_load_failure_policy=args.kv_load_failure_policy,
-                                    max_queued_requests=args.max_queued_requests,
-                                    async_scheduling=args.async_scheduling),
-        transfer=TransferSettings(backend=args.transfer_backend, host=args.transfer_host or args.host,
-                                  port=args.transfer_port),
-        server=ServerSettings(host=args.host, port=args.port, data_port=args.data_port, router_url=args.router,
-                              secret=secret,
-                              worker_id=args.worker_id, advertise_host=args.advertise_host,
-                              drain_on_sigterm=args.drain_on_sigterm),
-        tiers=tiers, cache_policy=cache_policy,
-    )
-
-
-def _max_num_seqs(args: argparse.Namespace) -> int:
-    if args.max_num_seqs is not None:
-        return int(args.max_num_seqs)
-    return GPU_MAX_NUM_SEQS if _uses_cuda(args.device) else SchedulerSettings.max_num_seqs
-
-
-def _uses_cuda(device: str) -> bool:
-    """Whether the KV pool will live on a GPU (then the host tier is pinned: DMA straight to the device)."""
-    if device == "auto":
-        import torch  # only here: settings stay light for the router
-
-        return torch.cuda.is_available()
-    return device.startswith("cuda")

@@ -90,6 +90,8 @@ def resolve_device(name: str) -> str:
 
 def served_model_name(settings: ModelSettings) -> str:
     """The `model` name clients use: what the router and the workers agree on."""
+    if settings.served_model_names:
+        return settings.served_model_names[0]
     if settings.load_format == "dummy":
         return resolve_model(settings.model_preset or settings.model, "dummy").name
     return resolve_model(settings.model, settings.load_format).name
@@ -98,7 +100,7 @@ def served_model_name(settings: ModelSettings) -> str:
 def load_engine_model(settings: ModelSettings, device: str, dtype: torch.dtype) -> LoadedModel:
     dummy = settings.load_format == "dummy"
     model = (settings.model_preset or settings.model) if dummy else settings.model
-    spec = ModelSpec(model, settings.load_format, tokenizer=settings.tokenizer, seed=settings.seed)
+    spec = ModelSpec(model, settings.load_format, tokenizer=settings.tokenizer, seed=settings.seed, hub=settings.hub)
     loaded = load_model(spec, dtype, device, settings.cache_dir)
     if settings.max_model_len is not None:
         limit = min(settings.max_model_len, loaded.config.max_model_len)
@@ -129,7 +131,7 @@ class Worker:
         if warmed := self.runner.warm_up_prefill(settings.scheduler.max_num_batched_tokens):
             logger.info("prefill warm-up: %d shapes compiled and run", warmed)
         self.pool = BlockPool(self.cache_config.num_blocks)
-        self.prefix_cache = PrefixCache(self.pool, self.cache_config.block_size)
+        self.prefix_cache = PrefixCache(self.pool, self.cache_config.block_size, settings.cache.enable_prefix_caching)
         self.state_lock = threading.RLock()
         self.tiered = build_tiered(self.prefix_cache, self.runner.kv_caches, self.loaded.fingerprint, settings.tiers,
                                    settings.cache_policy, self.device, self.state_lock)
@@ -393,10 +395,12 @@ def bind_socket(host: str, port: int) -> socket.socket:
 
 
 def run_worker(settings: WorkerSettings) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(level=settings.server.log_level.upper(),
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per heartbeat otherwise
     if settings.model.torch_threads is not None:
         torch.set_num_threads(settings.model.torch_threads)
+    torch.manual_seed(settings.model.seed)  # requests without a `seed` of their own sample from this generator
     worker = Worker(settings)
     sock = bind_socket(settings.server.host, settings.server.port)
     port = sock.getsockname()[1]

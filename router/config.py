@@ -19,6 +19,7 @@ class RouterConfig:
         admin API is off (every call gets 403).
     api_key / max_body_bytes / max_inflight_requests: the front door of /v1/* (router/front_door.py).
     status_window_s: the latency percentiles of /status cover finished requests of this many last seconds.
+    log_requests: one INFO line per finished request (router/request_log.py; off: --disable-log-requests).
     """
 
     model: str
@@ -46,6 +47,7 @@ class RouterConfig:
     api_key: str | None = None  # when set, /v1/* needs `Authorization: Bearer <api_key>` (router/front_door.py)
     max_body_bytes: int = 32 << 20  # larger request bodies get 413
     max_inflight_requests: int = 1024  # completions being answered at once; more get 429 + Retry-After
+    log_requests: bool = True
 
     def __post_init__(self) -> None:
         if not self.model:

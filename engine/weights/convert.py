@@ -7,12 +7,16 @@ fp32 because dequantised Q4_1 values (d * q + m) are not all representable in fp
 
 Concurrent workers converting the same file: a lock file serialises them, and the directory is built under
 a temporary name and renamed into place, so a directory that exists is complete.
+
+Progress: a bar over the tensors (then one step for the tokenizer) on stderr, and a log line when done; a
+process waiting on another's conversion says so.
 """
 
 from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
 import shutil
 import time
@@ -21,6 +25,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from safetensors.torch import save_file
+from tqdm import tqdm
 
 from pdserve.engine.weights.gguf_file import check_gguf
 from pdserve.engine.weights.gguf_model import field, gguf_config, gguf_tensors, has_tokenizer, open_gguf
@@ -28,6 +33,7 @@ from pdserve.engine.weights.hf_dir import write_hf_config
 
 CONVERSION_INFO = "pdserve.json"
 _FORMAT_VERSION = 1
+logger = logging.getLogger(__name__)
 
 
 @contextmanager
@@ -41,41 +47,56 @@ def file_lock(path: Path) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def ensure_converted(gguf_path: Path, out_dir: Path, name: str) -> Path:
+def ensure_converted(gguf_path: Path, out_dir: Path, name: str, progress: bool = True) -> Path:
     """Return out_dir, converting gguf_path into it first unless an earlier run did."""
     if (out_dir / CONVERSION_INFO).is_file():
         return out_dir
-    with file_lock(out_dir.with_name(out_dir.name + ".lock")):
+    lock = out_dir.with_name(out_dir.name + ".lock")
+    if lock.exists():  # maybe held: a worker started beside another waits here silently otherwise
+        logger.info("waiting for the conversion of %s into %s (another process may be converting it)",
+                    gguf_path.name, out_dir)
+    with file_lock(lock):
         if (out_dir / CONVERSION_INFO).is_file():  # another process finished while we waited
             return out_dir
         tmp = out_dir.with_name(f"{out_dir.name}.tmp-{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         try:
-            convert_gguf(gguf_path, tmp, name)
+            seconds = convert_gguf(gguf_path, tmp, name, progress)
             if out_dir.exists():  # left over without pdserve.json: an interrupted older layout
                 shutil.rmtree(out_dir)
             tmp.rename(out_dir)
+            logger.info("converted %s into %s in %.1f s", gguf_path.name, out_dir, seconds)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return out_dir
 
 
-def convert_gguf(gguf_path: Path, out_dir: Path, name: str) -> None:
+def convert_gguf(gguf_path: Path, out_dir: Path, name: str, progress: bool = True) -> float:
+    """Write the HF layout of `gguf_path` into `out_dir`; returns the seconds it took."""
     start = time.perf_counter()
     check_gguf(gguf_path)
     reader = open_gguf(gguf_path)
     config = gguf_config(reader, name)
-    weights = dict(gguf_tensors(reader, config))
-    save_file(weights, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
-    del weights
-    model_type = str(field(reader, "general.architecture"))
-    write_hf_config(config, out_dir, model_type)
-    if has_tokenizer(reader):
-        convert_gguf_tokenizer(gguf_path, out_dir)
-    info = {"name": name, "source": str(gguf_path), "format_version": _FORMAT_VERSION,
-            "convert_seconds": round(time.perf_counter() - start, 1)}
+    tokenizer = has_tokenizer(reader)
+    with tqdm(total=len(reader.tensors) + int(tokenizer), unit="step", disable=not progress,
+              desc=f"converting {gguf_path.name} (once)") as bar:
+        weights = {}
+        for hf_name, tensor in gguf_tensors(reader, config):
+            weights[hf_name] = tensor
+            bar.update()
+        save_file(weights, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+        del weights
+        write_hf_config(config, out_dir, str(field(reader, "general.architecture")))
+        if tokenizer:
+            bar.set_postfix_str("tokenizer")
+            convert_gguf_tokenizer(gguf_path, out_dir)
+        bar.n = bar.total  # tensors that are no weights (tied head, rope tables) were skipped
+        bar.refresh()
+    seconds = round(time.perf_counter() - start, 1)
+    info = {"name": name, "source": str(gguf_path), "format_version": _FORMAT_VERSION, "convert_seconds": seconds}
     (out_dir / CONVERSION_INFO).write_text(json.dumps(info, indent=2) + "\n")
+    return seconds
 
 
 def convert_gguf_tokenizer(gguf_path: Path, out_dir: Path) -> None:

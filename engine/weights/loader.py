@@ -1,7 +1,8 @@
 """load_model: a model argument → config, HF-named weights on the target device, tokenizer, fingerprint.
 
     embedded name ──fetch (pip + extract)──▶ GGUF ──convert once──▶ cached HF dir ──┐
-    GGUF file ─────────────────────────────────────convert once──▶ cached HF dir ──┼──▶ load_safetensors
+    GGUF file ─────────────────────────────────────convert once──▶ cached HF dir ──┤
+    HF repo id ──hub cache, else download (hub.py)──▶ snapshot dir ────────────────┼──▶ load_safetensors
     HF directory ──────────────────────────────────────────────────────────────────┘
     preset (dummy) ──▶ random weights allocated on the device
 
@@ -15,7 +16,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+import logging
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -28,20 +31,24 @@ from pdserve.engine.weights.dummy import dummy_weights
 from pdserve.engine.weights.fetch import converted_dir, default_cache_dir, fetch_model
 from pdserve.engine.weights.fingerprint import file_digest, files_digest, model_fingerprint
 from pdserve.engine.weights.hf_dir import hf_config, load_safetensors, safetensors_files
+from pdserve.engine.weights.hub import HubOptions, snapshot_dir
 from pdserve.engine.weights.registry import DEFAULT_MODEL, ModelKind, ResolvedModel, resolve_model
 
+logger = logging.getLogger(__name__)
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
            "half": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
 
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """What to load. `model`: an embedded model name, a .gguf file, an HF directory, or (dummy) a preset."""
+    """What to load. `model`: an embedded model name, a .gguf file, an HF directory or repo id, or (dummy) a
+    preset; `hub`: where repo ids are found (revision, cache, downloads)."""
 
     model: str = DEFAULT_MODEL
     load_format: str = "auto"  # "auto" | "gguf" | "hf" | "dummy"
     tokenizer: str | None = None  # directory with tokenizer.json, overriding the model's (or giving dummy one)
     seed: int = 0  # dummy weights
+    hub: HubOptions = field(default_factory=HubOptions)
 
 
 @dataclass
@@ -78,7 +85,11 @@ def load_model(
     if resolved.kind is ModelKind.DUMMY:
         loaded = _load_dummy(resolved, spec.seed, torch_dtype, device)
     else:
-        loaded = _load_dir(_model_dir(resolved, cache, progress), resolved.name, torch_dtype, device)
+        path = model_dir(resolved, cache, progress, spec.hub)
+        started = time.perf_counter()
+        logger.info("loading %s from %s (%s on %s)", resolved.name, path, torch_dtype, device)
+        loaded = _load_dir(path, resolved.name, torch_dtype, device)
+        logger.info("loaded %s in %.1f s", resolved.name, time.perf_counter() - started)
     if spec.tokenizer is not None:
         loaded.tokenizer = Tokenizer.from_dir(spec.tokenizer, eos_token_ids=loaded.config.eos_token_ids)
     return loaded
@@ -92,21 +103,28 @@ def load_tokenizer(spec: ModelSpec | str, cache_dir: Path | str | None = None,
     if spec.tokenizer is not None or resolved.kind is ModelKind.DUMMY:
         eos = get_preset(resolved.preset).eos_token_ids if resolved.preset else ()
         return Tokenizer.from_dir(spec.tokenizer, eos_token_ids=eos) if spec.tokenizer is not None else None
-    path = _model_dir(resolved, Path(cache_dir) if cache_dir is not None else default_cache_dir(), progress)
+    path = model_dir(resolved, Path(cache_dir) if cache_dir is not None else default_cache_dir(), progress, spec.hub)
     if not (path / "tokenizer.json").is_file():
         return None
     return Tokenizer.from_dir(path, hf_config(path, resolved.name).eos_token_ids)
 
 
-def _model_dir(resolved: ResolvedModel, cache: Path, progress: bool) -> Path:
-    """The HF directory to load, fetching and converting GGUF sources on first use."""
+def model_dir(resolved: ResolvedModel, cache: Path, progress: bool = True, hub: HubOptions | None = None) -> Path:
+    """The HF directory to load (not for DUMMY), fetching and converting GGUF sources on first use and
+    finding (or downloading) repo ids in the hub cache."""
     if resolved.kind is ModelKind.EMBEDDED:
         assert resolved.embedded is not None
         return fetch_model(resolved.embedded, cache, progress)
+    if resolved.kind is ModelKind.HUB:
+        path = snapshot_dir(resolved.name, hub or HubOptions(), progress)
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"{resolved.name}: the snapshot {path} has no config.json (a GGUF-only repo? "
+                                    f"give the .gguf file's path instead)")
+        return path
     assert resolved.path is not None
     if resolved.kind is ModelKind.GGUF:
         return ensure_converted(resolved.path, converted_dir(cache, resolved.name, file_digest(resolved.path)),
-                                resolved.name)
+                                resolved.name, progress)
     return resolved.path
 
 

@@ -1,4 +1,5 @@
-"""What a `--model` argument names: an embedded model, a GGUF file, a Hugging Face directory, or a preset.
+"""What a `--model` argument names: an embedded model, a GGUF file, a Hugging Face directory or repo id, or a
+preset.
 
 resolve_model() only looks (cheap checks, no downloads); engine/weights/loader.py acts on the result.
 """
@@ -11,6 +12,7 @@ from pathlib import Path
 
 from pdserve.engine.presets import PRESETS
 from pdserve.engine.weights.gguf_file import check_gguf
+from pdserve.engine.weights.hub import looks_like_repo_id
 
 LOAD_FORMATS = ("auto", "gguf", "hf", "dummy")
 
@@ -47,13 +49,14 @@ class ModelKind(Enum):
     EMBEDDED = "embedded"
     GGUF = "gguf"
     HF = "hf"
+    HUB = "hub"  # a Hugging Face repo id: the local hub cache, else a download (engine/weights/hub.py)
     DUMMY = "dummy"
 
 
 @dataclass(frozen=True)
 class ResolvedModel:
     kind: ModelKind
-    name: str  # model name used in configs, fingerprints and the API's model field
+    name: str  # model name used in configs, fingerprints and the API's model field (HUB: the repo id)
     path: Path | None = None  # GGUF file or HF directory
     embedded: EmbeddedModel | None = None
     preset: str | None = None  # for DUMMY
@@ -83,9 +86,13 @@ def resolve_model(name_or_path: str | Path, load_format: str = "auto") -> Resolv
             raise ValueError(f"load_format 'hf' needs a model directory, {path} is a file")
         check_gguf(path)
         return ResolvedModel(ModelKind.GGUF, path.stem.lower(), path=path.resolve())
+    if looks_like_repo_id(text) and load_format in ("auto", "hf"):
+        return ResolvedModel(ModelKind.HUB, text)
     if "/" in text or text.startswith("."):
-        raise FileNotFoundError(f"model path {path} does not exist")
-    raise ValueError(f"unknown model {text!r}; {_known_names()}; or give a .gguf file or a model directory")
+        raise FileNotFoundError(f"model path {path} does not exist (nor is {text!r} a Hugging Face repo id, "
+                                f"org/name)")
+    raise ValueError(f"unknown model {text!r}; {_known_names()}; or give a Hugging Face repo id (org/name), "
+                     f"a .gguf file or a model directory")
 
 
 def _resolve_dummy(text: str) -> ResolvedModel:

@@ -4,6 +4,10 @@ TTFT is the time from sending the request to the first chunk carrying text; ever
 adds one inter-token latency (a server that packs several tokens into a chunk gives one ITL for them, as in
 `vllm bench serve`); the end-to-end latency ends when the stream closes. The token counts come from the
 server's `usage` (asked for with stream_options.include_usage) when it sends them.
+
+An answer whose first token is EOS streams no text, only a choice with a finish_reason: it completed (as
+`vllm bench serve` counts it: a successful, empty answer of 0 or 1 output tokens), its TTFT is that chunk's
+time. Only a stream with neither text nor a finish_reason failed.
 """
 
 from __future__ import annotations
@@ -88,6 +92,7 @@ class _Recorder:
     pieces: list[str] = field(default_factory=list)
     usage: dict[str, int] = field(default_factory=dict)
     error: str = ""
+    finish_reason: str | None = None
 
     def on_text(self, text: str, now: float) -> None:
         if not self.pieces:
@@ -108,6 +113,10 @@ class _Recorder:
             text = (choice.get("delta") or {}).get("content") if chat else choice.get("text")
             if text:
                 self.on_text(text, now)
+            if choice.get("finish_reason") and self.finish_reason is None:
+                self.finish_reason = choice["finish_reason"]
+                if not self.pieces:  # an empty answer (EOS first): its end is its first token
+                    self.first_at = now
 
 
 async def send_request(
@@ -142,9 +151,9 @@ async def _read_events(response: httpx.Response, rec: _Recorder, chat: bool) -> 
 
 
 def _result(rec: _Recorder, end: float, prompt_len: int, t0: float) -> RequestOutput:
-    ok = not rec.error and bool(rec.pieces)
-    if not rec.error and not rec.pieces:
-        rec.error = "the stream ended without any text"
+    ok = not rec.error and (bool(rec.pieces) or rec.finish_reason is not None)
+    if not rec.error and not ok:
+        rec.error = "the stream ended without any text or finish_reason"
     return RequestOutput(
         success=ok,
         prompt_len=prompt_len,

@@ -105,8 +105,9 @@ def percentile_word(p: float) -> str:
 
 
 def output_tokens(out: RequestOutput, tokenizer: CountingTokenizer | None) -> int:
-    """The server's count, else the tokenizer's count of the text, else one token per chunk."""
-    if out.output_len > 0:
+    """The server's count, else the tokenizer's count of the text, else one token per chunk; an empty answer
+    (EOS first) without usage counts 0."""
+    if out.output_len > 0 or not out.generated_text:
         return out.output_len
     if tokenizer is not None:
         return len(tokenizer.encode(out.generated_text, add_special_tokens=False))

@@ -26,15 +26,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def _add_target_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("server")
     g.add_argument("--base-url", default=None, help="server URL (default http://HOST:PORT)")
-    g.add_argument("--host", default="127.0.0.1")
-    g.add_argument("--port", type=int, default=8000)
-    g.add_argument("--endpoint", default="/v1/completions", choices=["/v1/completions", "/v1/chat/completions"])
+    g.add_argument("--host", default="127.0.0.1", help="host of the server under test")
+    g.add_argument("--port", type=int, default=8000, help="port of the server under test")
+    g.add_argument("--endpoint", default="/v1/completions", choices=["/v1/completions", "/v1/chat/completions"],
+                   help="API route the requests go to")
     g.add_argument("--model", default=None, help="model name sent in requests (default: the server's first model)")
     g.add_argument("--tokenizer", default=None,
                    help="HF tokenizer directory to count tokens with (default: the pdserve default model's; "
                         "'none': use the server's usage numbers)")
     g.add_argument("--ignore-eos", action="store_true", help="ask the server to generate max_tokens every time")
-    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0: greedy)")
     g.add_argument("--request-timeout", type=float, default=3600.0, help="seconds per request")
 
 
@@ -43,21 +44,24 @@ def _add_load_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--num-prompts", type=int, default=1000, help="requests (conversations for multiturn)")
     g.add_argument("--request-rate", type=float, default=math.inf, help="requests/s (inf: all at once)")
     g.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of arrival gaps; 1 = Poisson")
-    g.add_argument("--max-concurrency", type=int, default=None)
+    g.add_argument("--max-concurrency", type=int, default=None,
+                   help="requests in flight at most (default: no limit)")
     g.add_argument("--sweep-rate", default=None, help="comma-separated rates: one run each, plus sweep plots")
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--disable-tqdm", action="store_true")
+    g.add_argument("--seed", type=int, default=0, help="seed of the prompts and arrival times")
+    g.add_argument("--disable-tqdm", action="store_true", help="no progress bar")
 
 
 def _add_dataset_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("dataset")
-    g.add_argument("--dataset-name", default="random", choices=["random", "sharegpt", "prefix", "multiturn"])
+    g.add_argument("--dataset-name", default="random", choices=["random", "sharegpt", "prefix", "multiturn"],
+                   help="where prompts come from")
     g.add_argument("--dataset-path", default=None, help="ShareGPT-format JSON (.json or .json.gz)")
-    g.add_argument("--random-input-len", type=int, default=1024)
-    g.add_argument("--random-output-len", type=int, default=128)
+    g.add_argument("--random-input-len", type=int, default=1024, help="prompt length of the random data sets")
+    g.add_argument("--random-output-len", type=int, default=128, help="max_tokens of the random data sets")
     g.add_argument("--random-range-ratio", type=float, default=0.0,
                    help="uniform lengths in [L(1-r), L(1+r)]; with --random-length-dist normal, std = r·L")
-    g.add_argument("--random-length-dist", default="uniform", choices=["uniform", "normal"])
+    g.add_argument("--random-length-dist", default="uniform", choices=["uniform", "normal"],
+                   help="distribution of the random lengths")
     g.add_argument("--prefix-len", type=int, default=0, help="shared prefix tokens (random and prefix data sets)")
     g.add_argument("--num-prefix-groups", type=int, default=4, help="distinct shared prefixes (prefix data set)")
     g.add_argument("--sharegpt-output-len", type=int, default=None, help="override ShareGPT output lengths")
@@ -69,12 +73,13 @@ def _add_dataset_args(p: argparse.ArgumentParser) -> None:
 def _add_output_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("results")
     g.add_argument("--goodput", nargs="+", default=None, metavar="KEY:MS", help="SLOs, e.g. ttft:200 tpot:50 e2el:5000")
-    g.add_argument("--percentile-metrics", default="ttft,tpot,itl,e2el")
-    g.add_argument("--metric-percentiles", default="50,90,99")
+    g.add_argument("--percentile-metrics", default="ttft,tpot,itl,e2el", help="metrics whose percentiles are reported")
+    g.add_argument("--metric-percentiles", default="50,90,99", help="percentiles reported")
     g.add_argument("--save-result", action="store_true", help="write the result JSON")
     g.add_argument("--save-detailed", action="store_true", help="also keep every generated text in the JSON")
-    g.add_argument("--result-dir", default=".")
-    g.add_argument("--result-filename", default=None)
+    g.add_argument("--result-dir", default=".", help="folder of the result JSON and plots")
+    g.add_argument("--result-filename", default=None,
+                   help="name of the result JSON (default: from the run's settings)")
     g.add_argument("--plot", action="store_true", help="write PNG latency CDFs (and sweep plots) to --result-dir")
     g.add_argument("--label", default=None, help="a name for this run in titles and file names")
 

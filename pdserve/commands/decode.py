@@ -11,7 +11,7 @@ import argparse
 import os
 
 from pdserve.env_flags import apply_env_defaults
-from pdserve.settings import add_worker_arguments, worker_settings_from_args
+from pdserve.worker_flags import add_worker_arguments, worker_settings_from_args
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -23,9 +23,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from pdserve.engine.weights.hub import ModelNotFoundError
     from pdserve.worker import run_worker
 
-    settings = worker_settings_from_args(
-        args, cache_dir=os.environ.get("PDSERVE_CACHE_DIR"), secret=os.environ.get("PDSERVE_SECRET") or None
-    )
-    return run_worker(settings)
+    try:
+        settings = worker_settings_from_args(
+            args, cache_dir=os.environ.get("PDSERVE_CACHE_DIR"), secret=os.environ.get("PDSERVE_SECRET") or None
+        )
+    except ValueError as exc:
+        raise SystemExit(f"pdserve decode: {exc}") from None
+    try:
+        return run_worker(settings)
+    except ModelNotFoundError as exc:
+        raise SystemExit(f"pdserve decode: {exc}") from None

@@ -19,12 +19,17 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("prompt", help="the prompt text")
     parser.add_argument("--max-tokens", type=int, default=128, help="generate at most this many (default 128)")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--top-k", type=int, default=-1)
+    parser.add_argument("--top-p", type=float, default=1.0,
+                        help="nucleus sampling: keep the smallest set of tokens whose probability reaches this")
+    parser.add_argument("--top-k", type=int, default=-1, help="sample among the k most likely tokens (-1: all)")
     parser.add_argument("--seed", type=int, default=None, help="seed for reproducible sampling")
     parser.add_argument("--chat", action="store_true", help="send PROMPT as one user message (chat template)")
     parser.add_argument("--model", default=None,
-                        help="embedded model name, .gguf file or HF directory (default: the embedded SmolLM2)")
+                        help="embedded model name, Hugging Face repo id, .gguf file or HF directory (default: the "
+                             "embedded SmolLM2)")
+    parser.add_argument("--revision", default=None, help="branch, tag or commit of a repo id (default: main)")
+    parser.add_argument("--download-dir", default=None, metavar="DIR",
+                        help="Hugging Face cache of repo ids (default: huggingface_hub's, from HF_HOME)")
     parser.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda:N")
     parser.add_argument("--dtype", default=None, help="float32 | float16 | bfloat16 (default: fp32 on CPU)")
     parser.add_argument("--num-blocks", type=int, default=256, help="KV blocks of 16 tokens (default 256)")
@@ -52,6 +57,7 @@ def run(args: argparse.Namespace) -> int:
 
     from pdserve.engine.sampling import SamplingParams
     from pdserve.engine.weights import DEFAULT_MODEL
+    from pdserve.engine.weights.hub import HubOptions, ModelNotFoundError
     from pdserve.llm import LLM
 
     try:
@@ -63,9 +69,14 @@ def run(args: argparse.Namespace) -> int:
     env_cache = os.environ.get("PDSERVE_CACHE_DIR")
     cache_dir = args.cache_dir or (Path(env_cache) if env_cache else None)
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
-    with _stdout_to_stderr():
-        llm = LLM(args.model or DEFAULT_MODEL, dtype=args.dtype, device=device, num_blocks=args.num_blocks,
-                  max_num_seqs=1, cache_dir=cache_dir)
+    hub = HubOptions(revision=args.revision, cache_dir=args.download_dir)
+    try:
+        with _stdout_to_stderr():
+            llm = LLM(args.model or DEFAULT_MODEL, dtype=args.dtype, device=device, num_blocks=args.num_blocks,
+                      max_num_seqs=1, cache_dir=cache_dir, hub=hub)
+    except ModelNotFoundError as exc:
+        print(f"pdserve generate: {exc}", file=sys.stderr)
+        return 2
     try:
         for delta in llm.stream(args.prompt, params, use_chat=args.chat):
             sys.stdout.write(delta)

@@ -1,5 +1,7 @@
 """`pdserve plan`: from a profile (`pdserve profile`), a workload and SLOs, simulate router + P pool + D pool
-and recommend the P:D split and pool size with the most goodput per worker (pdserve/planner/plan.py)."""
+and recommend the P:D split and pool size with the most goodput per worker (pdserve/planner/plan.py); then say
+how the choice was made and print the `pdserve serve` (and, for a GPU profile, `pdserve compose`) command that
+deploys it (pdserve/planner/deploy_command.py)."""
 
 from __future__ import annotations
 
@@ -17,28 +19,30 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     w.add_argument("--num-requests", type=int, default=5000, help="requests simulated per candidate")
     w.add_argument("--lengths-from", default=None, metavar="BENCH_RESULT.json",
                    help="draw (input, output) lengths from a `pdserve bench --save-result` file instead")
-    w.add_argument("--input-len", type=int, default=1024)
-    w.add_argument("--output-len", type=int, default=128)
+    w.add_argument("--input-len", type=int, default=1024, help="prompt length")
+    w.add_argument("--output-len", type=int, default=128, help="generated tokens per request")
     w.add_argument("--range-ratio", type=float, default=0.0, help="lengths uniform in [L(1-r), L(1+r)]")
-    w.add_argument("--length-dist", default="uniform", choices=["uniform", "normal"])
+    w.add_argument("--length-dist", default="uniform", choices=["uniform", "normal"],
+                   help="distribution of the lengths")
     w.add_argument("--prefix-ratio", type=float, default=0.0, help="share of each prompt that is a group prefix")
-    w.add_argument("--num-prefix-groups", type=int, default=1)
-    w.add_argument("--burstiness", type=float, default=1.0)
-    w.add_argument("--seed", type=int, default=0)
+    w.add_argument("--num-prefix-groups", type=int, default=1, help="distinct shared prefixes")
+    w.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of arrival gaps; 1 = Poisson")
+    w.add_argument("--seed", type=int, default=0, help="seed of the simulated workload")
     s = p.add_argument_group("objective")
     s.add_argument("--goodput", nargs="+", default=["ttft:1000", "tpot:50"], metavar="KEY:MS",
                    help="SLOs in ms (default ttft:1000 tpot:50)")
-    s.add_argument("--target-attainment", type=float, default=0.9, help="share of requests within every SLO")
-    s.add_argument("--max-workers", type=int, default=512)
+    s.add_argument("--target-attainment", type=float, default=0.9,
+                   help="the gate: the share of simulated requests within every SLO a split must reach to qualify")
+    s.add_argument("--max-workers", type=int, default=512, help="largest P + D considered")
     s.add_argument("--num-prefill", type=int, default=None, help="simulate this split only (with --num-decode)")
-    s.add_argument("--num-decode", type=int, default=None)
+    s.add_argument("--num-decode", type=int, default=None, help="simulate this split only (with --num-prefill)")
     c = p.add_argument_group("cluster (as the workers are started)")
-    c.add_argument("--max-num-batched-tokens", type=int, default=2048)
-    c.add_argument("--max-num-seqs", type=int, default=64)
+    c.add_argument("--max-num-batched-tokens", type=int, default=2048, help="tokens in one prefill iteration at most")
+    c.add_argument("--max-num-seqs", type=int, default=64, help="sequences in one batch at most")
     c.add_argument("--num-blocks", type=int, default=2048, help="KV blocks per decode worker")
     c.add_argument("--kv-bandwidth-gbps", type=float, default=10.0, help="P -> D transfer, GB/s")
-    c.add_argument("--kv-latency-ms", type=float, default=0.5)
-    c.add_argument("--router-overhead-ms", type=float, default=0.0)
+    c.add_argument("--kv-latency-ms", type=float, default=0.5, help="P → D transfer latency per request")
+    c.add_argument("--router-overhead-ms", type=float, default=0.0, help="router time per request")
     c.add_argument("--prefill-overhead-ms", type=float, default=0.0, help="per prefill iteration")
     c.add_argument("--decode-overhead-ms", type=float, default=0.0, help="per decode step")
     c.add_argument("--decode-overhead-per-seq-ms", type=float, default=0.0, help="per sequence in a decode step")
@@ -80,6 +84,8 @@ def run(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
     from pdserve.bench.metrics import SLOs
+    from pdserve.engine.weights import DEFAULT_MODEL, KNOWN_MODELS
+    from pdserve.planner.deploy_command import deploy_lines, gate_explanation
     from pdserve.planner.plan import Planner, PlanResult, format_plan
     from pdserve.planner.profile import Profile
 
@@ -99,6 +105,11 @@ def run(args: argparse.Namespace) -> int:
     elapsed = time.perf_counter() - start
     print(format_plan(result, slos))
     print(f"{len(result.candidates)} clusters simulated ({args.num_requests} requests each) in {elapsed:.1f} s")
+    print(gate_explanation(planner.target, slos))
+    choice = result.recommended or (result.candidates[0] if args.num_prefill is not None else None)
+    if choice is not None:
+        print("\n".join(deploy_lines(choice, planner.cluster, profile.model, profile.device,
+                                     KNOWN_MODELS[DEFAULT_MODEL].preset)))
     if args.output:
         payload = {"profile": args.profile, "workload": vars(args) | {"func": None}, "slos_ms": slos.to_dict(),
                    "candidates": [asdict(c) for c in result.candidates],

@@ -5,6 +5,7 @@ depend on shapes and dtype, not on weight values."""
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -21,16 +22,18 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--hf-config", default=None, help="a HF model directory whose config.json gives the shapes "
                                                      "(instead of --model-preset)")
     p.add_argument("--device", default="auto", help="auto: cuda when available, else cpu")
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"])
-    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"],
+                   help="weights and KV dtype; auto: bfloat16 on CUDA, float32 on CPU")
+    p.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
     p.add_argument("--prefill-lens", type=_ints, default=None, help="prompt lengths, e.g. 16,64,256,1024")
     p.add_argument("--prefill-batches", type=_ints, default=None, help="prompts per iteration, e.g. 1,2,4")
     p.add_argument("--max-num-batched-tokens", type=int, default=None, help="skip prefill shapes above this")
     p.add_argument("--decode-batches", type=_ints, default=None, help="sequences per step, e.g. 1,8,32")
     p.add_argument("--decode-ctxs", type=_ints, default=None, help="context per sequence, e.g. 64,512")
     p.add_argument("--repeats", type=int, default=3, help="timed runs per shape (median kept)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
     p.add_argument("--output", default="profile.json", help="where the profile JSON goes")
+    p.add_argument("--disable-tqdm", action="store_true", help="no progress bars")
     p.set_defaults(func=run)
 
 
@@ -51,6 +54,7 @@ def run(args: argparse.Namespace) -> int:
     from pdserve.engine.runner import ModelRunner
     from pdserve.engine.weights.dummy import dummy_weights
     from pdserve.planner.measure import ProfileGrid, decode_shapes, profile_runner
+    from pdserve.planner.profile import fit_warnings
 
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     dtype_name = args.dtype if args.dtype != "auto" else ("bfloat16" if device.startswith("cuda") else "float32")
@@ -62,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
                          max_num_seqs=max(grid.decode_batches))
     print(f"profiling {config.name} on {device} ({dtype_name}): {len(grid.prefill_shapes())} prefill "
           f"shapes, {len(decode_shapes(grid))} decode shapes, {grid.repeats} repeats")
-    profile = profile_runner(runner, grid, config.name)
+    profile = profile_runner(runner, grid, config.name, progress=not args.disable_tqdm)
     path = profile.save(args.output)
     pf, df = profile.prefill, profile.decode
     print(f"prefill  t = {pf.coef[0] * 1e6:.3f} us·Σl + {pf.coef[1] * 1e9:.4f} ns·Σl² + {pf.coef[2] * 1e3:.2f} ms"
@@ -71,6 +75,8 @@ def run(args: argparse.Namespace) -> int:
           f"{df.coef[2] * 1e6:.2f} us·batch + {df.coef[3] * 1e3:.2f} ms + {df.coef[4] * 1e3:.2f} ms·[batch > 1]"
           f"   R² = {df.r2:.4f}")
     print(f"profile saved to {path}")
+    for warning in fit_warnings(profile):
+        print(warning, file=sys.stderr)
     return 0
 
 

@@ -1,11 +1,13 @@
-"""`pdserve serve`: router + prefill and decode workers on this machine, as separate processes.
+"""`pdserve serve [MODEL]`: router + prefill and decode workers on this machine, as separate processes.
 
 With no arguments: the router on http://127.0.0.1:8000, one prefill and one decode worker, the default model.
 `--colocated` runs one `--role both` worker instead (one block pool, `local` transfer: the baseline).
 Model, KV-cache, batching and cache-tier flags (`--redis-url`, `--host-cache-gb`, ...) are passed to every
-worker (and the model flags to the router, which needs the tokenizer). Ctrl-C or SIGTERM stops every process.
+worker (and the model flags to the router, which needs the tokenizer); the router flags (policies, tokens,
+CORS, TLS, ...) to the router. Ctrl-C or SIGTERM stops every process.
 Every process binds 127.0.0.1 unless --host says otherwise, and the internal API and KV transfer ports need the
-shared secret PDSERVE_SECRET, generated here when unset and handed to the children by environment.
+shared secret PDSERVE_SECRET, generated here when unset and handed to the children by environment, as are
+--api-key and --admin-token (PDSERVE_API_KEY, PDSERVE_ADMIN_TOKEN: `ps` shows command lines, not environments).
 """
 
 from __future__ import annotations
@@ -15,23 +17,35 @@ import os
 import secrets
 
 from pdserve.cache_store.policy import add_cache_arguments, cache_argv
-from pdserve.settings import TRANSFER_BACKENDS, LaunchSettings, add_engine_arguments, add_model_arguments
+from pdserve.router_flags import SECRET_FLAGS, add_router_arguments, parse_list
+from pdserve.settings import TRANSFER_BACKENDS, LaunchSettings
+from pdserve.worker_flags import add_engine_arguments, add_log_arguments, add_model_arguments
 
-_MODEL_FLAGS = ("model", "load_format", "model_preset", "tokenizer", "max_model_len")
-_WORKER_ONLY_FLAGS = ("device", "dtype", "torch_threads", "enforce_eager", "num_blocks", "kv_cache_memory",
-                      "gpu_memory_utilization",
-                      "block_size", "max_num_seqs",
+# what the router needs of the model (it loads the tokenizer and config), and the log level: to every process
+_MODEL_FLAGS = ("model", "revision", "download_dir", "served_model_name", "load_format", "model_preset",
+                "tokenizer", "max_model_len", "block_size", "log_level")
+_WORKER_ONLY_FLAGS = ("device", "dtype", "seed", "torch_threads", "enforce_eager", "num_blocks", "kv_cache_memory",
+                      "gpu_memory_utilization", "enable_prefix_caching", "max_num_seqs",
                       "max_num_batched_tokens", "kv_lease_timeout", "kv_load_failure_policy", "max_queued_requests",
                       "async_scheduling")
+_ROUTER_ONLY_FLAGS = ("prefill_policy", "cache_aware_max_imbalance", "decode_policy", "heartbeat_interval",
+                      "heartbeat_timeout", "status_window", "max_body_size", "max_inflight_requests",
+                      "chat_template", "disable_log_requests", "allowed_origins", "allowed_methods",
+                      "allowed_headers", "allow_credentials", "ssl_keyfile", "ssl_certfile")
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("serve", help="router + prefill + decode workers on this machine",
                                    description=__doc__.split("\n\n")[0])
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--num-prefill", type=int, default=1, help="prefill workers (default 1)")
-    parser.add_argument("--num-decode", type=int, default=1, help="decode workers (default 1)")
+    _add_arguments(parser)
+    parser.set_defaults(func=run)
+
+
+def _add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", default="127.0.0.1", help="address every process binds (0.0.0.0: every interface)")
+    parser.add_argument("--port", type=int, default=8000, help="the router's HTTP port (the API)")
+    parser.add_argument("--num-prefill", type=int, default=1, help="prefill workers")
+    parser.add_argument("--num-decode", type=int, default=1, help="decode workers")
     parser.add_argument("--colocated", action="store_true",
                         help="one worker serving both roles over one block pool (the baseline)")
     parser.add_argument("--num-colocated", type=int, default=1,
@@ -39,17 +53,25 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                              "over its own pool, spread over the GPUs (the baseline for N GPUs)")
     parser.add_argument("--ready-timeout", type=float, default=600.0,
                         help="seconds to wait for every process to answer /health")
-    parser.add_argument("--api-key", default=None,
-                        help="the router's --api-key (clients send 'Authorization: Bearer <key>'); PDSERVE_API_KEY "
-                             "in the environment does the same without showing it to ps")
     parser.add_argument("--transfer-backend", default="auto",
                         choices=[b for b in TRANSFER_BACKENDS if b != "local"],
                         help="how KV moves from prefill to decode workers: auto is cuda_ipc when they run on this "
                              "host's GPUs (P writes into D's pool), tcp otherwise")
+    add_log_arguments(parser)
     add_model_arguments(parser)
     add_engine_arguments(parser)
     add_cache_arguments(parser)
-    parser.set_defaults(func=run)
+    add_router_arguments(parser, internal_port=False)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser()
+    _add_arguments(parser)
+    return parser
+
+
+_ACTIONS = {action.dest: action for action in _parser()._actions if action.option_strings}
+_DEFAULTS = {dest: action.default for dest, action in _ACTIONS.items()}
 
 
 def forwarded_flags(args: argparse.Namespace, names: tuple[str, ...]) -> list[str]:
@@ -59,32 +81,29 @@ def forwarded_flags(args: argparse.Namespace, names: tuple[str, ...]) -> list[st
         value = getattr(args, name)
         if value is None or value == _DEFAULTS.get(name):
             continue
+        action = _ACTIONS[name]
         flag = f"--{name.replace('_', '-')}"
-        if value is False:  # an on-by-default switch turned off (argparse.BooleanOptionalAction)
-            out.append(f"--no-{name.replace('_', '-')}")
+        if isinstance(value, bool):  # on/off: --flag, or --no-flag for one that is on by default
+            out += [flag] if value else [f"--no-{name.replace('_', '-')}"]
+        elif action.type is parse_list:
+            out += [flag, ",".join(value)]
+        elif isinstance(value, (list, tuple)):
+            out += [flag, *map(str, value)]
         else:
-            out += [flag] if value is True else [flag, str(value)]  # an on/off flag takes no value
+            out += [flag, str(value)]
     return out
 
 
-def _defaults() -> dict[str, object]:
-    parser = argparse.ArgumentParser()
-    add_model_arguments(parser)
-    add_engine_arguments(parser)
-    return vars(parser.parse_args([]))
-
-
-_DEFAULTS = _defaults()
-
-
-def child_environment(environ: dict[str, str], api_key: str | None) -> dict[str, str]:
+def child_environment(environ: dict[str, str], api_key: str | None, admin_token: str | None = None) -> dict[str, str]:
     """The children's environment: ours, plus the internal API's shared secret (PDSERVE_SECRET: kept when set,
     else a fresh random one, so /internal/* and the KV transfer ports of this deployment refuse strangers) and
-    the router's API key. Secrets travel by environment: `ps` shows command lines to every local user."""
+    the router's API key and admin token. Secrets travel by environment: `ps` shows command lines to every
+    local user."""
     env = dict(environ)
     env["PDSERVE_SECRET"] = env.get("PDSERVE_SECRET") or secrets.token_hex(16)
-    if api_key:
-        env["PDSERVE_API_KEY"] = api_key
+    for variable, value in ((SECRET_FLAGS["api_key"], api_key), (SECRET_FLAGS["admin_token"], admin_token)):
+        if value:
+            env[variable] = value
     return env
 
 
@@ -95,13 +114,18 @@ def run(args: argparse.Namespace) -> int:
         settings = _settings(args)
     except ValueError as exc:
         raise SystemExit(f"pdserve serve: {exc}") from None
-    return run_launcher(settings, child_environment(dict(os.environ), args.api_key))
+    return run_launcher(settings, child_environment(dict(os.environ), args.api_key, args.admin_token))
 
 
 def _settings(args: argparse.Namespace) -> LaunchSettings:
+    if (args.ssl_keyfile is None) != (args.ssl_certfile is None):
+        raise ValueError(f"TLS needs both --ssl-keyfile and --ssl-certfile, got {args.ssl_keyfile} and "
+                         f"{args.ssl_certfile}")
+    model_flags = forwarded_flags(args, _MODEL_FLAGS)
     return LaunchSettings(
         host=args.host, port=args.port, num_prefill=args.num_prefill, num_decode=args.num_decode,
         colocated=args.colocated, num_colocated=args.num_colocated, ready_timeout_s=args.ready_timeout,
-        worker_args=tuple(forwarded_flags(args, _MODEL_FLAGS + _WORKER_ONLY_FLAGS) + cache_argv(args)),
-        router_args=tuple(forwarded_flags(args, _MODEL_FLAGS)), transfer_backend=args.transfer_backend,
+        worker_args=tuple(model_flags + forwarded_flags(args, _WORKER_ONLY_FLAGS) + cache_argv(args)),
+        router_args=tuple(model_flags + forwarded_flags(args, _ROUTER_ONLY_FLAGS)),
+        transfer_backend=args.transfer_backend, router_tls=args.ssl_certfile is not None,
     )

@@ -1,6 +1,7 @@
 """Time a ModelRunner's prefill iterations and decode steps over a grid of shapes, in process.
 
-Each shape runs once to warm up, then `repeats` times; the median is kept. Sequences get distinct KV blocks
+Each shape runs once to warm up, then `repeats` times; the median is kept. A progress bar per phase counts the
+shapes on stderr (the default CPU grid takes about two minutes). Sequences get distinct KV blocks
 (sharing one block table would let every row of a decode batch read the same, cache-hot KV and flatter the
 context term). Decode batches come uniform (every sequence ctx long) and mixed (one sequence ctx long, the
 others the shortest ctx of the grid), as served batches are: the two tell the Σctx term from the
@@ -14,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+from tqdm import tqdm
 
 from pdserve.engine.attention_metadata import DecodeInput, PrefillChunk
 from pdserve.engine.runner import ModelRunner
@@ -65,10 +67,10 @@ def _tables(num_seqs: int, tokens: int, block_size: int) -> list[list[int]]:
     return [list(range(i * per, (i + 1) * per)) for i in range(num_seqs)]
 
 
-def measure_prefill(runner: ModelRunner, grid: ProfileGrid) -> list[PrefillSample]:
+def measure_prefill(runner: ModelRunner, grid: ProfileGrid, progress: bool = False) -> list[PrefillSample]:
     bs, vocab = runner.cache_config.block_size, runner.config.vocab_size
     samples = []
-    for batch, n in grid.prefill_shapes():
+    for batch, n in tqdm(grid.prefill_shapes(), desc="prefill shapes", unit="shape", disable=not progress):
         chunks = [PrefillChunk(token_ids=[(7 * i + j) % vocab for j in range(n)], start_pos=0, block_table=t)
                   for i, t in enumerate(_tables(batch, n, bs))]
         seconds = time_median(lambda chunks=chunks: runner.prefill(chunks), grid.repeats, runner.device)
@@ -85,10 +87,10 @@ def decode_shapes(grid: ProfileGrid) -> list[list[int]]:
     return uniform + mixed
 
 
-def measure_decode(runner: ModelRunner, grid: ProfileGrid) -> list[DecodeSample]:
+def measure_decode(runner: ModelRunner, grid: ProfileGrid, progress: bool = False) -> list[DecodeSample]:
     bs = runner.cache_config.block_size
     samples = []
-    for ctxs in decode_shapes(grid):
+    for ctxs in tqdm(decode_shapes(grid), desc="decode shapes", unit="shape", disable=not progress):
         tables = _tables(len(ctxs), max(ctxs), bs)
         items = [DecodeInput(token_id=11, position=ctx - 1, block_table=t[: -(-ctx // bs)])
                  for ctx, t in zip(ctxs, tables, strict=True)]
@@ -97,9 +99,9 @@ def measure_decode(runner: ModelRunner, grid: ProfileGrid) -> list[DecodeSample]
     return samples
 
 
-def profile_runner(runner: ModelRunner, grid: ProfileGrid, model_name: str) -> Profile:
+def profile_runner(runner: ModelRunner, grid: ProfileGrid, model_name: str, progress: bool = False) -> Profile:
     """Measure both phases and fit them."""
-    prefill, decode = measure_prefill(runner, grid), measure_decode(runner, grid)
+    prefill, decode = measure_prefill(runner, grid, progress), measure_decode(runner, grid, progress)
     dtype_bytes = torch.empty(0, dtype=runner.dtype).element_size()
     return Profile(
         model=model_name,

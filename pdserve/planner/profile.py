@@ -199,3 +199,21 @@ class Profile:
 
 def _fit_from(raw: dict[str, Any]) -> LinearFit:
     return LinearFit(tuple(raw["terms"]), tuple(float(c) for c in raw["coef"]), float(raw["r2"]))
+
+
+MIN_R2 = 0.8  # below it the fit explains too little of the measured times for a plan to lean on
+
+
+def fit_warnings(profile: Profile, min_r2: float = MIN_R2) -> list[str]:
+    """One line per fit whose R² is below `min_r2`, saying what it means and what to do."""
+    warnings = []
+    for phase, fit, samples in (("prefill", profile.prefill, profile.prefill_samples),
+                                ("decode", profile.decode, profile.decode_samples)):
+        if fit.r2 < min_r2:
+            warnings.append(
+                f"warning: the {phase} fit explains only R² = {fit.r2:.2f} of the {len(samples)} measured {phase} "
+                f"times (below {min_r2}), so plans from this profile may be far off. Profile again on a quiet "
+                f"machine (other processes disturb the timings), with more --repeats, and look at the "
+                f"{phase}_samples in the JSON for outliers")
+    return warnings
+

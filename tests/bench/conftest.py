@@ -26,7 +26,9 @@ SHAREGPT = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "sha
 
 class FakeOpenAIServer:
     """/v1/models, /v1/completions and /v1/chat/completions streaming `max_tokens` words: the first after
-    `ttft_s`, then one every `itl_s`. A prompt containing FAIL gets a 500; every request body is kept."""
+    `ttft_s`, then one every `itl_s`. A prompt containing FAIL gets a 500; one containing EOS an empty answer
+    (the model's first token was EOS: one chunk with no text and finish_reason stop, as pdserve and vLLM send
+    it); one containing SILENT a stream with no choice at all; every request body is kept."""
 
     def __init__(self, ttft_s: float = 0.02, itl_s: float = 0.005) -> None:
         self.ttft_s, self.itl_s = ttft_s, itl_s
@@ -52,7 +54,22 @@ class FakeOpenAIServer:
         self.requests.append(body)
         if "FAIL" in json.dumps(body.get("prompt") or body.get("messages")):
             return JSONResponse({"error": {"message": "asked to fail", "type": "server_error"}}, status_code=500)
-        return StreamingResponse(self._events(int(body["max_tokens"]), chat), media_type="text/event-stream")
+        prompt = json.dumps(body.get("prompt") or body.get("messages"))
+        events = self._eos(chat) if "EOS" in prompt else self._silent() if "SILENT" in prompt else \
+            self._events(int(body["max_tokens"]), chat)
+        return StreamingResponse(events, media_type="text/event-stream")
+
+    async def _eos(self, chat: bool):
+        await asyncio.sleep(self.ttft_s)
+        choice = {"index": 0, "delta": {}, "finish_reason": "stop"} if chat else \
+            {"index": 0, "text": "", "finish_reason": "stop"}
+        yield f"data: {json.dumps({'choices': [choice]})}\n\n"
+        usage = {"prompt_tokens": 7, "completion_tokens": 1, "total_tokens": 8}
+        yield f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n"
+        yield "data: [DONE]\n\n"
+
+    async def _silent(self):
+        yield "data: [DONE]\n\n"
 
     async def _events(self, n: int, chat: bool):
         await asyncio.sleep(self.ttft_s)

@@ -29,6 +29,17 @@ async def test_stream_timings_match_the_server_delays(fake_server, endpoint: str
     assert ("messages" in body) == endpoint.endswith("chat/completions")
 
 
+@pytest.mark.parametrize("endpoint", ["/v1/completions", "/v1/chat/completions"])
+async def test_an_eos_only_answer_completed(fake_server, endpoint: str) -> None:
+    """As `vllm bench serve` counts it: 200, a finish_reason, no text, 0 or 1 output tokens."""
+    out = await _send(fake_server, endpoint, "answer with EOS", 8)
+    assert out.success, out.error
+    assert out.generated_text == "" and out.output_len == 1 and out.itl == ()
+    assert fake_server.ttft_s <= out.ttft <= out.latency
+    silent = await _send(fake_server, endpoint, "SILENT please", 8)
+    assert not silent.success and silent.error == "the stream ended without any text or finish_reason"
+
+
 async def test_http_errors_are_recorded_not_raised(fake_server) -> None:
     out = await _send(fake_server, "/v1/completions", "please FAIL", 4)
     assert not out.success and "HTTP 500" in out.error and "asked to fail" in out.error

@@ -1,12 +1,12 @@
 """`pdserve bench` against a real `pdserve serve` (router + 1 prefill + 1 decode worker, the default model on
-CPU): every request completes, the token counts are the server's, and the timings are consistent."""
+CPU): every request completes, the token counts are the server's, and the timings are consistent; over
+ShareGPT prompts, the answers whose first token is EOS count as completed."""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,19 +17,14 @@ import httpx
 import pytest
 
 from pdserve.cli import main
+from pdserve.launcher import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory, model_cache_dir: Path, default_model_dir: Path) -> Iterator[str]:
-    port, log = _free_port(), tmp_path_factory.mktemp("serve") / "serve.log"
+    port, log = free_port("127.0.0.1"), tmp_path_factory.mktemp("serve") / "serve.log"
     argv = [sys.executable, "-m", "pdserve.cli", "serve", "--port", str(port), "--num-blocks", "256",
             "--max-num-seqs", "8", "--max-num-batched-tokens", "512", "--torch-threads", "1"]
     with log.open("wb") as out:
@@ -65,3 +60,17 @@ def test_bench_against_pdserve(served: str, default_model_dir: Path, tmp_path: P
     assert result["mean_tpot_ms"] > 0 and result["request_goodput"] == pytest.approx(result["request_throughput"])
     models = httpx.get(served + "/v1/models", timeout=10).json()["data"]
     assert result["model_id"] == models[0]["id"]
+
+
+def test_sharegpt_eos_answers_count_as_completed(served: str, default_model_dir: Path, tmp_path: Path,
+                                                sharegpt_path: Path) -> None:
+    """The issue's run: 24 ShareGPT prompts on /v1/completions, where SmolLM2 answers several with EOS at once
+    (7 of 24 in a run by hand: 200, finish_reason stop, usage 1 token, no text); bench counted them failed."""
+    rc = main(["bench", "--base-url", served, "--dataset-name", "sharegpt", "--dataset-path", str(sharegpt_path),
+               "--num-prompts", "24", "--sharegpt-output-len", "8", "--tokenizer", str(default_model_dir),
+               "--save-result", "--save-detailed", "--result-dir", str(tmp_path), "--result-filename", "sg.json",
+               "--disable-tqdm"])
+    result = json.loads((tmp_path / "sg.json").read_text())
+    assert rc == 0 and result["completed"] == 24 and result["failed"] == 0
+    empty = [n for n, text in zip(result["output_lens"], result["generated_texts"]) if text == ""]
+    assert empty and all(n <= 1 for n in empty), list(zip(result["output_lens"], result["generated_texts"]))

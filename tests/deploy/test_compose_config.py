@@ -32,10 +32,11 @@ def test_default_profile_is_gpu_and_cpu_profile_replaces_it(configs: dict[str, d
 
 
 def test_gpu_workers_reserve_a_gpu_and_cpu_workers_none(configs: dict[str, dict]) -> None:
-    for name in GPU_WORKERS:
+    for name, gpu in zip(GPU_WORKERS, ("0", "1"), strict=True):
         service = configs["default"]["services"][name]
         [device] = service["deploy"]["resources"]["reservations"]["devices"]
         assert device["capabilities"] == ["gpu"] and device["driver"] == "nvidia"
+        assert device["device_ids"] == [gpu] and "count" not in device  # count: 1 is GPU 0 for every replica
         assert service["deploy"]["replicas"] == 1 and service["build"]["target"] == "gpu"
         assert service["environment"]["PDSERVE_DEVICE"] == "cuda"
     for name in CPU_WORKERS:
@@ -70,7 +71,11 @@ def test_every_process_is_healthchecked_registered_and_shares_the_model_cache(co
 
 def _flag_dests(command: str) -> set[str]:
     subparsers = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
-    return {a.dest for a in subparsers.choices[command]._actions if a.option_strings}
+    parser = subparsers.choices[command]
+    if command == "model":  # the `model` service runs `model fetch`, whose MODEL defaults to PDSERVE_MODEL
+        parser = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices["fetch"]
+        return {a.dest for a in parser._actions}
+    return {a.dest for a in parser._actions if a.option_strings}
 
 
 @pytest.mark.parametrize("profile", ["default", "cpu"])
@@ -79,7 +84,7 @@ def test_every_pdserve_variable_names_a_flag_of_its_command(configs: dict[str, d
         if name == "redis":
             continue
         command = service["command"][0]
-        dests = _flag_dests(command) if command != "model" else set()
+        dests = _flag_dests(command)
         unknown = [var for var in service["environment"]
                    if var.startswith("PDSERVE_") and var not in ENV_ONLY
                    and var.removeprefix("PDSERVE_").lower() not in dests]

@@ -5,6 +5,13 @@ A block is *runnable* when its info string carries the word `runnable`:
     ```bash runnable            run with bash -e -o pipefail, from the repository root
     ```python runnable          run with this interpreter, from the repository root
     ```bash runnable expect-error   may print an OpenAI-style error (the docs show one on purpose)
+    ```bash starts              each `pdserve` command is a long-running deployment: started, waited for until
+                                it is ready, stopped (on a free port, with the test's small KV pool and one
+                                torch thread per worker where the block does not say)
+    ```bash gpu | docker | hosts | setup    cannot run on the CPU test machine, and says why: it needs a GPU,
+                                Docker, several hosts, or it changes the environment (scripts/setup.sh)
+
+Every shell block with a `pdserve` or `docker` command is runnable, starts, or carries such a reason.
 
 Blocks are written for a reader who ran `pdserve serve` on the default address, so before running one the
 test points its addresses at the live server (`http://127.0.0.1:8000`, `localhost:8000`) and its
@@ -24,6 +31,8 @@ REPO = Path(__file__).resolve().parents[2]
 DEFAULT_ADDRESS = "127.0.0.1:8000"
 _FENCE = re.compile(r"^```([A-Za-z0-9_+-]*)([^\n`]*)\n(.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
 _SERVER_HINTS = ("127.0.0.1:8000", "localhost:8000")
+REASONS = {"gpu": "needs a GPU", "docker": "needs Docker", "hosts": "needs several hosts",
+           "setup": "changes the environment"}
 
 
 @dataclass(frozen=True)
@@ -41,6 +50,14 @@ class Block:
     @property
     def runnable(self) -> bool:
         return "runnable" in self.flags
+
+    @property
+    def starts(self) -> bool:
+        return "starts" in self.flags
+
+    @property
+    def reasons(self) -> set[str]:
+        return set(self.flags) & set(REASONS)
 
     @property
     def needs_server(self) -> bool:
@@ -103,3 +120,10 @@ def pdserve_command_lines(code: str) -> list[list[str]]:
                 break
             words = words[end + 1:]
     return commands
+
+
+def prelude_and_commands(code: str) -> tuple[str, list[list[str]]]:
+    """A `starts` block: its lines that are no `pdserve` command (exports), and its `pdserve` commands."""
+    joined = code.replace("\\\n", " ").splitlines()
+    prelude = "\n".join(line for line in joined if line.strip() and not line.lstrip().startswith("pdserve"))
+    return prelude, pdserve_command_lines(code)

@@ -11,11 +11,10 @@ from pdserve.settings import (
     SchedulerSettings,
     ServerSettings,
     WorkerSettings,
-    add_worker_arguments,
     parse_roles,
     parse_size,
-    worker_settings_from_args,
 )
+from pdserve.worker_flags import add_worker_arguments, worker_settings_from_args
 
 
 def test_sizes_and_roles() -> None:

@@ -43,3 +43,22 @@ def test_profile_command_writes_json(tmp_path) -> None:
     assert raw["model"] == tmp_path.name and set(raw["prefill_fit"]) >= {"sum_tokens", "sum_attn", "const", "r2"}
     assert set(raw["decode_fit"]) >= {"sum_ctx", "pad_ctx", "batch", "const", "r2"}
     assert len(raw["decode_samples"]) == 4 + 1  # 2 batches × 2 contexts, and one mixed batch (32 + 16)
+
+
+def test_profile_shows_progress_and_warns_on_a_poor_fit(tmp_path, capsys) -> None:
+    from dataclasses import replace
+
+    from pdserve.planner.profile import Profile, fit_warnings
+
+    write_hf_config(TINY, tmp_path, "llama")
+    out = tmp_path / "prof.json"
+    assert main(["profile", "--hf-config", str(tmp_path), "--device", "cpu", "--prefill-lens", "8,32",
+                 "--prefill-batches", "1,2", "--decode-batches", "1,2", "--decode-ctxs", "16,32", "--repeats", "1",
+                 "--output", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "prefill shapes: 100%" in err and "decode shapes: 100%" in err, err
+    profile = Profile.load(out)
+    poor = replace(profile, decode=replace(profile.decode, r2=0.38), prefill=replace(profile.prefill, r2=0.99))
+    [warning] = fit_warnings(poor)
+    assert warning.startswith(f"warning: the decode fit explains only R² = 0.38 of the {len(profile.decode_samples)} measured decode times")
+    assert "Profile again on a quiet machine" in warning and "--repeats" in warning

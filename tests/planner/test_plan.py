@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from pdserve.planner.simulator import ClusterSpec
 from pdserve.planner.workload import WorkloadSpec
 
 SLO = SLOs(ttft_ms=300, tpot_ms=30)
+REPO_PROFILE = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "plan_validation_profile_cpu.json"
 
 
 def _spec(rate: float) -> WorkloadSpec:
@@ -75,3 +77,32 @@ def test_plan_draws_lengths_from_a_bench_result(gpu_like_profile: Profile, tmp_p
     rc = main(["plan", "--profile", str(prof), "--request-rate", "5", "--num-requests", "300", "--lengths-from",
                str(bench), "--goodput", "ttft:500", "tpot:50"])
     assert rc == 0 and "recommended:" in capsys.readouterr().out
+
+
+def test_plan_explains_its_gate_and_prints_the_commands_that_deploy_its_choice(gpu_like_profile: Profile,
+                                                                                 tmp_path: Path, capsys) -> None:
+    from pdserve.cli import build_parser
+
+    prof = gpu_like_profile.save(tmp_path / "gpu.json")
+    rc = main(["plan", "--profile", str(prof), "--request-rate", "20", "--num-requests", "400", "--input-len", "512",
+               "--output-len", "64", "--goodput", "ttft:500", "tpot:40", "--max-num-seqs", "32"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "a split qualifies when its attainment reaches 90% (--target-attainment)" in out
+    assert "TTFT <= 500 ms, TPOT <= 40 ms" in out
+    serve = next(line.strip() for line in out.splitlines() if line.strip().startswith("pdserve serve"))
+    compose = next(line.strip() for line in out.splitlines() if line.strip().startswith("pdserve compose"))
+    p, d = (int(x) for x in re.search(r"recommended: (\d+) prefill \+ (\d+) decode", out).groups())
+    args = build_parser().parse_args(serve.replace("MODEL", "org/model").split()[1:])
+    assert (args.num_prefill, args.num_decode, args.max_num_seqs, args.model) == (p, d, 32, "org/model")
+    gpus = build_parser().parse_args(compose.split(" && ")[0].split()[1:])
+    assert len(gpus.prefill_gpus.split(",")) == p and len(gpus.decode_gpus.split(",")) == d
+    assert "MODEL: the model whose shapes were profiled (synthetic-8b)" in out
+
+
+def test_a_cpu_profile_of_the_default_model_needs_no_model_argument(tmp_path: Path, capsys) -> None:
+    main(["plan", "--profile", str(REPO_PROFILE), "--request-rate", "1", "--input-len", "512", "--output-len", "64",
+          "--goodput", "ttft:2000", "tpot:100", "--max-workers", "4", "--num-requests", "300"])
+    out = capsys.readouterr().out
+    serve = next(line.strip() for line in out.splitlines() if line.strip().startswith("pdserve serve"))
+    assert serve.startswith("pdserve serve --num-prefill") and "pdserve compose" not in out

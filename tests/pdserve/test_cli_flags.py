@@ -1,0 +1,132 @@
+"""The command line as a vLLM user meets it: every flag has help and shows its default, `serve MODEL` is
+`serve --model MODEL`, every router flag is reachable from `serve` and reaches the router (secrets by
+environment), vLLM's on/off spelling works from the environment too."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from pdserve.cache_store.block_pool import BlockPool
+from pdserve.cache_store.prefix_cache import PrefixCache
+from pdserve.cli import HelpFormatter, build_parser
+from pdserve.commands.docs import hidden_pdserve_env
+from pdserve.commands.serve import _settings, child_environment
+from pdserve.config_doc import iter_commands
+from pdserve.env_flags import apply_env_defaults
+from pdserve.router.cors import CorsSettings
+from pdserve.router_flags import add_router_arguments, parse_list, read_chat_template
+from pdserve.router_server import ListenSettings
+from pdserve.worker_flags import add_worker_arguments, worker_settings_from_args
+
+# the router's flags that `pdserve serve` sets itself: the workers it starts, the TLS side listener's port
+SERVE_OWNS = {"--prefill", "--decode", "--internal-port"}
+
+
+@pytest.fixture(scope="module")
+def parser() -> argparse.ArgumentParser:
+    with hidden_pdserve_env():
+        return build_parser()
+
+
+def _options(sub: argparse.ArgumentParser) -> list[argparse.Action]:
+    return [a for a in sub._actions if a.option_strings and a.dest != "help"]
+
+
+def test_every_flag_has_help_that_shows_its_default(parser: argparse.ArgumentParser) -> None:
+    bare = []
+    for command, sub in iter_commands(parser):
+        formatter = HelpFormatter(command)
+        for action in _options(sub):
+            shown = formatter._get_help_string(action)
+            text = (action.help or "").split(" [env ")[0].strip()
+            if not text or ("default" not in shown and not action.required):
+                bare.append(f"{command} {action.option_strings[0]}")
+    assert not bare, f"flags without help or a shown default: {bare}"
+    assert "(default: 8000)" in parser._subparsers._group_actions[0].choices["serve"].format_help()
+
+
+def test_model_is_positional_as_in_vllm(parser: argparse.ArgumentParser) -> None:
+    for command in ("serve", "router", "prefill", "decode"):
+        assert parser.parse_args([command, "org/name"]).model == "org/name"
+        assert parser.parse_args([command, "--model", "org/name"]).model == "org/name"
+        assert parser.parse_args([command]).model == "smollm2-135m-instruct"
+    assert parser.parse_args(["model", "fetch", "org/name"]).model == "org/name"
+
+
+def test_every_router_flag_is_reachable_from_serve_and_reaches_the_router(parser: argparse.ArgumentParser) -> None:
+    choices = parser._subparsers._group_actions[0].choices
+    router_flags = {f for a in _options(choices["router"]) for f in a.option_strings}
+    serve_flags = {f for a in _options(choices["serve"]) for f in a.option_strings}
+    assert router_flags - serve_flags == SERVE_OWNS
+    args = parser.parse_args(["serve", "org/name", "--served-model-name", "a", "b", "--prefill-policy",
+                              "round_robin", "--allowed-origins", '["https://app.example"]', "--ssl-keyfile", "k",
+                              "--ssl-certfile", "c", "--disable-log-requests", "--admin-token", "admin-secret",
+                              "--api-key", "key-secret", "--no-enable-prefix-caching", "--log-level", "debug"])
+    settings = _settings(args)
+    router = " ".join(settings.router_args)
+    for words in ("--model org/name", "--served-model-name a b", "--prefill-policy round_robin",
+                  "--allowed-origins https://app.example", "--ssl-keyfile k --ssl-certfile c",
+                  "--disable-log-requests", "--log-level debug"):
+        assert words in router, router
+    workers = " ".join(settings.worker_args)
+    assert "--served-model-name a b" in workers and "--no-enable-prefix-caching" in workers
+    assert "prefill-policy" not in workers and settings.router_tls
+    assert "secret" not in router + workers  # tokens never on a command line
+    env = child_environment({}, args.api_key, args.admin_token)
+    assert env["PDSERVE_ADMIN_TOKEN"] == "admin-secret" and env["PDSERVE_API_KEY"] == "key-secret"
+    reparsed = parser.parse_args(["router", *settings.router_args])
+    assert reparsed.served_model_name == ["a", "b"] and reparsed.allowed_origins == ["https://app.example"]
+    with pytest.raises(ValueError, match="--ssl-keyfile and --ssl-certfile"):
+        _settings(parser.parse_args(["serve", "--ssl-certfile", "c"]))
+
+
+def test_vllm_on_off_flag_and_its_variable() -> None:
+    parser = argparse.ArgumentParser()
+    add_worker_arguments(parser, role="prefill")
+    assert parser.parse_args([]).enable_prefix_caching is True
+    assert parser.parse_args(["--no-enable-prefix-caching"]).enable_prefix_caching is False
+    apply_env_defaults(parser, {"PDSERVE_ENABLE_PREFIX_CACHING": "0"})
+    args = parser.parse_args(["--device", "cpu"])
+    settings = worker_settings_from_args(args, None, None)
+    assert settings.cache.enable_prefix_caching is False
+    with pytest.raises(ValueError, match="host .* and Redis .* tiers would hold nothing"):
+        worker_settings_from_args(parser.parse_args(["--device", "cpu", "--host-cache-gb", "1"]), None, None)
+
+
+def test_a_cache_without_prefix_caching_never_finds_a_prefix() -> None:
+    pool = BlockPool(8)
+    cache = PrefixCache(pool, block_size=4, enabled=False)
+    hashes = [b"a", b"b"]
+    first = cache.allocate(hashes, 3)
+    assert cache.commit(hashes, first.block_ids) == 0
+    pool.free(first.block_ids)
+    again = cache.allocate(hashes, 3)
+    assert again.num_cached_tokens == 0 and cache.peek(hashes).num_blocks == 0
+    pool.free(again.block_ids)
+    assert pool.num_free == 8
+
+
+def test_router_http_settings_refuse_half_configurations(tmp_path) -> None:
+    assert parse_list('["https://a.example", "http://b:3000"]') == ["https://a.example", "http://b:3000"]
+    assert parse_list("https://a, https://b") == ["https://a", "https://b"]
+    with pytest.raises(ValueError, match="scheme://host"):
+        CorsSettings(allowed_origins=("a.example",))
+    with pytest.raises(ValueError, match="both --ssl-keyfile and --ssl-certfile"):
+        ListenSettings(ssl_keyfile="k")
+    with pytest.raises(ValueError, match="plain listener beside a TLS one"):
+        ListenSettings(internal_port=9000)
+    assert ListenSettings(ssl_keyfile="k", ssl_certfile="c", port=8443).url == "https://127.0.0.1:8443"
+    template = tmp_path / "t.jinja"
+    template.write_text("{{ messages[0]['content'] }}")
+    assert read_chat_template(str(template)) == "{{ messages[0]['content'] }}"
+    assert read_chat_template("{% for m in messages %}{{ m.content }}{% endfor %}").startswith("{%")
+    with pytest.raises(SystemExit, match="no such file"):
+        read_chat_template(str(tmp_path / "missing.jinja"))
+
+
+def test_router_flags_module_is_complete_for_a_bare_parser() -> None:
+    parser = argparse.ArgumentParser()
+    add_router_arguments(parser, internal_port=False)
+    assert "--internal-port" not in {f for a in parser._actions for f in a.option_strings}
