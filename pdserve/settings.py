@@ -161,11 +161,16 @@ class TransferSettings:
 
 @dataclass(frozen=True)
 class ServerSettings:
-    """HTTP address of the worker, and the router it registers with (None: static, no registration)."""
+    """HTTP address of the worker, and the routers it registers with (None: static, no registration).
+
+    `router_url` is one URL or several, comma-separated; a URL whose host is a name (a Kubernetes headless
+    Service, a Compose service) stands for every address the name resolves to, looked up again every
+    `router_resolve_interval_s` (pdserve/router_links.py)."""
 
     host: str = "127.0.0.1"
     port: int = 0  # 0: any free port
     router_url: str | None = None
+    router_resolve_interval_s: float = 5.0
     secret: str | None = None
     worker_id: str | None = None
     heartbeat_interval_s: float = 1.0  # until the router answers with its own
@@ -175,8 +180,19 @@ class ServerSettings:
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
-        if self.router_url is not None and not self.router_url.startswith(("http://", "https://")):
-            raise ValueError(f"--router must be an http(s) URL, got {self.router_url!r}")
+        for url in self.router_urls:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"--router takes http(s) URLs (comma-separated), got {url!r} in {self.router_url!r}")
+        if self.router_url is not None and not self.router_urls:
+            raise ValueError(f"--router names no URL: {self.router_url!r}")
+        if self.router_resolve_interval_s <= 0:
+            raise ValueError(f"router_resolve_interval_s must be positive, got {self.router_resolve_interval_s}")
+
+    @property
+    def router_urls(self) -> tuple[str, ...]:
+        if self.router_url is None:
+            return ()
+        return tuple(url.strip().rstrip("/") for url in self.router_url.split(",") if url.strip())
 
 
 @dataclass(frozen=True)
@@ -286,7 +302,11 @@ def add_worker_arguments(parser: argparse.ArgumentParser, role: str) -> None:
     parser.add_argument("--role", default=role, choices=("prefill", "decode", "both"))
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="HTTP port (0: any free port)")
-    parser.add_argument("--router", default=None, help="router URL to register with, e.g. http://127.0.0.1:8000")
+    parser.add_argument("--router", default=None,
+                        help="router URL(s) to register with, comma-separated, e.g. http://127.0.0.1:8000; a host "
+                             "name stands for every address it resolves to (a headless Service: every router)")
+    parser.add_argument("--router-resolve-interval", type=float, default=ServerSettings.router_resolve_interval_s,
+                        help="seconds between DNS lookups of --router's host names (routers added or gone)")
     parser.add_argument("--worker-id", default=None)
     parser.add_argument("--advertise-host", default=None,
                         help="host name or IP the router and other workers reach this worker at (default: the IP "
@@ -325,7 +345,8 @@ def worker_settings_from_args(args: argparse.Namespace, cache_dir: str | None,
                                     max_queued_requests=args.max_queued_requests),
         transfer=TransferSettings(backend=args.transfer_backend, host=args.transfer_host or args.host,
                                   port=args.transfer_port),
-        server=ServerSettings(host=args.host, port=args.port, router_url=args.router, secret=secret,
+        server=ServerSettings(host=args.host, port=args.port, router_url=args.router,
+                              router_resolve_interval_s=args.router_resolve_interval, secret=secret,
                               worker_id=args.worker_id, advertise_host=args.advertise_host,
                               drain_on_sigterm=args.drain_on_sigterm),
         tiers=tiers, cache_policy=cache_policy,

@@ -5,7 +5,7 @@
         decode role:  Scheduler ─ DecodeEngine ─ KV receiver (tcp server on --transfer-port; `local`)
     KV cache tiers: TieredKVCache over the pool (host RAM, Redis; pdserve/worker_cache.py), shared by both roles
     one FastAPI app: the roles' /internal routes, /internal/status, /internal/cache, /health, /metrics
-    with --router URL: register, then heartbeat every interval (re-register on 404)
+    with --router URL(s): register with every router, then heartbeat each (pdserve/router_links.py)
 
 A colocated worker (`--role both`) has ONE block pool, one prefix cache, one runner: the prefill side computes
 straight into the blocks the decode side reserved (backend `local`, nothing copied). Both step threads share
@@ -26,7 +26,6 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
 import torch
 import uvicorn
 from fastapi import FastAPI
@@ -59,22 +58,24 @@ from pdserve.prefill_node.app import create_router as prefill_router
 from pdserve.prefill_node.batcher import Batcher
 from pdserve.prefill_node.engine import PrefillEngine
 from pdserve.prefill_node.node import PrefillNode, PrefillNodeConfig
+from pdserve.router_links import RouterLinks, RouterLinkSettings
 from pdserve.settings import ROLES, ModelSettings, WorkerSettings
 from pdserve.worker_cache import (
     SummaryReporter,
     build_cache_router,
     build_tiered,
     cache_policy_applier,
+    prefix_publisher,
     tier_metrics,
 )
 from pdserve.worker_control import (
     AdmissionGate,
     DrainOnSigterm,
-    RouterLink,
     WorkerControl,
     build_control_router,
     nodes_idle,
 )
+from pdserve.worker_metrics import scaling_metrics
 
 logger = logging.getLogger("pdserve.worker")
 
@@ -134,13 +135,17 @@ class Worker:
         self.model_lock = threading.Lock()
         self.roles = Roles()
         self._build_roles()
-        server = settings.server
+        self.links = RouterLinks(RouterLinkSettings.of(settings.server, self.worker_id), self,
+                                 prefix_publisher(self.tiered), lambda: self.control.left)
         self.control = WorkerControl(settings.roles, settings.transfer.backend != "local",
                                      lambda: nodes_idle(self.roles.prefill, self.roles.decode, self.state_lock),
-                                     RouterLink(server.router_url, self.worker_id, server.secret),
-                                     cache_policy_applier(self.tiered), cache_policy=settings.cache_policy)
+                                     self.links.leave, cache_policy_applier(self.tiered),
+                                     cache_policy=settings.cache_policy)
         self.url = ""
-        self.registered = settings.server.router_url is None
+
+    @property
+    def registered(self) -> bool:
+        return self.links.registered
 
     def _fuse_weights(self) -> ModelWeights:
         """The runner's fused weights, built before the KV pool is sized. The HF-named originals of the fused
@@ -258,6 +263,7 @@ class Worker:
         if self.roles.decode is not None and isinstance(self.roles.decode.receiver, TcpKVReceiver):
             port = self.roles.decode.receiver.port
         return {"worker_id": self.worker_id, "url": self.url, "roles": list(self.control.roles),
+                "roles_version": self.control.roles_version,
                 "model": self.model_name, "max_model_len": self.config.max_model_len,
                 "block_size": self.cache_config.block_size, "num_blocks": self.cache_config.num_blocks,
                 "fingerprint": self.loaded.fingerprint,
@@ -303,7 +309,7 @@ def create_app(worker: Worker) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await worker.start()
-        registration = asyncio.create_task(register_and_heartbeat(worker))
+        registration = asyncio.create_task(worker.links.run())
         try:
             yield
         finally:
@@ -334,6 +340,8 @@ def create_app(worker: Worker) -> FastAPI:
             if node is not None:
                 registry.register(_Collector(node.collect))
         registry.register(_Collector(lambda: tier_metrics(worker.tiered)))
+        registry.register(_Collector(lambda: scaling_metrics(worker.roles.prefill, worker.roles.decode,
+                                                             worker.state_lock)))
         return PlainTextResponse(generate_latest(registry).decode(), media_type="text/plain; version=0.0.4")
 
     app.include_router(build_control_router(worker.control))
@@ -341,34 +349,6 @@ def create_app(worker: Worker) -> FastAPI:
     app.add_middleware(AdmissionGate, control=worker.control)  # inside the secret check, added after it
     app.add_middleware(InternalSecret, secret=worker.settings.server.secret)
     return app
-
-
-async def register_and_heartbeat(worker: Worker) -> None:
-    """Register with the router, then heartbeat; a 404 means the router forgot us: register again."""
-    router_url = worker.settings.server.router_url
-    if router_url is None:
-        return
-    headers = {"X-PDServe-Secret": worker.settings.server.secret} if worker.settings.server.secret else {}
-    interval = worker.settings.server.heartbeat_interval_s
-    async with httpx.AsyncClient(base_url=router_url, headers=headers, timeout=5.0) as client:
-        while not worker.control.left:  # a drained worker deregistered itself: no heartbeat may re-register it
-            try:
-                if not worker.registered:
-                    reply = await client.post("/internal/workers/register", json=worker.registration())
-                    reply.raise_for_status()
-                    interval = float(reply.json().get("heartbeat_interval_s", interval))
-                    worker.registered = True
-                    worker.summary.resend()
-                    logger.info("registered with %s as %s", router_url, worker.worker_id)
-                else:
-                    body = worker.status() | worker.summary.fields()
-                    reply = await client.post("/internal/workers/heartbeat", json=body)
-                    if reply.status_code == 404:
-                        worker.registered = False
-                        continue
-            except (httpx.HTTPError, ValueError) as exc:
-                logger.warning("router %s unreachable: %s", router_url, exc)
-            await asyncio.sleep(interval)
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
