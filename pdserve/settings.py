@@ -234,6 +234,7 @@ class LaunchSettings:
     num_decode: int = 1
     colocated: bool = False
     num_colocated: int = 1  # with colocated: that many replicas, each over its own pool (one per GPU)
+    num_routers: int = 1  # every worker registers with each (pdserve/router_links.py)
     worker_args: tuple[str, ...] = ()  # passed through to every worker command line
     router_args: tuple[str, ...] = ()
     ready_timeout_s: float = 600.0
@@ -249,6 +250,8 @@ class LaunchSettings:
                              f"worker; --colocated runs one worker over one pool (no transfer)")
         if self.num_colocated < 1 or (self.num_colocated > 1 and not self.colocated):
             raise ValueError(f"--num-colocated {self.num_colocated}: give a positive count, together with --colocated")
+        if self.num_routers < 1:
+            raise ValueError(f"--num-routers {self.num_routers}: a deployment needs at least one router")
         if not self.colocated and (self.num_prefill < 1 or self.num_decode < 1):
             raise ValueError(
                 f"a disaggregated launch needs >= 1 prefill and >= 1 decode worker, "
