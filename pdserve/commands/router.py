@@ -82,13 +82,29 @@ def model_facts(model: str, load_format: str, preset: str | None, tokenizer_dir:
     return resolved.name, tokenizer, hf_config(path, resolved.name).max_model_len
 
 
+def router_config_from_args(args: argparse.Namespace, name: str, max_len: int, secret: str | None):
+    """The RouterConfig of parsed flags, for the model `name` of `max_len` tokens (model_facts)."""
+    from pdserve.router.config import RouterConfig
+
+    policies = {key: value for key, value in (("prefill_policy", args.prefill_policy),
+                                               ("decode_policy", args.decode_policy),
+                                               ("cache_aware_max_imbalance", args.cache_aware_max_imbalance))
+                if value is not None}
+    return RouterConfig(
+        model=name, max_model_len=min(max_len, args.max_model_len or max_len), block_size=args.block_size,
+        prefill_urls=tuple(args.prefill), decode_urls=tuple(args.decode), secret=secret,
+        heartbeat_interval_s=args.heartbeat_interval, heartbeat_timeout_s=args.heartbeat_timeout,
+        admin_token=args.admin_token or None, status_window_s=args.status_window, api_key=args.api_key or None,
+        max_body_bytes=args.max_body_size, max_inflight_requests=args.max_inflight_requests, **policies,
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     import logging
 
     import uvicorn
 
     from pdserve.router.app import create_app
-    from pdserve.router.config import RouterConfig
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per call to a worker otherwise
@@ -97,18 +113,7 @@ def run(args: argparse.Namespace) -> int:
                                            Path(cache_dir) if cache_dir else None)
     if tokenizer is None:
         raise SystemExit(f"model {name!r} has no tokenizer: give --tokenizer DIR (a directory with tokenizer.json)")
-    policies = {key: value for key, value in (("prefill_policy", args.prefill_policy),
-                                               ("decode_policy", args.decode_policy),
-                                               ("cache_aware_max_imbalance", args.cache_aware_max_imbalance))
-                if value is not None}
-    config = RouterConfig(
-        model=name, max_model_len=min(max_len, args.max_model_len or max_len), block_size=args.block_size,
-        prefill_urls=tuple(args.prefill), decode_urls=tuple(args.decode),
-        secret=os.environ.get("PDSERVE_SECRET") or None, heartbeat_interval_s=args.heartbeat_interval,
-        heartbeat_timeout_s=args.heartbeat_timeout, admin_token=args.admin_token or None,
-        status_window_s=args.status_window, api_key=args.api_key or None, max_body_bytes=args.max_body_size,
-        max_inflight_requests=args.max_inflight_requests, **policies,
-    )
+    config = router_config_from_args(args, name, max_len, os.environ.get("PDSERVE_SECRET") or None)
     logging.getLogger("pdserve.router").info("router for %s on http://%s:%d", name, args.host, args.port)
     uvicorn.run(create_app(config, tokenizer), host=args.host, port=args.port, log_level="warning",
                 access_log=False, timeout_graceful_shutdown=3)

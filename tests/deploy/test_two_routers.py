@@ -28,6 +28,7 @@ import pytest
 from pdserve.cache_store.summary import decode_summary
 from pdserve.launcher import ChildSpec, Launcher
 from pdserve.settings import LaunchSettings
+from tests.deploy.kustomize import adapter_series
 
 MODEL = "smollm2-135m-instruct"
 SECRET = "two-router-test-secret"
@@ -153,6 +154,15 @@ def test_a_restarted_router_catches_up(two_routers: TwoRouters, holders: dict[in
     for i, prefix in enumerate(PREFIXES):
         worker, cached = _served_by(two_routers, restarted, prefix + " A third question here?")
         assert (worker, cached > 0) == (holders[i], True), f"prefix {i} through {restarted}; holders {holders}"
+
+
+def test_the_series_the_autoscalers_read_are_exported(two_routers: TwoRouters) -> None:
+    """deploy/k8s/prometheus-adapter's rules query these on the workers' /metrics (P's and D's alike: every
+    worker runs both nodes)."""
+    for url in two_routers.workers("prefill") + two_routers.workers("decode"):
+        text = httpx.get(f"{url}/metrics", timeout=10).text
+        exported = {line.split()[0].split("{")[0] for line in text.splitlines() if line and not line.startswith("#")}
+        assert adapter_series() <= exported, f"{url} lacks {adapter_series() - exported}"
 
 
 def _healthy(url: str) -> bool:
