@@ -7,8 +7,8 @@ vLLM's KV events do (BlockStored / BlockRemoved on a publisher, a replay endpoin
 missed some):
 
     worker   PrefixEventLog.observe(held keys)  ─▶ PrefixEvent(seq n, stored, removed), kept in a bounded ring
-             per router: events after the seq that router last acknowledged; a PrefixSnapshot (epoch, seq, all
-             keys) when that router knows nothing yet, asked for one, or fell behind the ring
+             PrefixPublisher, per router: events after the seq that router last acknowledged; a PrefixSnapshot
+             (epoch, seq, all keys) when that router knows nothing yet, asked for one, or fell behind the ring
     router   PrefixReplica: snapshot ─▶ apply events in order; an event after a gap (or of another epoch: the
              worker restarted) is not applied, and the router asks for a snapshot in its heartbeat answer
 
