@@ -161,8 +161,12 @@ def test_the_series_the_autoscalers_read_are_exported(two_routers: TwoRouters) -
     worker runs both nodes)."""
     for url in two_routers.workers("prefill") + two_routers.workers("decode"):
         text = httpx.get(f"{url}/metrics", timeout=10).text
-        exported = {line.split()[0].split("{")[0] for line in text.splitlines() if line and not line.startswith("#")}
+        samples = {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
+                   if line and not line.startswith("#")}
+        exported = {name.split("{")[0] for name in samples}
         assert adapter_series() <= exported, f"{url} lacks {adapter_series() - exported}"
+        assert samples["pdserve_prefill_queued_prompt_tokens"] == 0  # idle: nothing queued
+        assert 0 <= samples["pdserve_decode_kv_usage"] < 1
 
 
 def _healthy(url: str) -> bool:
