@@ -4,7 +4,10 @@
                    ├─ pdserve prefill --router http://127.0.0.1:8000 --port <free> --worker-id prefill-0
                    └─ pdserve decode  --router http://127.0.0.1:8000 --port <free> --transfer-port <free> ...
                    (--colocated: one `pdserve decode --role both` instead of the two workers;
-                    --num-colocated N: N of them, round-robin over the GPUs)
+                    --num-colocated N: N of them, round-robin over the GPUs;
+                    --num-routers N: N routers, the first on --port, and every worker registers with each:
+                    --router http://127.0.0.1:8000,http://127.0.0.1:<free>, as a headless Service does in
+                    Kubernetes, deploy/k8s)
 
 Every child is a `pdserve <role>` command line, so `ps` shows the roles. No child outlives the launcher:
 - SIGINT / SIGTERM to the launcher: SIGTERM to every child, SIGKILL to any still alive after `grace_s`;
@@ -53,13 +56,8 @@ def plan_children(settings: LaunchSettings, python: str = sys.executable,
     """The router first, then the workers, with ports chosen now and GPUs shared out (`num_gpus`: None asks
     torch; 0 on a machine without CUDA)."""
     base = [python, "-m", "pdserve.cli"]
-    router_url = f"http://{settings.host}:{settings.port}"
-    router_argv = [*base, "router", "--host", settings.host, "--port", str(settings.port), *settings.router_args]
-    if settings.router_tls:  # workers and health checks: the router's plain loopback listener (router_server.py)
-        internal = free_port("127.0.0.1")
-        router_url = f"http://127.0.0.1:{internal}"
-        router_argv += ["--internal-port", str(internal)]
-    children = [ChildSpec("router", router_argv, f"{router_url}/health", f"{router_url}/v1/models")]
+    children = router_children(settings, base)
+    router_url = ",".join(child.health_url.removesuffix("/health") for child in children)
     if settings.colocated:
         workers = [("decode", "both", i) for i in range(settings.num_colocated)]
     else:
@@ -84,6 +82,23 @@ def plan_children(settings: LaunchSettings, python: str = sys.executable,
         if role != "prefill":
             argv += ["--transfer-port", str(free_port(settings.host))]
         children.append(ChildSpec(name, argv + extra + placement, f"http://{settings.host}:{port}/health"))
+    return children
+
+
+def router_children(settings: LaunchSettings, base: list[str]) -> list[ChildSpec]:
+    """The routers: `router` on --port, then `router-1`, ... on free ports. With TLS, workers and health checks
+    use each router's plain loopback listener (--internal-port, pdserve/router_server.py)."""
+    ports = [settings.port] + [free_port(settings.host) for _ in range(settings.num_routers - 1)]
+    children = []
+    for index, port in enumerate(ports):
+        url = f"http://{settings.host}:{port}"
+        argv = [*base, "router", "--host", settings.host, "--port", str(port), *settings.router_args]
+        if settings.router_tls:
+            internal = free_port("127.0.0.1")
+            url = f"http://127.0.0.1:{internal}"
+            argv += ["--internal-port", str(internal)]
+        children.append(ChildSpec("router" if index == 0 else f"router-{index}", argv, f"{url}/health",
+                                  f"{url}/v1/models"))
     return children
 
 

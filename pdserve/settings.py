@@ -183,13 +183,18 @@ class TransferSettings:
 
 @dataclass(frozen=True)
 class ServerSettings:
-    """HTTP address of the worker, its data-plane port, and the router it registers with (None: static, no
-    registration)."""
+    """HTTP address of the worker, its data-plane port, and the routers it registers with (None: static, no
+    registration).
+
+    `router_url` is one URL or several, comma-separated; a URL whose host is a name (a Kubernetes headless
+    Service, a Compose service) stands for every address the name resolves to, looked up again every
+    `router_resolve_interval_s` (pdserve/router_links.py)."""
 
     host: str = "127.0.0.1"
     port: int = 0  # 0: any free port
     data_port: int = 0  # the routers' multiplexed connection (protocol/); 0: any free port
     router_url: str | None = None
+    router_resolve_interval_s: float = 5.0
     secret: str | None = None
     worker_id: str | None = None
     heartbeat_interval_s: float = 1.0  # until the router answers with its own
@@ -201,8 +206,19 @@ class ServerSettings:
         for name in ("port", "data_port"):
             if not 0 <= getattr(self, name) <= 65535:
                 raise ValueError(f"{name} must be in [0, 65535], got {getattr(self, name)}")
-        if self.router_url is not None and not self.router_url.startswith(("http://", "https://")):
-            raise ValueError(f"--router must be an http(s) URL, got {self.router_url!r}")
+        for url in self.router_urls:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"--router takes http(s) URLs (comma-separated), got {url!r} in {self.router_url!r}")
+        if self.router_url is not None and not self.router_urls:
+            raise ValueError(f"--router names no URL: {self.router_url!r}")
+        if self.router_resolve_interval_s <= 0:
+            raise ValueError(f"router_resolve_interval_s must be positive, got {self.router_resolve_interval_s}")
+
+    @property
+    def router_urls(self) -> tuple[str, ...]:
+        if self.router_url is None:
+            return ()
+        return tuple(url.strip().rstrip("/") for url in self.router_url.split(",") if url.strip())
 
 
 @dataclass(frozen=True)
@@ -247,6 +263,7 @@ class LaunchSettings:
     num_decode: int = 1
     colocated: bool = False
     num_colocated: int = 1  # with colocated: that many replicas, each over its own pool (one per GPU)
+    num_routers: int = 1  # every worker registers with each (pdserve/router_links.py)
     worker_args: tuple[str, ...] = ()  # passed through to every worker command line
     router_args: tuple[str, ...] = ()
     ready_timeout_s: float = 600.0
@@ -264,6 +281,8 @@ class LaunchSettings:
                              f"worker; --colocated runs one worker over one pool (no transfer)")
         if self.num_colocated < 1 or (self.num_colocated > 1 and not self.colocated):
             raise ValueError(f"--num-colocated {self.num_colocated}: give a positive count, together with --colocated")
+        if self.num_routers < 1:
+            raise ValueError(f"--num-routers {self.num_routers}: a deployment needs at least one router")
         if not self.colocated and (self.num_prefill < 1 or self.num_decode < 1):
             raise ValueError(
                 f"a disaggregated launch needs >= 1 prefill and >= 1 decode worker, "

@@ -7,7 +7,8 @@
     the data plane (--data-port): the routers' connections, each message to its role's service
         (decode_node/service.py, prefill_node/service.py, pdserve/worker_data_plane.py)
     one FastAPI app: /internal/status, /internal/cache, control, /health, /metrics
-    with --router URL: register (with the data port), then heartbeat every interval (re-register on 404)
+    with --router URL(s): register with every router (with the data port), then heartbeat each
+        (pdserve/router_links.py)
 
 A colocated worker (`--role both`) has ONE block pool, one prefix cache, one runner: the prefill side computes
 straight into the blocks the decode side reserved (backend `local`, nothing copied). Both step threads share
@@ -28,7 +29,6 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
 import torch
 import uvicorn
 from fastapi import FastAPI
@@ -62,22 +62,24 @@ from pdserve.prefill_node.engine import PrefillEngine
 from pdserve.prefill_node.node import PrefillNode, PrefillNodeConfig
 from pdserve.prefill_node.service import PrefillService
 from pdserve.protocol.server import DataPlaneServer
+from pdserve.router_links import RouterLinks, RouterLinkSettings
 from pdserve.settings import ROLES, ModelSettings, WorkerSettings
 from pdserve.worker_cache import (
     SummaryReporter,
     build_cache_router,
     build_tiered,
     cache_policy_applier,
+    prefix_publisher,
     tier_metrics,
 )
 from pdserve.worker_control import (
     DrainOnSigterm,
-    RouterLink,
     WorkerControl,
     build_control_router,
     nodes_idle,
 )
 from pdserve.worker_data_plane import WorkerDataPlane
+from pdserve.worker_metrics import scaling_metrics
 
 logger = logging.getLogger("pdserve.worker")
 
@@ -139,16 +141,20 @@ class Worker:
         self.model_lock = threading.Lock()
         self.roles = Roles()
         self._build_roles()
-        server = settings.server
+        self.links = RouterLinks(RouterLinkSettings.of(settings.server, self.worker_id), self,
+                                 prefix_publisher(self.tiered), lambda: self.control.left)
         self.control = WorkerControl(settings.roles, settings.transfer.backend != "local", self._idle,
-                                     RouterLink(server.router_url, self.worker_id, server.secret),
-                                     cache_policy_applier(self.tiered), cache_policy=settings.cache_policy)
+                                     self.links.leave, cache_policy_applier(self.tiered),
+                                     cache_policy=settings.cache_policy)
         self.data_plane = WorkerDataPlane(
             PrefillService(self.roles.prefill) if self.roles.prefill is not None else None,
             DecodeService(self.roles.decode) if self.roles.decode is not None else None, self.control)
-        self.data_server = DataPlaneServer(self.data_plane, server.secret, self.worker_id)
+        self.data_server = DataPlaneServer(self.data_plane, settings.server.secret, self.worker_id)
         self.url = ""
-        self.registered = settings.server.router_url is None
+
+    @property
+    def registered(self) -> bool:
+        return self.links.registered
 
     def _idle(self) -> bool:
         return nodes_idle(self.roles.prefill, self.roles.decode, self.state_lock, lambda: self.data_plane.num_open)
@@ -277,7 +283,7 @@ class Worker:
         if self.roles.decode is not None and isinstance(self.roles.decode.receiver, TcpKVReceiver):
             port = self.roles.decode.receiver.port
         return {"worker_id": self.worker_id, "url": self.url, "data_port": self.data_server.port,
-                "roles": list(self.control.roles),
+                "roles": list(self.control.roles), "roles_version": self.control.roles_version,
                 "model": self.model_name, "max_model_len": self.config.max_model_len,
                 "block_size": self.cache_config.block_size, "num_blocks": self.cache_config.num_blocks,
                 "fingerprint": self.loaded.fingerprint,
@@ -323,7 +329,7 @@ def create_app(worker: Worker) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await worker.start()
-        registration = asyncio.create_task(register_and_heartbeat(worker))
+        registration = asyncio.create_task(worker.links.run())
         try:
             yield
         finally:
@@ -350,40 +356,14 @@ def create_app(worker: Worker) -> FastAPI:
             if node is not None:
                 registry.register(_Collector(node.collect))
         registry.register(_Collector(lambda: tier_metrics(worker.tiered)))
+        registry.register(_Collector(lambda: scaling_metrics(worker.roles.prefill, worker.roles.decode,
+                                                             worker.state_lock)))
         return PlainTextResponse(generate_latest(registry).decode(), media_type="text/plain; version=0.0.4")
 
     app.include_router(build_control_router(worker.control))
     app.include_router(build_cache_router(worker.tiered))
     app.add_middleware(InternalSecret, secret=worker.settings.server.secret)
     return app
-
-
-async def register_and_heartbeat(worker: Worker) -> None:
-    """Register with the router, then heartbeat; a 404 means the router forgot us: register again."""
-    router_url = worker.settings.server.router_url
-    if router_url is None:
-        return
-    headers = {"X-PDServe-Secret": worker.settings.server.secret} if worker.settings.server.secret else {}
-    interval = worker.settings.server.heartbeat_interval_s
-    async with httpx.AsyncClient(base_url=router_url, headers=headers, timeout=5.0) as client:
-        while not worker.control.left:  # a drained worker deregistered itself: no heartbeat may re-register it
-            try:
-                if not worker.registered:
-                    reply = await client.post("/internal/workers/register", json=worker.registration())
-                    reply.raise_for_status()
-                    interval = float(reply.json().get("heartbeat_interval_s", interval))
-                    worker.registered = True
-                    worker.summary.resend()
-                    logger.info("registered with %s as %s", router_url, worker.worker_id)
-                else:
-                    body = worker.status() | worker.summary.fields()
-                    reply = await client.post("/internal/workers/heartbeat", json=body)
-                    if reply.status_code == 404:
-                        worker.registered = False
-                        continue
-            except (httpx.HTTPError, ValueError) as exc:
-                logger.warning("router %s unreachable: %s", router_url, exc)
-            await asyncio.sleep(interval)
 
 
 def bind_socket(host: str, port: int) -> socket.socket:

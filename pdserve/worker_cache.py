@@ -4,9 +4,11 @@ as Prometheus metrics, summarised for the router's cache-aware prefill policy, c
     GET  /internal/cache                  policy, tier occupancy and every counter (TieredKVCache.status)
     POST /internal/cache/clear            {"device": true, "host": true}: forget cached blocks (Redis, shared by
                                           every worker, is left alone); benchmarks and operators use it
-    heartbeats / GET /internal/status     `cached_blocks`: base64 keys of the prefix blocks held on the device or
-                                          in host RAM (cache_store/summary.py); heartbeats carry it only when it
-                                          changed since the last one the router took
+    GET /internal/status                  `cached_blocks`: base64 keys of the prefix blocks held on the device or
+                                          in host RAM (cache_store/summary.py)
+    heartbeats                            the same keys as numbered events (prefix_publisher,
+                                          cache_store/prefix_events.py): to each router the events after the
+                                          last it acknowledged, or a snapshot when it holds none of them
 
 The router's `PUT /admin/cache-policy` reaches `WorkerControl.set_cache_policy`, which applies it through
 `cache_policy_applier` (every field: eviction orders at once, the rest from the next request).
@@ -26,7 +28,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 
 from pdserve.cache_store.policy import CachePolicy, TierConfig
 from pdserve.cache_store.prefix_cache import PrefixCache
-from pdserve.cache_store.summary import DEFAULT_SUMMARY_BLOCKS, encode_summary
+from pdserve.cache_store.prefix_events import PrefixPublisher
+from pdserve.cache_store.summary import DEFAULT_SUMMARY_BLOCKS, encode_summary, summary_key
 from pdserve.cache_store.tier_stats import LOAD_BUCKETS_S, TIERS
 from pdserve.cache_store.tiered import TieredKVCache
 
@@ -66,6 +69,11 @@ class SummaryReporter:
     def resend(self) -> None:
         """The router forgot this worker (it registers again): the next heartbeat carries the summary."""
         self._sent_version = -1
+
+
+def prefix_publisher(tiered: TieredKVCache, limit: int = DEFAULT_SUMMARY_BLOCKS) -> PrefixPublisher:
+    """The heartbeats' prefix events over the keys of what this worker holds without Redis (device, host)."""
+    return PrefixPublisher(lambda: (summary_key(h) for h in tiered.held_hashes(limit)))
 
 
 def tier_metrics(tiered: TieredKVCache) -> Iterator[Metric]:

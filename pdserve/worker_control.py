@@ -15,7 +15,11 @@ Why a role switch is cheap: a worker holds both nodes over ONE engine (weights, 
 its role is fixed (409).
 
 A drain's life:  draining ─(no request in either node, no open work call)─▶ drained ─exit?─▶ deregistered
-─▶ the server is asked to stop (uvicorn's graceful shutdown). In-flight work meanwhile runs to its end.
+(from every router: `leave`, pdserve/router_links.py) ─▶ the server is asked to stop (uvicorn's graceful
+shutdown). In-flight work meanwhile runs to its end.
+
+`roles_version` counts role switches; heartbeats carry it with the roles, so every router (not only the one
+whose admin API asked) takes a switch up, and a report sent before the switch cannot undo it.
 """
 
 from __future__ import annotations
@@ -24,12 +28,11 @@ import asyncio
 import logging
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
 
-import httpx
 import uvicorn
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
@@ -51,13 +54,8 @@ class ControlError(Exception):
         self.status = status
 
 
-@dataclass(frozen=True)
-class RouterLink:
-    """Where the worker is registered (None router_url: static, nothing to leave)."""
-
-    router_url: str | None
-    worker_id: str
-    secret: str | None
+async def _stay() -> None:
+    """`leave` of a worker registered nowhere (static)."""
 
 
 @dataclass
@@ -65,10 +63,11 @@ class WorkerControl:
     roles: tuple[str, ...]
     switchable: bool  # False for a colocated worker on the local transfer backend
     is_idle: Callable[[], bool]  # no request in either node (call on the event loop)
-    link: RouterLink
+    leave: Callable[[], Awaitable[None]] = _stay  # deregister from every router (pdserve/router_links.py)
     apply_cache_policy: Callable[[CachePolicy], list[str]] = lambda policy: []  # -> fields applied
     request_exit: Callable[[], None] | None = None  # set by the process that runs the server
     draining: bool = False
+    roles_version: int = 0  # one more per role switch (see the module docstring)
     exit_when_drained: bool = True
     drained: bool = False
     left: bool = False  # deregistered: the heartbeat loop stops
@@ -88,6 +87,7 @@ class WorkerControl:
                                "which cannot serve one role alone; start it with --transfer-backend tcp to "
                                "make its role switchable")
         self.roles = tuple(role for role in ROLES if role in roles)
+        self.roles_version += 1
         logger.info("now admitting %s", list(self.roles))
 
     def drain(self, exit_when_drained: bool) -> None:
@@ -116,7 +116,7 @@ class WorkerControl:
 
     def status_fields(self) -> dict[str, Any]:
         """What heartbeats and /internal/status report about control."""
-        return {"roles": list(self.roles), "draining": self.draining}
+        return {"roles": list(self.roles), "roles_version": self.roles_version, "draining": self.draining}
 
     def to_dict(self) -> dict[str, Any]:
         return {**self.status_fields(), "switchable": self.switchable, "drained": self.drained,
@@ -136,26 +136,12 @@ class WorkerControl:
         if not self.exit_when_drained:
             return
         self.left = True
-        await deregister(self.link)
+        await self.leave()
         if self.request_exit is None:
             logger.warning("drained, but nothing can stop this server: staying up, idle")
             return
         logger.info("leaving")
         self.request_exit()
-
-
-async def deregister(link: RouterLink) -> None:
-    if link.router_url is None:
-        return
-    headers = {"X-PDServe-Secret": link.secret} if link.secret else {}
-    try:
-        async with httpx.AsyncClient(base_url=link.router_url, headers=headers, timeout=5.0,
-                                     trust_env=False) as client:
-            reply = await client.post("/internal/workers/deregister", json={"worker_id": link.worker_id})
-        if reply.status_code not in (200, 404):  # 404: the router forgot us already
-            logger.warning("router %s refused the deregistration: %s", link.router_url, reply.text[:200])
-    except httpx.HTTPError as exc:  # it drops us after the heartbeat timeout anyway
-        logger.warning("cannot deregister from %s: %r", link.router_url, exc)
 
 
 def nodes_idle(prefill: PrefillNode | None, decode: DecodeNode | None, state_lock: threading.RLock,

@@ -123,8 +123,11 @@ def add_worker_arguments(parser: argparse.ArgumentParser, role: str) -> None:
                         help="port of the data plane: reserve, prefill, abort and token messages from the routers, "
                              "one multiplexed connection per router (0: any free port; sent with the registration)")
     parser.add_argument("--router", default=None,
-                        help="router URL to register with, e.g. http://127.0.0.1:8000 (default: none, a static "
-                             "worker the router is given with --prefill / --decode)")
+                        help="router URL(s) to register with, comma-separated, e.g. http://127.0.0.1:8000; a host "
+                             "name stands for every address it resolves to (a headless Service: every router) "
+                             "(default: none, a static worker the router is given with --prefill / --decode)")
+    parser.add_argument("--router-resolve-interval", type=float, default=ServerSettings.router_resolve_interval_s,
+                        help="seconds between DNS lookups of --router's host names (routers added or gone)")
     parser.add_argument("--worker-id", default=None,
                         help="name in the router's registry, metrics and admin API (default: generated)")
     parser.add_argument("--advertise-host", default=None,
@@ -171,7 +174,7 @@ def worker_settings_from_args(args: argparse.Namespace, cache_dir: str | None,
         transfer=TransferSettings(backend=args.transfer_backend, host=args.transfer_host or args.host,
                                   port=args.transfer_port),
         server=ServerSettings(host=args.host, port=args.port, data_port=args.data_port, router_url=args.router,
-                              secret=secret,
+                              router_resolve_interval_s=args.router_resolve_interval, secret=secret,
                               worker_id=args.worker_id, advertise_host=args.advertise_host,
                               drain_on_sigterm=args.drain_on_sigterm, log_level=args.log_level),
         tiers=tiers, cache_policy=cache_policy,

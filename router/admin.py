@@ -144,6 +144,8 @@ def _add_role_route(api: APIRouter) -> None:
         try:
             answer = await forward(state, target, "/internal/role", {"roles": list(roles)})
             state.registry.set_roles(worker_id, roles)
+            if isinstance(answer.get("roles_version"), int):
+                target.roles_version = max(target.roles_version, answer["roles_version"])
         finally:
             target.paused = False
         log.info("worker %s now serves %s", worker_id, body.role)

@@ -30,6 +30,7 @@ class WorkerRegistration(BaseModel):
     transfer: dict[str, Any] = Field(default_factory=dict)
     fingerprint: str | None = None
     data_port: int | None = Field(default=None, ge=1, le=65535)
+    roles_version: int = 0
 
 
 class Heartbeat(BaseModel):
@@ -37,6 +38,7 @@ class Heartbeat(BaseModel):
 
     worker_id: str
     roles: list[str] | None = None
+    roles_version: int | None = None  # with roles: taken when newer than the version this router holds
     queue_len: int = 0
     num_running: int = 0
     num_waiting: int = 0
@@ -47,6 +49,8 @@ class Heartbeat(BaseModel):
     transfer_seconds_total: float | None = None
     prefix_hit_rate: float | None = Field(default=None, ge=0.0, le=1.0)
     cached_blocks: str | None = None  # base64 summary of the prefix blocks it holds (cache_store/summary.py)
+    prefix_snapshot: dict[str, Any] | None = None  # or its block-hash events (cache_store/prefix_events.py)
+    prefix_events: dict[str, Any] | None = None
 
 
 class Deregistration(BaseModel):
@@ -81,7 +85,8 @@ def build_internal_router() -> APIRouter:
             worker = state.registry.register(
                 body.worker_id, body.url, tuple(body.roles), model=body.model, max_model_len=body.max_model_len,
                 block_size=body.block_size, num_blocks=body.num_blocks, transfer=body.transfer,
-                fingerprint=body.fingerprint, data_port=body.data_port)
+                fingerprint=body.fingerprint, data_port=body.data_port,
+                roles_version=body.roles_version)
         except ValueError as exc:
             raise bad_request(str(exc), param="roles") from exc
         if body.num_blocks:
@@ -97,13 +102,18 @@ def build_internal_router() -> APIRouter:
         if worker is None:
             raise APIError(404, f"worker {body.worker_id} is not registered; register again",
                            code="worker_not_found")
-        if body.cached_blocks is not None:
-            try:
+        answer: dict[str, Any] = {}
+        try:
+            if body.roles and body.roles_version is not None:
+                state.registry.take_roles(worker, tuple(body.roles), body.roles_version)
+            if body.cached_blocks is not None:
                 worker.prefixes.report(body.cached_blocks)
-            except ValueError as exc:
-                raise bad_request(f"bad cached_blocks summary: {exc}", param="cached_blocks") from exc
+            if body.prefix_snapshot is not None or body.prefix_events is not None:
+                answer["prefix"] = worker.prefixes.sync(body.prefix_snapshot, body.prefix_events)
+        except ValueError as exc:
+            raise bad_request(f"bad heartbeat from {body.worker_id}: {exc}") from exc
         state.metrics.observe_worker(worker)
-        return {}
+        return answer
 
     @api.post("/workers/deregister")
     async def deregister(body: Deregistration, request: Request) -> dict[str, Any]:

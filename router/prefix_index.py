@@ -2,11 +2,15 @@
 
 Two sources, united:
 
-    reported   the worker's own summary (`cached_blocks` in its heartbeats or status): exact when sent,
-               at most one heartbeat interval old
-    routed     the full blocks of prompts the router prefilled there since, kept `routed_ttl_s` seconds:
+    reported   what the worker itself says: a replica of its block-hash event stream (a snapshot, then
+               numbered events; cache_store/prefix_events.py), kept in step through the heartbeats, or a plain
+               summary (`cached_blocks`, static workers' status); at most one heartbeat interval old
+    routed     the full blocks of prompts this router prefilled there since, kept `routed_ttl_s` seconds:
                a worker commits every full prompt block it computed, so the next request with the same
                prefix goes there even before the next heartbeat (and is forgotten if the worker evicted it)
+
+With several routers, each one sees only its own `routed` blocks, but every router receives the same
+events from every worker: their `reported` sets converge on what the worker holds.
 
 Keys are cache_store.summary keys (the first 8 bytes of a chained block hash).
 """
@@ -16,7 +20,9 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from typing import Any
 
+from pdserve.cache_store.prefix_events import PrefixReplica, PrefixSnapshot, decode_events
 from pdserve.cache_store.summary import DEFAULT_SUMMARY_BLOCKS, decode_summary, summary_key
 
 ROUTED_TTL_S = 10.0
@@ -25,18 +31,33 @@ ROUTED_TTL_S = 10.0
 class CachedPrefixes:
     def __init__(self, routed_ttl_s: float = ROUTED_TTL_S, max_routed: int = DEFAULT_SUMMARY_BLOCKS,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self.reported: frozenset[bytes] = frozenset()
+        self.replica = PrefixReplica()
         self._routed: OrderedDict[bytes, float] = OrderedDict()  # key -> when, oldest first
         self._routed_ttl_s = routed_ttl_s
         self._max_routed = max_routed
         self._clock = clock
 
     def __len__(self) -> int:
-        return len(self.reported) + len(self._routed)
+        return len(self.replica.keys) + len(self._routed)
+
+    @property
+    def reported(self) -> set[bytes]:
+        return self.replica.keys
 
     def report(self, summary: str) -> None:
-        """The worker's own summary replaces the last one (ValueError for a malformed one)."""
-        self.reported = decode_summary(summary)
+        """A plain summary (no event stream) replaces the last one (ValueError for a malformed one)."""
+        self.replica = PrefixReplica()
+        self.replica.keys = set(decode_summary(summary))
+
+    def sync(self, snapshot: dict[str, Any] | None, events: dict[str, Any] | None) -> dict[str, Any]:
+        """A heartbeat's `prefix_snapshot` and/or `prefix_events` (either may be absent); returns the answer's
+        `prefix` field: the seq now held, or a request for a snapshot. ValueError for a malformed body."""
+        if snapshot is not None:
+            self.replica.load(PrefixSnapshot.from_dict(snapshot))
+        if events is not None:
+            epoch, decoded = decode_events(events)
+            self.replica.apply(epoch, decoded)
+        return self.replica.answer()
 
     def note_routed(self, hashes: Sequence[bytes]) -> None:
         now = self._clock()
@@ -53,7 +74,7 @@ class CachedPrefixes:
         count = 0
         for block_hash in hashes:
             key = summary_key(block_hash)
-            if key not in self.reported and key not in self._routed:
+            if key not in self.replica.keys and key not in self._routed:
                 break
             count += 1
         return count

@@ -6,8 +6,9 @@ Two kinds of worker:
 A worker that refuses a connection is marked unreachable until its next heartbeat or successful poll, so a
 dead worker costs at most one failed attempt before the registry notices.
 
-Roles come from the registration (or the command line) and change only through the admin API (`set_roles`);
-heartbeats carry load, not roles, so a report sent just before a role switch cannot undo it. A worker is
+Roles come from the registration (or the command line) and change through the admin API (`set_roles`) or
+through a heartbeat whose `roles_version` is newer than the one held (`take_roles`): a switch asked of one
+router reaches the others, and a report sent just before the switch cannot undo it. A worker is
 left out of `candidates` while it drains, whether the admin API said so here (`draining`) or it reports it.
 """
 
@@ -60,6 +61,7 @@ class Worker:
     pending_blocks: int = 0  # blocks reserved here since the last load report (least_kv's correction)
     draining: bool = False  # set by the admin API: no new work from this router, whatever the worker reports
     paused: bool = False  # while the admin API switches its role
+    roles_version: int = 0  # the worker's count of role switches that `roles` reflects
     fingerprint: str | None = None  # the model fingerprint its block hashes are chained with (registration)
     data_port: int | None = None  # where its data plane listens (registration, or a static worker's status)
     prefixes: CachedPrefixes = field(default_factory=CachedPrefixes)  # cache_aware's view of its prefix cache
@@ -139,6 +141,15 @@ class WorkerRegistry:
         if worker is not None:
             worker.roles = tuple(r for r in ROLES if r in roles)
         return worker
+
+    def take_roles(self, worker: Worker, roles: tuple[str, ...], version: int) -> bool:
+        """The roles a worker reports, if they are newer than those held (True when taken)."""
+        if version <= worker.roles_version or worker.paused:
+            return False
+        _check_roles(roles)
+        worker.roles = tuple(r for r in ROLES if r in roles)
+        worker.roles_version = version
+        return True
 
     def describe(self, worker: Worker) -> dict[str, Any]:
         """`to_dict` plus `health` and seconds since the last report."""

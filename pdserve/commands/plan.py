@@ -52,6 +52,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     c.add_argument("--prefill-slowdown-beside-decode", type=float, default=1.0,
                    help="prefill time × this while D works on the same host")
     p.add_argument("--output", default=None, help="write the candidates and the recommendation as JSON")
+    k = p.add_argument_group("Kubernetes (deploy/k8s)")
+    k.add_argument("--kustomize-replicas", default=None, metavar="FILE",
+                   help="write the recommended pool sizes as a kustomize patch of the pdserve-prefill and "
+                        "pdserve-decode Deployments, e.g. deploy/k8s/overlays/cpu/replicas.yaml")
+    k.add_argument("--hpa-max-factor", type=float, default=None,
+                   help="with --kustomize-replicas: also patch the autoscalers, minReplicas = the plan's count and "
+                        "maxReplicas = that x this factor (leave out for an overlay without autoscaling)")
     p.set_defaults(func=run)
 
 
@@ -116,4 +123,23 @@ def run(args: argparse.Namespace) -> int:
                    "recommended": asdict(result.recommended) if result.recommended else None}
         with open(args.output, "w") as f:
             json.dump(payload, f, indent=1, default=str)
+    if args.kustomize_replicas:
+        chosen = result.recommended or (result.candidates[0] if args.num_prefill is not None else None)
+        if chosen is None:
+            print(f"no plan met the objective: {args.kustomize_replicas} not written", file=sys.stderr)
+        else:
+            write_replicas(args, chosen.num_prefill, chosen.num_decode)
     return 0 if result.recommended is not None or args.num_prefill is not None else 1
+
+
+def write_replicas(args: argparse.Namespace, num_prefill: int, num_decode: int) -> None:
+    from pathlib import Path
+
+    from pdserve.planner.replicas import ReplicaPlan, kustomize_patch
+
+    plan = ReplicaPlan(num_prefill, num_decode, args.hpa_max_factor)
+    command = "pdserve " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["plan"] else "pdserve plan"
+    comment = (f"Pool sizes written by `pdserve plan` ({time.strftime('%Y-%m-%d')}): {num_prefill} prefill + "
+               f"{num_decode} decode workers for {args.request_rate:g} req/s.\n{command}")
+    Path(args.kustomize_replicas).write_text(kustomize_patch(plan, comment))
+    print(f"wrote {args.kustomize_replicas}: {num_prefill} P + {num_decode} D")

@@ -51,6 +51,9 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-colocated", type=int, default=1,
                         help="with --colocated: that many colocated workers behind the router, each a full replica "
                              "over its own pool, spread over the GPUs (the baseline for N GPUs)")
+    parser.add_argument("--num-routers", type=int, default=1,
+                        help="routers (default 1): the first on --port, the others on free ports; every worker "
+                             "registers with each, and their prefix indexes stay in step")
     parser.add_argument("--ready-timeout", type=float, default=600.0,
                         help="seconds to wait for every process to answer /health")
     parser.add_argument("--transfer-backend", default="auto",
@@ -124,7 +127,8 @@ def _settings(args: argparse.Namespace) -> LaunchSettings:
     model_flags = forwarded_flags(args, _MODEL_FLAGS)
     return LaunchSettings(
         host=args.host, port=args.port, num_prefill=args.num_prefill, num_decode=args.num_decode,
-        colocated=args.colocated, num_colocated=args.num_colocated, ready_timeout_s=args.ready_timeout,
+        colocated=args.colocated, num_colocated=args.num_colocated, num_routers=args.num_routers,
+        ready_timeout_s=args.ready_timeout,
         worker_args=tuple(model_flags + forwarded_flags(args, _WORKER_ONLY_FLAGS) + cache_argv(args)),
         router_args=tuple(model_flags + forwarded_flags(args, _ROUTER_ONLY_FLAGS)),
         transfer_backend=args.transfer_backend, router_tls=args.ssl_certfile is not None,

@@ -38,6 +38,17 @@ def test_colocated_and_pool_sizes() -> None:
     assert names == ["router", "prefill-0", "prefill-1", "decode-0", "decode-1", "decode-2"]
 
 
+def test_several_routers_and_every_worker_registers_with_each() -> None:
+    children = plan_children(LaunchSettings(num_routers=2), python="py", num_gpus=0)
+    assert [c.name for c in children] == ["router", "router-1", "prefill-0", "decode-0"]
+    second = children[1].argv[children[1].argv.index("--port") + 1]
+    assert children[1].up_url == f"http://127.0.0.1:{second}/v1/models" and second != "8000"
+    for worker in children[2:]:
+        assert worker.argv[worker.argv.index("--router") + 1] == f"http://127.0.0.1:8000,http://127.0.0.1:{second}"
+    with pytest.raises(ValueError, match="at least one router"):
+        LaunchSettings(num_routers=0)
+
+
 def test_colocated_replicas_spread_over_the_gpus() -> None:
     children = plan_children(LaunchSettings(colocated=True, num_colocated=2), num_gpus=2)
     assert [c.name for c in children] == ["router", "colocated-0", "colocated-1"]

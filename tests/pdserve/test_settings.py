@@ -72,3 +72,15 @@ def test_worker_flags_become_settings() -> None:
     assert tuned.model.enforce_eager and tuned.cache.gpu_memory_utilization == 0.45
     both = worker_settings_from_args(parser.parse_args(["--role", "both"]), None, None)
     assert both.colocated and both.transfer.backend == "local"
+
+
+def test_several_routers() -> None:
+    server = ServerSettings(router_url="http://10.0.0.1:8000/, http://routers:8000", router_resolve_interval_s=2)
+    assert server.router_urls == ("http://10.0.0.1:8000", "http://routers:8000")
+    assert ServerSettings().router_urls == ()
+    with pytest.raises(ValueError, match="'routers:8000' in"):
+        ServerSettings(router_url="http://a:1,routers:8000")
+    with pytest.raises(ValueError, match="names no URL"):
+        ServerSettings(router_url=" , ")
+    with pytest.raises(ValueError, match="router_resolve_interval_s must be positive, got 0"):
+        ServerSettings(router_resolve_interval_s=0)

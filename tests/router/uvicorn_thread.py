@@ -14,14 +14,16 @@ from fastapi import FastAPI
 class ServerThread:
     """`with ServerThread(app) as server:` serves `app` at `server.url` until the block ends."""
 
-    def __init__(self, app: FastAPI) -> None:
+    def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0) -> None:
+        """`host` may be any loopback address (127.0.0.2, ...: several servers on one port, as pods behind a
+        headless Service); `port` 0 is any free one."""
         # proto IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY on accepted sockets only then; without it
         # every response written in two parts (headers, body) waits ~40 ms for a delayed ACK
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._sock.bind(("127.0.0.1", 0))
+        self._sock.bind((host, port))
         self.port = self._sock.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"http://{host}:{self.port}"
         config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=1)
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True)
