@@ -183,7 +183,6 @@ class DecodeEngine:
         """Complete a launched step (if any) and publish its deltas; returns None (nothing in flight)."""
         if launched is not None:
             self._publish(self._complete(launched))
-        return None
 
     def _schedule(self) -> DecodeBatch:
         with self.state_lock:

@@ -13,7 +13,16 @@ import logging
 from pdserve.decode_node.service import DecodeService
 from pdserve.prefill_node.service import PrefillService
 from pdserve.protocol.connection import Connection
-from pdserve.protocol.messages import Abort, Error, Message, Prefill, PrefillFailed, PrefillTarget, Refused, Reserve
+from pdserve.protocol.messages import (
+    Abort,
+    Error,
+    Message,
+    Prefill,
+    PrefillFailed,
+    PrefillTarget,
+    Refused,
+    Reserve,
+)
 from pdserve.worker_control import RETRY_AFTER_S, WorkerControl
 
 logger = logging.getLogger("pdserve.worker")

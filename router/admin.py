@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict
 
 from pdserve.cache_store.policy import CachePolicy
 from pdserve.router.errors import APIError, bad_request
+from pdserve.router.internal_routes import SECRET_HEADER
 from pdserve.router.policies import (
     DECODE_POLICIES,
     PREFILL_POLICIES,
@@ -40,7 +41,6 @@ from pdserve.router.policies import (
     make_prefill_policy,
 )
 from pdserve.router.registry import Worker
-from pdserve.router.internal_routes import SECRET_HEADER
 
 log = logging.getLogger(__name__)
 ROLE_NAMES = {"prefill": ("prefill",), "decode": ("decode",), "both": ("prefill", "decode")}

@@ -59,7 +59,7 @@ class PrefillNumbers:
 class DeltaSink:
     """Where a response's channels put their deltas; `take` waits until there is at least one."""
 
-    __slots__ = ("pending", "_waiter")
+    __slots__ = ("_waiter", "pending")
 
     def __init__(self) -> None:
         self.pending: list[tuple[int, TokenDelta | WorkerFailed]] = []

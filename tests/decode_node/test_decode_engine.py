@@ -19,10 +19,10 @@ from pdserve.cache_store.block_pool import BlockPool, assert_no_leak, blocks_nee
 from pdserve.decode_node.engine import DecodeEngine
 from pdserve.decode_node.request import DecodeRequest
 from pdserve.decode_node.scheduler import Scheduler
-from pdserve.engine.output import OutputProcessor
 from pdserve.engine.attention_metadata import PrefillChunk
 from pdserve.engine.config import CacheConfig
 from pdserve.engine.detokenizer import IncrementalDetokenizer, StopChecker
+from pdserve.engine.output import OutputProcessor
 from pdserve.engine.runner import ModelRunner
 from pdserve.engine.sampling import Sampler, SamplingParams, SamplingRequest
 from pdserve.llm import LLM
@@ -147,7 +147,7 @@ async def test_async_scheduling_gives_the_outputs_of_the_synchronous_loop(loaded
 
 async def test_abort_takes_effect_within_one_step(loaded_default, offline, one_thread) -> None:
     """An abort while steps are in flight: no token reaches the request after it, its blocks come back."""
-    runner, pool, scheduler, engine = build(loaded_default, 64, 4)
+    runner, pool, _scheduler, engine = build(loaded_default, 64, 4)
     deltas = Deltas(engine)
     engine.start(asyncio.get_running_loop())
     params = SamplingParams(max_tokens=200, temperature=0.0, ignore_eos=True)

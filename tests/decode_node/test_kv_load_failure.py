@@ -7,9 +7,9 @@ import pytest
 from test_scheduler import BS, EOS_ID, ids, make, run_to_end
 
 from pdserve.cache_store.block_pool import BlockPool, assert_no_leak
-from pdserve.engine.output import OutputProcessor
 from pdserve.decode_node.request import RequestState
 from pdserve.decode_node.scheduler import Scheduler
+from pdserve.engine.output import OutputProcessor
 
 
 def scheduler(policy: str, num_blocks: int = 16, max_waiting: int | None = None) -> Scheduler:

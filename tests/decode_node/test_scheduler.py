@@ -13,10 +13,10 @@ from pdserve.cache_store.hashing import block_hashes
 from pdserve.cache_store.policy import CachePolicy, TierConfig
 from pdserve.cache_store.prefix_cache import PrefixCache
 from pdserve.cache_store.tiered import TieredKVCache
-from pdserve.engine.output import OutputProcessor
 from pdserve.decode_node.request import DecodeRequest, RequestState
 from pdserve.decode_node.scheduler import DecodeBatch, Scheduler
 from pdserve.engine.detokenizer import IncrementalDetokenizer, StopChecker
+from pdserve.engine.output import OutputProcessor
 from pdserve.engine.sampling import SamplingParams
 
 BS = 4

@@ -3,6 +3,8 @@ eager; on a GPU (skipped elsewhere), that a graph replay gives the eager forward
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -21,7 +23,7 @@ def test_buckets_on_cuda_follow_the_batch_closely_and_are_captured_largest_first
     cuda = torch.device("cuda")
     buckets = default_decode_buckets(256, cuda)
     assert buckets[:4] == [1, 2, 4, 8] and buckets[-1] == 256 and len(buckets) == 23
-    gaps = [b - a for a, b in zip(buckets, buckets[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(buckets)]
     assert max(gaps[:10]) == 8 and set(gaps[10:]) == {16}  # every 8 up to 64, every 16 up to 256
     assert default_decode_buckets(512, cuda)[-9:] == [256, 288, 320, 352, 384, 416, 448, 480, 512]
     assert default_decode_buckets(48, cuda) == [1, 2, 4, 8, 16, 24, 32, 40, 48]
