@@ -3,6 +3,10 @@
 One program per token: it rotates the token's query heads in place, rotates its key heads and writes them,
 with the raw value heads, straight into the token's cache slot; the rotated keys never make a round trip
 through memory. Any even head_dim works (the half is padded to a power of two and masked).
+
+What is compiled: one kernel per model and dtype. The constexprs are head counts, half the head dim and the
+page size; the integer arguments are strides of q/k/v (views of the fused qkv output: its row width) and of
+the cos/sin table and KV pool, none of which depends on the batch; the token count is only the grid.
 """
 
 import torch

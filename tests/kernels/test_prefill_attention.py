@@ -58,3 +58,20 @@ def test_prefill_attention_rejects_dtype_mismatch(randn: Callable, paged_kv: Cal
     cu = torch.tensor([0, 4], dtype=torch.int32, device=device)
     with pytest.raises(ValueError, match="dtype"):
         prefill_attention_triton(randn(4, 1, 64), cache, cu, cu[1:], tables, 0.1)
+
+
+def test_prefill_attention_many_sequences(randn: Callable, paged_kv: Callable, check: Callable, device: str) -> None:
+    """More sequences than one search step compares (150 > 128), lengths across tile boundaries, some after a
+    cached prefix: every tile finds its own sequence."""
+    from pdserve.kernels.prefill_attention_triton import _launch
+
+    gen = torch.Generator().manual_seed(5)
+    q_lens = torch.randint(1, 40, (150,), generator=gen).tolist()
+    prefixes = [int(p) * (i % 3 == 0) for i, p in enumerate(torch.randint(0, 40, (150,), generator=gen))]
+    seq_lens = [q + p for q, p in zip(q_lens, prefixes, strict=True)]
+    cache, tables = paged_kv(seq_lens, 1, 16, 8, torch.float32)
+    cu = torch.tensor([0, *q_lens], device=device).cumsum(0).to(torch.int32)
+    lens = torch.tensor(seq_lens, dtype=torch.int32, device=device)
+    q = randn(int(cu[-1]), 2, 16)
+    out = _launch(q, cache, cu, lens, tables, 0.25, config=(16, 16, 4, 1))
+    check(out, prefill_attention_ref(q, cache, cu, lens, tables, 0.25), torch.float32)
