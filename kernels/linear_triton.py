@@ -143,13 +143,18 @@ def heuristic_config(m: int, n: int, k: int, dtype: torch.dtype) -> GemvConfig:
     return GemvConfig(split_k=split_k)
 
 
+@functools.cache
+def device_name(device: torch.device) -> str:
+    """The tuning table's name for the device ("cpu" off CUDA)."""
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
+
 @functools.lru_cache(maxsize=1024)  # the launch path runs per layer per step: look each shape up once
 def choose_config(m: int, n: int, k: int, dtype: torch.dtype, device: torch.device) -> GemvConfig | None:
     """The Triton config for this shape, or None where torch.matmul (cuBLAS) is the faster choice."""
     if m == 0 or m > MAX_TRITON_BATCH:
         return None
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    entry = default_table().lookup(name, dtype, n, k, m)
+    entry = default_table().lookup(device_name(device), dtype, n, k, m)
     if entry is None:
         return heuristic_config(m, n, k, dtype)
     return None if entry.get("backend") == "torch" else GemvConfig(**entry["config"])
