@@ -32,16 +32,17 @@ _DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16",
 
 @functools.cache
 def _params(kernel) -> tuple:
-    """(name, is constexpr, value specialised, alignment specialised) per parameter of a jit kernel."""
+    """(name, is constexpr, value specialised, alignment specialised, default) per parameter of a jit kernel."""
     dns = getattr(kernel, "do_not_specialize", None)
     dns_align = getattr(kernel, "do_not_specialize_on_alignment", None)
     if dns is None:  # the interpreter's InterpretedFunction keeps the decorator's arguments instead
         dns = kernel.kwargs.get("do_not_specialize") or ()
         dns_align = kernel.kwargs.get("do_not_specialize_on_alignment") or ()
+    dns_align = dns_align or ()
     out = []
     for i, p in enumerate(inspect.signature(kernel.fn).parameters.values()):
         out.append((p.name, "constexpr" in str(p.annotation), i not in dns and p.name not in dns,
-                    i not in (dns_align or ()) and p.name not in (dns_align or ())))
+                    i not in dns_align and p.name not in dns_align, p.default))
     return tuple(out)
 
 
@@ -73,14 +74,11 @@ def arg_key(value, specialize: bool = True, align: bool = True) -> tuple:
 def launch_key(kernel, args: tuple, kwargs: dict) -> tuple:
     """The key `kernel[grid](*args, **kwargs)` is compiled under: (kernel name, per-argument key, options)."""
     params = _params(kernel)
-    names = [p[0] for p in params]
-    bound = dict(zip(names, args))
-    bound.update((k, v) for k, v in kwargs.items() if k in names)
-    defaults = {p.name: p.default for p in inspect.signature(kernel.fn).parameters.values()}
     spec = []
-    for name, constexpr, specialize, align in params:
-        value = bound.get(name, defaults[name])
+    for i, (name, constexpr, specialize, align, default) in enumerate(params):
+        value = args[i] if i < len(args) else kwargs.get(name, default)
         spec.append(("constexpr", value) if constexpr else arg_key(value, specialize, align))
+    names = {p[0] for p in params}
     options = tuple(sorted((k, v) for k, v in kwargs.items() if k not in names))
     return (kernel.fn.__name__, tuple(spec), options)
 

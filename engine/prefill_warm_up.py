@@ -1,0 +1,68 @@
+"""The batches a prefill worker runs at start, so that no request waits for a Triton compile.
+
+Triton compiles a kernel per launch key (kernels/specialization.py). The kernels do not specialise on what
+varies from batch to batch (each `*_triton.py` docstring says what they do specialise on), so two things in
+a batch still choose a kernel, and the warm-up runs each of their classes once:
+
+    what chooses                                   warm-up batch
+    GEMV config by rows: tuning.BATCH_BUCKETS      b one-token prompts per bucket b: b rows through every
+      (layer weights: tokens; LM head: logits        layer weight and b logits rows through the LM head
+      rows, i.e. prompts that end in the batch)
+    prefill attention tiles by token count         one prompt of 2^k tokens for every 2^k below the limit and
+                                                   one of the limit: a threshold anywhere in 1..limit is
+                                                   seen from both sides
+    (no new key: the paged path as served)         a chunk after a cached prefix beside a new prompt
+
+tests/engine/test_prefill_warm_up.py pushes these batches and 200 random served ones (1-256 sequences, up to
+the token budget, with and without cached prefixes, ending or not) through the real launchers on shape-only
+"meta" tensors and checks that the served keys are among the warm-up's; on a GPU it counts the compiles of
+200 random prefills after the warm-up (none).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pdserve.engine.attention_metadata import PrefillChunk
+from pdserve.kernels.tuning import BATCH_BUCKETS
+
+
+@dataclass(frozen=True)
+class WarmUpSequence:
+    """One sequence of a warm-up batch: `q_len` new tokens after `prefix` cached ones."""
+
+    q_len: int
+    prefix: int = 0
+
+
+def warm_up_limit(max_tokens: int, max_model_len: int, num_blocks: int, block_size: int) -> int:
+    """The longest warm-up prompt: the token budget, within the model's length and the pool (less a block)."""
+    return max(0, min(max_tokens, max_model_len - 1, (num_blocks - 1) * block_size))
+
+
+def warm_up_plan(limit: int, block_size: int, num_blocks: int) -> list[list[WarmUpSequence]]:
+    """The warm-up batches for prompts of up to `limit` tokens in a pool of `num_blocks` (module docstring)."""
+    if limit <= 0:
+        return []
+    lengths, power = [], 1
+    while power < limit:
+        lengths.append(power)
+        power *= 2
+    plan = [[WarmUpSequence(n)] for n in [*lengths, limit]]
+    plan += [[WarmUpSequence(1)] * b for b in BATCH_BUCKETS if 1 < b <= min(limit, num_blocks)]
+    if limit >= 2 * block_size + 1:  # two sequences in one batch, the second continuing a cached prefix
+        plan.append([WarmUpSequence(block_size), WarmUpSequence(block_size + 1, block_size)])
+    return plan
+
+
+def warm_up_chunks(batch: list[WarmUpSequence], block_size: int, vocab_size: int) -> list[PrefillChunk]:
+    """The batch as engine chunks: fixed token ids, the pool's first blocks handed out in order."""
+    chunks, next_block = [], 0
+    for seq in batch:
+        total = seq.prefix + seq.q_len
+        table = list(range(next_block, next_block + -(-total // block_size)))
+        next_block += len(table)
+        ids = [(7 * j + 3) % vocab_size for j in range(seq.prefix, total)]
+        chunks.append(PrefillChunk(ids, seq.prefix, table))
+    return chunks
+
