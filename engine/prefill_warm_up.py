@@ -13,6 +13,10 @@ a batch still choose a kernel, and the warm-up runs each of their classes once:
                                                    seen from both sides
     (no new key: the paged path as served)         a chunk after a cached prefix beside a new prompt
 
+and then the KV-moving kernels a prefill worker runs per request (kv_transfer's gather or peer copy, the
+cache tiers' gather / scatter) once each, on block 0 onto itself (`warm_up_block_copies`): their keys depend on
+the pool's layout only, and a peer's pool of another size has strides of the same class (multiples of 16).
+
 tests/engine/test_prefill_warm_up.py pushes these batches and 200 random served ones (1-256 sequences, up to
 the token budget, with and without cached prefixes, ending or not) through the real launchers on shape-only
 "meta" tensors and checks that the served keys are among the warm-up's; on a GPU it counts the compiles of
@@ -23,6 +27,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
+from pdserve import kernels
 from pdserve.engine.attention_metadata import PrefillChunk
 from pdserve.kernels.tuning import BATCH_BUCKETS
 
@@ -66,3 +73,10 @@ def warm_up_chunks(batch: list[WarmUpSequence], block_size: int, vocab_size: int
         chunks.append(PrefillChunk(ids, seq.prefix, table))
     return chunks
 
+
+
+def warm_up_block_copies(kv_cache: torch.Tensor) -> None:
+    """Gather, scatter and cache-to-cache copy of block 0 onto itself (its contents stay as they are)."""
+    ids = torch.zeros(1, dtype=torch.int64, device=kv_cache.device)
+    kernels.copy_blocks(kv_cache, ids, kv_cache, ids)
+    kernels.scatter_blocks(kv_cache, ids, kernels.gather_blocks(kv_cache, ids))

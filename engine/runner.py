@@ -22,7 +22,7 @@ from pdserve.engine.config import CacheConfig, ModelConfig
 from pdserve.engine.cuda_graphs import DecodeGraphs, use_cuda_graphs
 from pdserve.engine.kv_cache import allocate_kv_caches
 from pdserve.engine.model import LayerDone, LlamaModel, ModelWeights, fuse_weights
-from pdserve.engine.prefill_warm_up import warm_up_chunks, warm_up_limit, warm_up_plan
+from pdserve.engine.prefill_warm_up import warm_up_block_copies, warm_up_chunks, warm_up_limit, warm_up_plan
 
 
 @dataclass(frozen=True)
@@ -110,6 +110,7 @@ class ModelRunner:
         batches = self.prefill_warm_up_batches(max_tokens)
         for chunks in batches:
             self.prefill(chunks)
+        warm_up_block_copies(self.kv_caches[0])
         torch.cuda.synchronize(self.device)
         return len(batches)
 
