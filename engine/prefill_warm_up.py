@@ -5,17 +5,20 @@ varies from batch to batch (each `*_triton.py` docstring says what they do speci
 a batch still choose a kernel, and the warm-up runs each of their classes once:
 
     what chooses                                   warm-up batch
-    GEMV config by rows: tuning.BATCH_BUCKETS      b one-token prompts per bucket b: b rows through every
+    GEMV config by rows: tuning.BATCH_BUCKETS      b one-token chunks per bucket b: b rows through every
       (layer weights: tokens; LM head: logits        layer weight and b logits rows through the LM head
       rows, i.e. prompts that end in the batch)
-    prefill attention tiles by token count         one prompt of 2^k tokens for every 2^k below the limit and
-                                                   one of the limit: a threshold anywhere in 1..limit is
-                                                   seen from both sides
-    (no new key: the paged path as served)         a chunk after a cached prefix beside a new prompt
+    prefill attention tiles by token count         a prompt making the batch 2^k tokens, for every 2^k below
+                                                   the limit, and one making it the limit: a threshold
+                                                   anywhere in 1..limit is seen from both sides
 
-and then the KV-moving kernels a prefill worker runs per request (kv_transfer's gather or peer copy, the
-cache tiers' gather / scatter) once each, on block 0 onto itself (`warm_up_block_copies`): their keys depend on
-the pool's layout only, and a peer's pool of another size has strides of the same class (multiples of 16).
+Each of these batches leads with a one-token chunk after a one-block cached prefix, which keeps it on our
+attention kernel whatever the SDPA table says (kernels/prefill_attention.py sends only batches of whole
+uncached prompts to SDPA); a last batch, one uncached prompt of the limit, takes the path SDPA may take
+(nothing of Triton's to compile there). Then `warm_up_block_copies` runs the KV-moving kernels a prefill worker
+launches per request (kv_transfer's gather or peer copy, the cache tiers' gather / scatter) once each, block 0
+onto itself: their keys depend on the pool's layout only, and a peer's pool of another size has strides of the
+same class (multiples of 16).
 
 tests/engine/test_prefill_warm_up.py pushes these batches and 200 random served ones (1-256 sequences, up to
 the token budget, with and without cached prefixes, ending or not) through the real launchers on shape-only
@@ -51,14 +54,16 @@ def warm_up_plan(limit: int, block_size: int, num_blocks: int) -> list[list[Warm
     """The warm-up batches for prompts of up to `limit` tokens in a pool of `num_blocks` (module docstring)."""
     if limit <= 0:
         return []
-    lengths, power = [], 1
-    while power < limit:
-        lengths.append(power)
+    ours = WarmUpSequence(1, block_size)  # blocks 0-1: one cached block, one token after it
+    buckets = [b for b in BATCH_BUCKETS if b <= min(limit, num_blocks - 1)]
+    plan = [[ours] + [WarmUpSequence(1)] * (b - 1) for b in buckets]  # b tokens, b logits rows
+    longest = min(limit, (num_blocks - 2) * block_size + 1)  # what fits beside the continuation's two blocks
+    totals, power = [], 2 * buckets[-1]  # the buckets' batches are the powers of two up to theirs
+    while power < longest:
+        totals.append(power)
         power *= 2
-    plan = [[WarmUpSequence(n)] for n in [*lengths, limit]]
-    plan += [[WarmUpSequence(1)] * b for b in BATCH_BUCKETS if 1 < b <= min(limit, num_blocks)]
-    if limit >= 2 * block_size + 1:  # two sequences in one batch, the second continuing a cached prefix
-        plan.append([WarmUpSequence(block_size), WarmUpSequence(block_size + 1, block_size)])
+    plan += [[ours, WarmUpSequence(n - 1)] for n in [*totals, longest] if n > buckets[-1]]
+    plan.append([WarmUpSequence(limit)])
     return plan
 
 
@@ -72,7 +77,6 @@ def warm_up_chunks(batch: list[WarmUpSequence], block_size: int, vocab_size: int
         ids = [(7 * j + 3) % vocab_size for j in range(seq.prefix, total)]
         chunks.append(PrefillChunk(ids, seq.prefix, table))
     return chunks
-
 
 
 def warm_up_block_copies(kv_cache: torch.Tensor) -> None:

@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from pdserve.kernels.tuning import default_table
+from pdserve.kernels.tuning import default_table, device_name
 
 MAX_TRITON_BATCH = 16
 
@@ -141,12 +141,6 @@ def heuristic_config(m: int, n: int, k: int, dtype: torch.dtype) -> GemvConfig:
     if dtype == torch.float32:
         return GemvConfig(split_k=split_k, use_dot=False, block_k=max(16, 8192 // (16 * triton.next_power_of_2(m))))
     return GemvConfig(split_k=split_k)
-
-
-@functools.cache
-def device_name(device: torch.device) -> str:
-    """The tuning table's name for the device ("cpu" off CUDA)."""
-    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
 
 
 @functools.lru_cache(maxsize=1024)  # the launch path runs per layer per step: look each shape up once

@@ -10,10 +10,12 @@ random prefills run for real after the warm-up and Triton's own compile hook mus
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from collections.abc import Iterator
 
 import pytest
 import torch
+from served_batches import NUM_BLOCKS, served_batch
 
 from pdserve import kernels
 from pdserve.engine.attention_metadata import DecodeInput, PrefillChunk
@@ -27,17 +29,17 @@ from pdserve.kernels import specialization
 TINY = ModelConfig(name="tiny", vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
                    num_kv_heads=2, head_dim=16, max_model_len=512)
 BLOCK = 16
-NUM_BLOCKS = 4096
 
 
-def test_plan_runs_each_power_of_two_the_limit_each_gemv_bucket_and_a_prefix() -> None:
+def test_plan_runs_each_gemv_bucket_each_power_of_two_and_the_limit_on_our_attention() -> None:
     plan = warm_up_plan(100, BLOCK, num_blocks=64)
-    singles = [b[0].q_len for b in plan if len(b) == 1]
-    assert singles == [1, 2, 4, 8, 16, 32, 64, 100]
-    assert [len(b) for b in plan if len(b) > 2] == [4, 8, 16] and [WarmUpSequence(1)] * 2 in plan
-    assert plan[-1] == [WarmUpSequence(BLOCK), WarmUpSequence(BLOCK + 1, BLOCK)]
-    assert [len(b) for b in warm_up_plan(100, BLOCK, num_blocks=6)].count(8) == 0  # 8 prompts need 8 blocks
-    assert warm_up_plan(0, BLOCK, 64) == [] and warm_up_plan(1, BLOCK, 64) == [[WarmUpSequence(1)]]
+    ours = WarmUpSequence(1, BLOCK)  # a continuation: keeps the batch off SDPA
+    assert [sum(s.q_len for s in b) for b in plan] == [1, 2, 4, 8, 16, 32, 64, 100, 100]
+    assert all(b[0] == ours for b in plan[:-1]) and plan[-1] == [WarmUpSequence(100)]
+    assert plan[3] == [ours] + [WarmUpSequence(1)] * 7  # 8 rows and 8 logits rows: the GEMV's bucket 8
+    assert [sum(s.q_len for s in b) for b in warm_up_plan(100, BLOCK, num_blocks=6)] == [1, 2, 4, 8, 16, 32, 64,
+                                                                                         65, 100]
+    assert warm_up_plan(0, BLOCK, 64) == [] and warm_up_plan(1, BLOCK, 64) == [[ours], [WarmUpSequence(1)]]
     assert warm_up_limit(2048, 8192, 10, BLOCK) == 9 * BLOCK and warm_up_limit(2048, 512, 4096, BLOCK) == 511
 
 
@@ -45,26 +47,6 @@ def test_prefill_warm_up_is_nothing_on_a_cpu() -> None:
     runner = ModelRunner(TINY, CacheConfig(num_blocks=8, block_size=BLOCK), dummy_weights(TINY, torch.float32, "cpu"),
                          "cpu", torch.float32, max_num_seqs=2)
     assert runner.warm_up_prefill(64) == 0
-
-
-def served_batch(gen: torch.Generator, budget: int, max_model_len: int) -> list[PrefillChunk]:
-    """A batch as the batcher forms them: 1-256 chunks, at most `budget` tokens, half after a cached prefix
-    (a prefix hit or an earlier chunk), most ending their prompt (logits), block ids anywhere in the pool."""
-    def draw(high: int) -> int:
-        return int(torch.randint(0, high, (1,), generator=gen))
-
-    num_seqs = 1 + draw(min(256, budget))
-    total = num_seqs + draw(budget - num_seqs + 1)
-    cuts = sorted((torch.randperm(total - 1, generator=gen)[: num_seqs - 1] + 1).tolist())
-    q_lens = [b - a for a, b in zip([0, *cuts], [*cuts, total], strict=True)]
-    chunks = []
-    for q_len in q_lens:
-        prefix = draw(max(1, max_model_len - q_len)) if draw(2) else 0
-        first = draw(NUM_BLOCKS)
-        table = [(first + j) % NUM_BLOCKS for j in range(-(-(prefix + q_len) // BLOCK))]
-        ids = torch.randint(0, 512, (q_len,), generator=gen).tolist()
-        chunks.append(PrefillChunk(ids, prefix, table, need_logits=draw(4) > 0))
-    return chunks
 
 
 @pytest.fixture
@@ -90,10 +72,17 @@ def _keys(runner: ModelRunner, batches: list[list[PrefillChunk]]) -> set[tuple]:
     return recorder.keys
 
 
-@pytest.mark.parametrize("preset,dtype,budget", [("llama3-8b", torch.bfloat16, 2048), ("llama3-8b", torch.bfloat16, 8192),
-                                                 ("smollm2-135m", torch.bfloat16, 2048), ("tiny", torch.float32, 400)])
-def test_served_batches_reach_only_warmed_up_kernels(preset: str, dtype: torch.dtype, budget: int,
-                                                     as_on_the_h200: None) -> None:
+@pytest.mark.parametrize("preset,dtype,budget,sdpa", [
+    ("llama3-8b", torch.bfloat16, 2048, False), ("llama3-8b", torch.bfloat16, 8192, False),
+    ("llama3-8b", torch.bfloat16, 8192, True), ("smollm2-135m", torch.bfloat16, 2048, False),
+    ("tiny", torch.float32, 400, True)])
+def test_served_batches_reach_only_warmed_up_kernels(preset: str, dtype: torch.dtype, budget: int, sdpa: bool,
+                                                     as_on_the_h200: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """sdpa: with a table entry that sends whole new prompts of >= 256 tokens (up to 4) to SDPA (its math
+    backend: shapes only here), the kernels our attention still needs are warmed up all the same."""
+    dispatcher = importlib.import_module("pdserve.kernels.prefill_attention")  # the package exports the function
+    entry = {"backend": "math", "min_tokens": 256, "max_seqs": 4} if sdpa else None
+    monkeypatch.setattr(dispatcher, "sdpa_entry", lambda *args: entry)
     config = TINY if preset == "tiny" else dataclasses.replace(get_preset(preset), max_model_len=16384)
     runner = ModelRunner(config, CacheConfig(num_blocks=NUM_BLOCKS, block_size=BLOCK),
                          dummy_weights(config, dtype, "meta"), "meta", dtype, max_num_seqs=256)
