@@ -108,7 +108,8 @@ def test_no_compile_after_warm_up_on_a_gpu(budget: int) -> None:
     """Llama-3-8B's shapes (two of its layers) in bf16, as served: warm-up, then 200 random prefills."""
     config = dataclasses.replace(get_preset("llama3-8b"), num_layers=2, max_model_len=16384)
     runner = ModelRunner(config, CacheConfig(num_blocks=NUM_BLOCKS, block_size=BLOCK),
-                         dummy_weights(config, torch.bfloat16, "cuda"), "cuda", torch.bfloat16, max_num_seqs=256)
+                         dummy_weights(config, torch.bfloat16, "cuda"), "cuda", torch.bfloat16, max_num_seqs=256,
+                         enforce_eager=True)  # no decode graphs: this is about prefill
     assert runner.warm_up_prefill(budget) > 0
     cached = specialization.cached_kernels()
     with specialization.CompileCounter() as counter:
