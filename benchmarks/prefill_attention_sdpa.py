@@ -12,8 +12,8 @@ Llama-3-8B heads (32 q / 8 kv, d 128), bf16, pages of 16. Classes:
     prefix P + L      L new tokens after P cached: ours vs, for reference only, gathering the sequence's K/V
                       out of the pages + SDPA with a lower-right causal mask (flash)
 Each output is checked against prefill_attention_ref (fp32 math) up to 8,192 tokens a sequence. Times are
-triton.testing.do_bench medians (CUDA events, L2 flushed before each call); `first_ms` is one backend's
-first call at a length it has not seen (cuDNN builds an execution plan per shape). --engine times the whole
+triton.testing.do_bench medians (CUDA events, L2 flushed before each call); `first_ms` is a backend's first
+call in the case, which at a length it has not run before includes cuDNN's per-shape execution plan. --engine times the whole
 dummy llama3-8b prefill of 1 x 4,096 tokens through ModelRunner, ours everywhere vs the proposed entry
 (target <= 95 ms). Writes prefill_attention_sdpa.json and, where SDPA wins somewhere,
 prefill_attention_configs.json (copy it to kernels/ to use it) to $OUT, else to benchmarks/results/.
