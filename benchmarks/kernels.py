@@ -103,8 +103,9 @@ def rope_rows() -> list[Row]:
         cache = torch.randn(2, num_blocks, PAGE, HKV, DIM, device=DEVICE, dtype=dt)
         sets.append((q, k, v, torch.arange(tokens, device=DEVICE), cos_sin, cache,
                      torch.randperm(tokens, device=DEVICE)))
-    ref = rope_kv_write_ref(sets[0][0].clone(), *sets[0][1:])
-    err = rel_error(rope_triton.rope_kv_write_triton(sets[0][0].clone(), *sets[0][1:]), ref)
+    q, k, *rest = sets[0]  # q and k are rotated in place: each side gets its own copies
+    ref = rope_kv_write_ref(q.clone(), k.clone(), *rest)
+    err = rel_error(rope_triton.rope_kv_write_triton(q.clone(), k.clone(), *rest), ref)
     nbytes = tokens * (2 * HQ * DIM * 2 + 2 * HKV * DIM * 2 * 2 + DIM * 4 + 16)
     row = Row("rope_kv_write", f"{tokens} tok 32q/8kv", 0, "torch ops (ref)", 0, bytes=nbytes, rel_err=err)
     return [timed(row, rotating([lambda s=s: rope_triton.rope_kv_write_triton(*s) for s in sets]),

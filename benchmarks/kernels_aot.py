@@ -36,11 +36,12 @@ class C:
 
 
 def compile_variant(fn, args: dict, num_warps: int, num_stages: int = 3):
-    """args: name -> C(value) | '*bf16'-style pointer type | int (i32, 16-divisible when it is) | float."""
+    """args: name -> C(value) | '*bf16'-style pointer type | int (i32, 16-divisible when it is, unless the kernel
+    marks it do_not_specialize) | float."""
     sig, consts, attrs = {}, {}, {}
-    for i, name in enumerate(fn.arg_names):
+    for i, (name, param) in enumerate(zip(fn.arg_names, fn.params, strict=True)):
         v = args[name]
-        if isinstance(v, C) or (type(v) is int and v == 1):
+        if isinstance(v, C) or (type(v) is int and v == 1 and not param.do_not_specialize):
             sig[name], consts[name] = "constexpr", v.value if isinstance(v, C) else 1
         elif isinstance(v, str):
             sig[name], attrs[(i,)] = v, [["tt.divisibility", 16]]
@@ -48,7 +49,7 @@ def compile_variant(fn, args: dict, num_warps: int, num_stages: int = 3):
             sig[name] = "fp32"
         else:
             sig[name] = "i32"
-            if v % 16 == 0:
+            if v % 16 == 0 and not param.do_not_specialize:
                 attrs[(i,)] = [["tt.divisibility", 16]]
     src = ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
     return triton.compile(src, target=TARGET, options={"num_warps": num_warps, "num_stages": num_stages})
@@ -97,7 +98,7 @@ def attention_variants(bf: str):
     yield "decode reduce", _decode_reduce_kernel, red, 4, 1
     pre = dict(q_ptr=bf, cache_ptr=bf, cu_q_ptr="*i32", seq_lens_ptr="*i32", block_tables_ptr="*i32", out_ptr=bf,
                qk_scale=0.127, num_seqs=1, stride_qt=4096, stride_qh=128, stride_ot=4096, stride_oh=128,
-               stride_bt=256, **cache, GROUP=C(4), HEAD_DIM=C(128), PAGE=C(16), PRECISION=C("tf32"), BLOCK_B=C(1), BLOCK_D=C(128))
+               stride_bt=256, **cache, GROUP=C(4), HEAD_DIM=C(128), PAGE=C(16), PRECISION=C("tf32"), SEARCH=C(128), BLOCK_D=C(128))
     for bm, bn, warps, stages in ((128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 3), (128, 64, 4, 3)):
         yield (f"prefill m{bm} n{bn} w{warps} s{stages}", _prefill_attention_kernel,
                {**pre, "BLOCK_M": C(bm), "BLOCK_N": C(bn)}, warps, stages)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from pdserve.engine.decode_staging import HostStaging
+from pdserve.kernels.prefill_attention import PrefillShape
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,7 @@ class PrefillBatch:
     seq_lens: torch.Tensor  # [B] int32
     block_tables: torch.Tensor  # [B, max_blocks] int32
     logits_indices: torch.Tensor  # [N] int64: packed rows whose logits are computed (last row of a chunk)
+    shape: PrefillShape  # host-side: the chunks' lengths and whether any follows cached tokens
 
 
 @dataclass(frozen=True)
@@ -107,6 +109,7 @@ def build_prefill_batch(chunks: list[PrefillChunk], block_size: int, device: tor
         seq_lens=(starts + lens).to(torch.int32).to(device),
         block_tables=block_tables.to(device),
         logits_indices=last_rows.to(device),
+        shape=PrefillShape(tuple(lengths), any(c.start_pos > 0 for c in chunks)),
     )
 
 

@@ -3,9 +3,10 @@
 One decoder layer, T packed tokens, hidden H, Hq query / Hkv key-value heads of size D, MLP width I:
 
     h ─▶ (+ residual) RMSNorm ─▶ qkv = x @ Wqkv.T (+ b)      [T, (Hq + 2 Hkv) D], q|k|v rows fused at load
-                                 rope_kv_write(q, k, v)       q rotated; rotated k and v written to slots
+                                 rope_kv_write(q, k, v)       q, k rotated in place; k and v written to slots
                                  ──▶ layer_done(i)            the layer's KV is in the cache (prefill only)
-                                 attention over the cache     prefill: varlen chunks; decode: 1 token/row
+                                 attention                    prefill: varlen chunks over the cache (or SDPA on
+                                                              k, v for whole uncached prompts); decode: 1 token/row
                                  @ Wo.T                       [T, H]
       ─▶ (+ residual) RMSNorm ─▶ silu(x @ Wg.T) * (x @ Wu.T)  one GEMM over [gate | up] fused at load
                                  @ Wdown.T                    [T, H]
@@ -26,7 +27,7 @@ from pdserve.engine.attention_metadata import DecodeBatch, PrefillBatch
 from pdserve.engine.config import ModelConfig
 
 LayerDone = Callable[[int], None]
-Attend = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (q [T, Hq, D], kv_cache) -> [T, Hq, D]
+Attend = Callable[..., torch.Tensor]  # (q [T, Hq, D], k, v [T, Hkv, D] (rotated), kv_cache) -> [T, Hq, D]
 
 
 @dataclass(frozen=True)
@@ -127,9 +128,9 @@ class LlamaModel:
     ) -> torch.Tensor:
         """Packed chunks -> fp32 logits [len(batch.logits_indices), V]; KV of every chunk token is cached."""
 
-        def attend(q: torch.Tensor, kv_cache: torch.Tensor) -> torch.Tensor:
+        def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor) -> torch.Tensor:
             return kernels.prefill_attention(
-                q, kv_cache, batch.cu_seqlens_q, batch.seq_lens, batch.block_tables, self.scale
+                q, kv_cache, batch.cu_seqlens_q, batch.seq_lens, batch.block_tables, self.scale, k, v, batch.shape
             )
 
         h, residual = self._layers(batch.input_ids, batch.positions, batch.slot_mapping, kv_caches, attend,
@@ -140,7 +141,7 @@ class LlamaModel:
     def forward_decode(self, batch: DecodeBatch, kv_caches: list[torch.Tensor]) -> torch.Tensor:
         """One token per row (padding included) -> fp32 logits [bucket, V]."""
 
-        def attend(q: torch.Tensor, kv_cache: torch.Tensor) -> torch.Tensor:
+        def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor) -> torch.Tensor:
             return kernels.decode_attention(q, kv_cache, batch.seq_lens, batch.block_tables, self.scale)
 
         h, residual = self._layers(batch.input_ids, batch.positions, batch.slot_mapping, kv_caches, attend,
@@ -169,15 +170,13 @@ class LlamaModel:
             qkv = kernels.linear(x, w.qkv, w.qkv_bias)
             q, k, v = qkv.split([c.q_size, c.kv_size, c.kv_size], dim=-1)
             num_tokens = qkv.shape[0]
-            q = kernels.rope_kv_write(
-                q.view(num_tokens, c.num_heads, c.head_dim),
-                k.view(num_tokens, c.num_kv_heads, c.head_dim),
-                v.view(num_tokens, c.num_kv_heads, c.head_dim),
-                positions, self.cos_sin_cache, kv_caches[i], slot_mapping,
-            )
+            k = k.view(num_tokens, c.num_kv_heads, c.head_dim)
+            v = v.view(num_tokens, c.num_kv_heads, c.head_dim)
+            q = kernels.rope_kv_write(q.view(num_tokens, c.num_heads, c.head_dim), k, v,
+                                      positions, self.cos_sin_cache, kv_caches[i], slot_mapping)
             if layer_done is not None:
                 layer_done(i)
-            attn = attend(q, kv_caches[i])
+            attn = attend(q, k, v, kv_caches[i])
             h = kernels.linear(attn.reshape(num_tokens, c.q_size), w.o_proj)
             x, residual = kernels.fused_add_rms_norm(h, residual, w.post_norm, eps)
             h = kernels.linear(kernels.silu_and_mul(kernels.linear(x, w.gate_up)), w.down)

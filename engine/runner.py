@@ -23,6 +23,7 @@ from pdserve.engine.config import CacheConfig, ModelConfig
 from pdserve.engine.cuda_graphs import DecodeGraphs, use_cuda_graphs
 from pdserve.engine.kv_cache import allocate_kv_caches
 from pdserve.engine.model import LayerDone, LlamaModel, ModelWeights, fuse_weights
+from pdserve.engine.prefill_warm_up import warm_up_block_copies, warm_up_chunks, warm_up_limit, warm_up_plan
 
 logger = logging.getLogger(__name__)
 
@@ -45,17 +46,6 @@ def default_decode_buckets(max_num_seqs: int, device: torch.device) -> list[int]
         return list(range(1, max_num_seqs + 1))
     buckets = [1, 2, 4, *range(8, 65, 8), *range(80, 257, 16), *range(288, max(288, max_num_seqs + 32), 32)]
     return sorted({min(b, max_num_seqs) for b in buckets if b < max_num_seqs} | {max_num_seqs})
-
-
-def warm_up_lengths(limit: int) -> list[int]:
-    """Prompt lengths that reach every prefill specialisation up to `limit` tokens: 1..17 (GEMV row buckets,
-    and both sides of 16), then 2^k - 1, 2^k, 2^k + 1 (the other integer classes at every size bucket)."""
-    lengths = set(range(1, 18))
-    power = 32
-    while power - 1 <= limit:
-        lengths |= {power - 1, power, power + 1}
-        power *= 2
-    return sorted(n for n in lengths if n <= limit)
 
 
 class ModelRunner:
@@ -107,27 +97,26 @@ class ModelRunner:
         indices = [i for i, c in enumerate(chunks) if c.need_logits]
         return PrefillOutput(logits=logits, chunk_indices=indices, num_tokens=int(batch.input_ids.shape[0]))
 
+    def prefill_warm_up_batches(self, max_tokens: int) -> list[list[PrefillChunk]]:
+        """The warm-up's batches for a token budget of `max_tokens` (engine/prefill_warm_up.py)."""
+        bs = self.cache_config.block_size
+        limit = warm_up_limit(max_tokens, self.config.max_model_len, self.cache_config.num_blocks, bs)
+        return [warm_up_chunks(batch, bs, self.config.vocab_size)
+                for batch in warm_up_plan(limit, bs, self.cache_config.num_blocks)]
+
     def warm_up_prefill(self, max_tokens: int) -> int:
-        """Run the prefill specialisations a request can hit, so that no request waits for their compile: Triton
-        compiles a kernel per constexpr config (GEMV row buckets 1..16) and per integer argument class (== 1,
-        % 16 == 0, other), on first use. Writes KV into the pool's first blocks, so call it before any block is
-        handed out. CPU: nothing to compile, returns 0; else the number of prefills run (on the H200 serving
-        benchmark the first requests' TTFT reached 2.2 s without it)."""
+        """Run the prefill warm-up, so that no request waits for a Triton compile (on the H200 serving benchmark
+        the first requests' TTFT reached 2.2 s without one). Writes KV into the pool's first blocks, so call it
+        before any block is handed out. CPU: nothing to compile, returns 0; else the number of prefills run."""
         if self.device.type != "cuda":
             return 0
-        bs = self.cache_config.block_size
-        limit = min(max_tokens, self.config.max_model_len - 1, (self.cache_config.num_blocks - 1) * bs)
-        lengths = warm_up_lengths(limit)
-        logger.info("prefill warm-up: %d prompt lengths up to %d tokens, so no request waits for a Triton compile",
-                    len(lengths) + 1, limit)
-        ids = [(7 * j + 3) % self.config.vocab_size for j in range(limit + 1)]
-        for n in lengths:
-            self.prefill([PrefillChunk(ids[:n], 0, list(range(-(-n // bs))))])
-        if limit >= 2 * bs + 1:  # two sequences in one batch, the second continuing a cached prefix
-            self.prefill([PrefillChunk(ids[:bs], 0, [0]),
-                          PrefillChunk(ids[bs:2 * bs + 1], bs, [1, 2, 3])])
+        batches = self.prefill_warm_up_batches(max_tokens)
+        logger.info("prefill warm-up: %d batches, so no request waits for a Triton compile", len(batches))
+        for chunks in batches:
+            self.prefill(chunks)
+        warm_up_block_copies(self.kv_caches[0])
         torch.cuda.synchronize(self.device)
-        return len(lengths) + 1
+        return len(batches)
 
     @torch.inference_mode()
     def decode(self, items: list[DecodeInput], carried: torch.Tensor | None = None) -> torch.Tensor:

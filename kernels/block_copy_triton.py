@@ -2,6 +2,12 @@
 
 One program copies BLOCK elements of one (K or V) half of one cache block; a block's
 block_size * Hkv * D elements are contiguous in both layouts, so every access is a straight 16-byte stream.
+
+What is compiled: per pool layout, one kernel per direction (gather, scatter, copy: the *_INDEXED flags) and
+BLOCK/EVEN (from the block's element count). The block count is only the grid; the strides are the pools'
+(a peer's pool over CUDA IPC has its own block count, hence its own stride: one kernel per peer layout). Id
+tensors must start 16-byte aligned, as fresh tensors do: a view at an odd int64 offset (ids[1] of a [2, n]
+tensor with n odd) compiles a second kernel; kv_transfer/cuda_ipc/sender.py pads its id rows for that.
 """
 
 import torch

@@ -10,6 +10,13 @@ L = ceil(ceil(seq_len / S) / BLOCK_N) * BLOCK_N is chosen per sequence on the de
 host sync (CUDA-graph safe); S itself comes from the batch size and the block table's width. With S = 1 the
 split kernel writes the output directly and the reduce kernel is skipped. Splits past seq_len are empty
 (lse = -inf); seq_len 0 gives zeros.
+
+What is compiled: the model's GROUP, HEAD_DIM, PAGE, the dtype's PRECISION and tile, and the split count S
+through SINGLE (S == 1), BLOCK_S = S and the partials' strides. S = num_splits_for(batch, Hkv, table width)
+is a power of two in 1..64, so at most 7 split kernels and 6 reduce kernels per model, whatever the batch;
+the integer S itself is do_not_specialize. The decode graphs' warm-up (engine/cuda_graphs.py) runs every
+bucket, hence every S a served step can reach; a block table of another width (eager calls outside
+DecodeBuffers) may pick another S of the same 7.
 """
 
 import functools
@@ -23,7 +30,7 @@ _LOG2E = 1.4426950408889634
 _MIN_SPLIT_TOKENS = 256  # below this a split's fixed costs (q load, reduction) outweigh its parallelism
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])  # SINGLE and the part strides carry it
 def _decode_split_kernel(
     q_ptr, cache_ptr, seq_lens_ptr, block_tables_ptr, out_ptr, part_out_ptr, part_lse_ptr,
     qk_scale, num_splits,
@@ -84,7 +91,7 @@ def _decode_split_kernel(
         tl.store(part_lse_ptr + b.to(tl.int64) * stride_lb + heads * stride_lh + split, lse, mask=g < GROUP)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])  # BLOCK_S carries it
 def _decode_reduce_kernel(
     part_out_ptr, part_lse_ptr, out_ptr, num_splits,
     stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ob, stride_oh,

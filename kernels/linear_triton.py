@@ -10,6 +10,12 @@ to keep enough of W in flight (cp.async, 4-6 stages). Where a tuned Triton confi
 elsewhere torch.matmul runs (FlashDecoding++'s "choose the kernel by shape" idea). H200, bf16, CUDA-graph
 replay on rotated weights: 4096->14336 and 14336->4096 at M 1-8 run at 3.84-3.96 TB/s, 1.07-1.10x cuBLAS;
 the fused 4096->28672 stays on cuBLAS (python benchmarks/kernels.py --only gemv, 2026-11-29).
+
+What is compiled: per weight shape (N, K) and dtype, one kernel per batch bucket of tuning.BATCH_BUCKETS
+(1, 2, 4, 8, 16): the config (BLOCK_N, BLOCK_K, SPLIT_K, USE_DOT, warps, stages) is looked up by bucket, and
+BLOCK_M is 16 (dot) or the bucket's power of two (FMA path), so rows 3 and 4 share a kernel. M and the split
+partials' stride (M * N) are do_not_specialize; N, K, k_per_split and EVEN are the weight's. Rows above 16 go
+to cuBLAS, which compiles nothing. The prefill warm-up runs every bucket (engine/prefill_warm_up.py).
 """
 
 import functools
@@ -19,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from pdserve.kernels.tuning import default_table
+from pdserve.kernels.tuning import default_table, device_name
 
 MAX_TRITON_BATCH = 16
 
@@ -34,7 +40,7 @@ class GemvConfig:
     num_stages: int = 4
 
 
-@triton.jit(do_not_specialize=["M"])  # one compiled kernel for every batch size up to BLOCK_M
+@triton.jit(do_not_specialize=["M", "stride_ps"])  # per-batch values (stride_ps = M * N): one kernel per bucket
 def _gemv_kernel(
     x_ptr, w_ptr, bias_ptr, out_ptr, part_ptr, M, N, K, k_per_split,
     stride_xm, stride_wn, stride_om, stride_ps,
@@ -79,7 +85,7 @@ def _gemv_kernel(
         tl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mn_mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["stride_ps"])  # M * N
 def _split_k_reduce_kernel(
     part_ptr, bias_ptr, out_ptr, N, split_k, stride_ps, stride_om,
     HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr,
@@ -142,8 +148,7 @@ def choose_config(m: int, n: int, k: int, dtype: torch.dtype, device: torch.devi
     """The Triton config for this shape, or None where torch.matmul (cuBLAS) is the faster choice."""
     if m == 0 or m > MAX_TRITON_BATCH:
         return None
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    entry = default_table().lookup(name, dtype, n, k, m)
+    entry = default_table().lookup(device_name(device), dtype, n, k, m)
     if entry is None:
         return heuristic_config(m, n, k, dtype)
     return None if entry.get("backend") == "torch" else GemvConfig(**entry["config"])

@@ -1,19 +1,82 @@
 """Varlen causal attention over packed prefill chunks, keys/values read from the paged KV cache.
 
-prefill_attention(q, kv_cache, cu_seqlens_q, seq_lens, block_tables, scale) -> out
+prefill_attention(q, kv_cache, cu_seqlens_q, seq_lens, block_tables, scale, k=None, v=None, shape=None) -> out
 # q: [T, Hq, D] packed; sequence i owns rows cu_seqlens_q[i]:cu_seqlens_q[i+1]
 # cu_seqlens_q: [B + 1] int32; seq_lens: [B] int32 = cached prefix + this chunk (K/V of the chunk already written)
 # block_tables: [B, max_blocks] int32; kv_cache: [2, num_blocks, block_size, Hkv, D]; out: [T, Hq, D]
+# k, v: [T, Hkv, D] the chunks' own rotated keys and values (optional); shape: what the host knows (optional)
 Row j of sequence i is at absolute position seq_lens[i] - q_len_i + j and sees keys 0..that position (GQA:
 query head h reads kv head h // (Hq // Hkv)).
+
+Which kernel (issue 23: never slower than the library). On CUDA, ours (prefill_attention_triton) reads K/V
+from the pages, so it serves every batch: cached prefixes, chunked continuations, many short prompts. Where
+a batch is whole uncached prompts, their K/V are exactly k and v (contiguous per prompt), and torch SDPA
+(FlashAttention / cuDNN / memory-efficient, through torch.nn.attention.sdpa_kernel) can run on them instead:
+`sdpa_choice` sends such a batch there when the device's entry in tuning.PREFILL_PATH says so (the backend,
+the shortest prompt it wins from, the most prompts per batch: one SDPA call each), as measured by
+`python benchmarks/prefill_attention_sdpa.py` on that device. Without an entry ours runs everywhere. Off
+CUDA everything is the reference. Where each wins on the H200 is not measured side by side yet (no table
+entry ships); the kernel table of 2026-11-29 had ours at 0.75x SDPA for one 4,096-token prompt (371 vs 496
+TFLOP/s in graph replay, 362 vs 529 under do_bench: benchmarks/results/kernels_h200.md).
 """
 
 from __future__ import annotations
 
+import functools
+from dataclasses import dataclass
+from typing import Any
+
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from pdserve.kernels.dispatch import use_triton
 from pdserve.kernels.paged import attend_ref, gather_sequence_kv
+from pdserve.kernels.tuning import default_prefill_table, device_name, prefill_key
+
+SDPA_BACKENDS = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+                 "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}
+
+
+@dataclass(frozen=True)
+class PrefillShape:
+    """What the host knows of a packed batch from its chunks, without reading the device."""
+
+    q_lens: tuple[int, ...]
+    cached: bool  # some chunk follows tokens already in the cache (a prefix hit, an earlier chunk)
+
+
+def sdpa_choice(shape: PrefillShape | None, entry: dict[str, Any] | None) -> str | None:
+    """The SDPA backend for this batch, or None for ours: only whole uncached prompts, each of at least
+    entry["min_tokens"] tokens, at most entry["max_seqs"] (default 1) of them."""
+    if shape is None or entry is None or shape.cached or not shape.q_lens:
+        return None
+    if len(shape.q_lens) > entry.get("max_seqs", 1) or min(shape.q_lens) < entry["min_tokens"]:
+        return None
+    return entry["backend"]
+
+
+@functools.cache
+def sdpa_entry(device: torch.device, dtype: torch.dtype, q_heads: int, kv_heads: int,
+               head_dim: int) -> dict[str, Any] | None:
+    """This device and head shape's measured entry (None: ours everywhere)."""
+    return default_prefill_table().entries.get(prefill_key(device_name(device), dtype, q_heads, kv_heads, head_dim))
+
+
+def prefill_attention_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_lens: tuple[int, ...],
+                           scale: float, backend: str) -> torch.Tensor:
+    """Whole uncached prompts packed along T: one causal SDPA call per prompt on views of q, k, v (GQA through
+    enable_gqa, no K/V expansion)."""
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    start = 0
+    with sdpa_kernel(SDPA_BACKENDS[backend]):
+        for n in q_lens:
+            rows = slice(start, start + n)
+            qs, ks, vs = (t[rows].transpose(0, 1)[None] for t in (q, k, v))  # [1, H, n, D]
+            o = torch.nn.functional.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale,
+                                                                 enable_gqa=True)
+            out[rows] = o[0].transpose(0, 1)
+            start += n
+    return out
 
 
 def prefill_attention_ref(
@@ -40,8 +103,16 @@ def prefill_attention(
     seq_lens: torch.Tensor,
     block_tables: torch.Tensor,
     scale: float,
+    k: torch.Tensor | None = None,
+    v: torch.Tensor | None = None,
+    shape: PrefillShape | None = None,
 ) -> torch.Tensor:
     if use_triton(q):
+        if k is not None and v is not None and shape is not None:
+            entry = sdpa_entry(q.device, q.dtype, q.shape[1], k.shape[1], q.shape[2])
+            backend = sdpa_choice(shape, entry)
+            if backend is not None:
+                return prefill_attention_sdpa(q, k, v, shape.q_lens, scale, backend)
         from pdserve.kernels.prefill_attention_triton import prefill_attention_triton
 
         return prefill_attention_triton(q, kv_cache, cu_seqlens_q, seq_lens, block_tables, scale)

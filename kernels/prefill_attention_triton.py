@@ -1,7 +1,11 @@
 """Triton varlen causal prefill attention (FlashAttention-2 style) reading K/V from the paged cache.
 
-    grid (Hq, tiles): tiles are numbered sequence by sequence, each sequence's last (heaviest) tile first
-    sequence i, query tile t, head h: rows cu[i] + t*BLOCK_M ..., at positions prefix_i + t*BLOCK_M + r
+    grid (Hq, cdiv(T, BLOCK_M) + B): sequence i owns tiles first_i .. first_i + cdiv(q_len_i, BLOCK_M) - 1,
+        first_i = cu[i] // BLOCK_M + i      (strictly increasing; first_{i+1} - first_i >= cdiv(q_len_i, BLOCK_M))
+    a program finds its sequence by counting the first_i <= its tile (SEARCH entries of cu per step); the
+    tiles between one sequence's last and the next one's first (at most B in all) exit at once.
+    sequence i, query tile t, head h: rows cu[i] + t*BLOCK_M ..., at positions prefix_i + t*BLOCK_M + r;
+    each sequence's last (heaviest) tile runs first
 
     keys  0 ............ full_end ........ last_key          full_end = (first row's position + 1) // BLOCK_N * BLOCK_N
           |  every row sees  |  causal mask  |               loop 1 runs without masks, loop 2 masks k > pos
@@ -11,6 +15,15 @@ K/V rows come from the block table (token n lives in block table[n // PAGE] at o
 prefix before the chunk needs nothing special: prefix_i = seq_len_i - q_len_i. GQA: head h reads kv head
 h // GROUP; consecutive programs are consecutive heads, so a group's K/V tile is read once from DRAM and
 then from L2. The sequence/tile lookup is done on the device from cu_seqlens (no host sync).
+
+What is compiled (issue 23: no compile after start). The constexprs are the model's (GROUP, HEAD_DIM, PAGE),
+the dtype's (PRECISION) and the tile config's (BLOCK_M, BLOCK_N, num_warps, num_stages, from
+`_default_config`: on the GPU two configs for bf16/fp16 with head_dim <= 128, chosen by the token count, one
+otherwise); SEARCH is fixed. The per-batch integers (num_seqs, the block table's row stride) are marked
+do_not_specialize, so Triton's `== 1` / `% 16` classes do not multiply the kernels; the other strides are the
+model's. `out` is allocated contiguous, so its strides do not follow q's view (a 1-token q is "dense" and
+would otherwise pass its parent's row stride). So a served batch reaches at most two compiled kernels per
+model and dtype, whatever its sequence count or lengths.
 """
 
 import torch
@@ -59,27 +72,36 @@ def _attend_block(
     return acc, l_i, m_new
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_seqs", "stride_bt"])  # per-batch values: one kernel for every batch
 def _prefill_attention_kernel(
     q_ptr, cache_ptr, cu_q_ptr, seq_lens_ptr, block_tables_ptr, out_ptr, qk_scale, num_seqs,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_bt, stride_ckv, stride_cblk, stride_ctok, stride_ch,
-    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, PRECISION: tl.constexpr, BLOCK_B: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, SEARCH: tl.constexpr,
 ):
     # q, out: [T, Hq, D]; cu_q: [B + 1]; seq_lens: [B]; block_tables: [B, max_blocks]
-    # cache: [2, num_blocks, PAGE, Hkv, D]; grid: (Hq, >= total query tiles)
+    # cache: [2, num_blocks, PAGE, Hkv, D]; grid: (Hq, cdiv(T, BLOCK_M) + B)
     head = tl.program_id(0)
     tile = tl.program_id(1)
-    i = tl.arange(0, BLOCK_B)
-    q_lo = tl.load(cu_q_ptr + i, mask=i < num_seqs, other=0)
-    q_hi = tl.load(cu_q_ptr + i + 1, mask=i < num_seqs, other=0)
-    tiles_end = tl.cumsum(tl.cdiv(q_hi - q_lo, BLOCK_M), axis=0)  # [BLOCK_B], inclusive
-    seq = tl.sum((tiles_end <= tile).to(tl.int32), axis=0)
-    if seq < num_seqs:
-        mine = i == seq
-        q_start = tl.sum(tl.where(mine, q_lo, 0), axis=0)
-        q_len = tl.sum(tl.where(mine, q_hi - q_lo, 0), axis=0)
-        m_tile = tl.sum(tl.where(mine, tiles_end, 0), axis=0) - 1 - tile
+    # sequence = (number of first_i <= tile) - 1; its rows start at the largest such cu[i], end at cu[i + 1]
+    found = tl.zeros([SEARCH], tl.int32)
+    q_start = tl.zeros([SEARCH], tl.int32)
+    q_end = tl.zeros([SEARCH], tl.int32)
+    for s0 in range(0, num_seqs, SEARCH):
+        i = s0 + tl.arange(0, SEARCH)
+        lo = tl.load(cu_q_ptr + i, mask=i < num_seqs, other=0)
+        hi = tl.load(cu_q_ptr + i + 1, mask=i < num_seqs, other=0)
+        mine_or_before = (lo // BLOCK_M + i <= tile) & (i < num_seqs)
+        found += mine_or_before.to(tl.int32)
+        q_start = tl.maximum(q_start, tl.where(mine_or_before, lo, 0))
+        q_end = tl.maximum(q_end, tl.where(mine_or_before, hi, 0))
+    seq = tl.sum(found, axis=0) - 1  # >= 0: first_0 = 0 <= tile
+    q_start = tl.max(q_start, axis=0)
+    q_len = tl.max(q_end, axis=0) - q_start
+    n_tiles = tl.cdiv(q_len, BLOCK_M)
+    local = tile - (q_start // BLOCK_M + seq)
+    if local < n_tiles:
+        m_tile = n_tiles - 1 - local
         seq_len = tl.load(seq_lens_ptr + seq)
         first_pos = seq_len - q_len + m_tile * BLOCK_M
 
@@ -153,21 +175,24 @@ def _default_config(dim: int, dtype: torch.dtype, device: torch.device, tokens: 
     return 64, 64, 4, 3
 
 
+_SEARCH = 128  # cu_seqlens entries a program compares per step: one step for up to 128 sequences
+
+
 def _launch(q, kv_cache, cu_seqlens_q, seq_lens, block_tables, scale, config=None):
     _check(q, kv_cache, cu_seqlens_q, seq_lens, block_tables)
     tokens, q_heads, dim = q.shape
     batch = seq_lens.shape[0]
-    out = torch.empty_like(q)
+    out = torch.empty((tokens, q_heads, dim), dtype=q.dtype, device=q.device)
     if tokens == 0 or batch == 0:
         return out
     block_m, block_n, num_warps, num_stages = config or _default_config(dim, q.dtype, q.device, tokens, q_heads)
-    grid = (q_heads, triton.cdiv(tokens, block_m) + batch)  # >= sum_i cdiv(q_len_i, BLOCK_M); extras exit
+    grid = (q_heads, triton.cdiv(tokens, block_m) + batch)  # >= first_{B-1} + cdiv(q_len_{B-1}, BLOCK_M)
     _prefill_attention_kernel[grid](
         q, kv_cache, cu_seqlens_q, seq_lens, block_tables, out, scale * _LOG2E, batch,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0), *kv_cache.stride()[:4],
         GROUP=q_heads // kv_cache.shape[3], HEAD_DIM=dim, PAGE=kv_cache.shape[2], PRECISION=_precision(q.dtype),
-        BLOCK_B=triton.next_power_of_2(batch), BLOCK_M=block_m, BLOCK_N=block_n,
-        BLOCK_D=triton.next_power_of_2(dim), num_warps=num_warps, num_stages=num_stages,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=triton.next_power_of_2(dim), SEARCH=_SEARCH,
+        num_warps=num_warps, num_stages=num_stages,
     )
     return out
 

@@ -1,7 +1,7 @@
 """Rotary position embedding (neox / rotate-half layout, llama3 scaling) fused with the paged KV-cache write.
 
 rope_kv_write(q, k, v, positions, cos_sin_cache, kv_cache, slot_mapping) -> q
-# q: [T, Hq, D] rotated in place and returned; k, v: [T, Hkv, D]; positions: [T] int64
+# q: [T, Hq, D] rotated in place and returned; k: [T, Hkv, D] rotated in place; v: [T, Hkv, D]; positions: [T]
 # cos_sin_cache: [max_positions, D] fp32, cos in [:, :D/2], sin in [:, D/2:]
 # kv_cache: [2, num_blocks, block_size, Hkv, D]; slot_mapping: [T] int64, slot = block * block_size + offset;
 #   a negative slot means "do not write" (padding)
@@ -80,7 +80,8 @@ def rope_kv_write_ref(
     slot_mapping: torch.Tensor,
 ) -> torch.Tensor:
     q.copy_(apply_rope_ref(q, positions, cos_sin_cache))
-    write_kv_ref(apply_rope_ref(k, positions, cos_sin_cache), v, kv_cache, slot_mapping)
+    k.copy_(apply_rope_ref(k, positions, cos_sin_cache))
+    write_kv_ref(k, v, kv_cache, slot_mapping)
     return q
 
 

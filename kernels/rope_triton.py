@@ -1,8 +1,12 @@
 """Triton RoPE (neox rotate-half) fused with the paged KV-cache write.
 
-One program per token: it rotates the token's query heads in place, rotates its key heads and writes them,
-with the raw value heads, straight into the token's cache slot; the rotated keys never make a round trip
-through memory. Any even head_dim works (the half is padded to a power of two and masked).
+One program per token: it rotates the token's query and key heads in place and writes the rotated keys,
+with the raw value heads, straight into the token's cache slot (the in-place keys are what SDPA reads for an
+uncached prompt: kernels/prefill_attention.py). Any even head_dim works (the half is padded to a power of two and masked).
+
+What is compiled: one kernel per model and dtype. The constexprs are head counts, half the head dim and the
+page size; the integer arguments are strides of q/k/v (views of the fused qkv output: its row width) and of
+the cos/sin table and KV pool, none of which depends on the batch; the token count is only the grid.
 """
 
 import torch
@@ -18,7 +22,7 @@ def _rope_kv_write_kernel(
     NUM_Q_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HALF: tl.constexpr, PAGE: tl.constexpr,
     BLOCK_HQ: tl.constexpr, BLOCK_HKV: tl.constexpr, BLOCK_HALF: tl.constexpr,
 ):
-    # q: [T, Hq, D]; k, v: [T, Hkv, D]; positions, slot_mapping: [T]; cos_sin: [max_pos, D] (cos | sin)
+    # q, k: [T, Hq|Hkv, D] (rotated in place); v: [T, Hkv, D]; positions, slot_mapping: [T]; cos_sin: [max_pos, D]
     # cache: [2, num_blocks, PAGE, Hkv, D]; grid: (T,)
     t = tl.program_id(0).to(tl.int64)
     d = tl.arange(0, BLOCK_HALF)
@@ -35,21 +39,24 @@ def _rope_kv_write_kernel(
     tl.store(q_ptrs, (q1 * cos - q2 * sin).to(q_ptr.dtype.element_ty), mask=q_mask)
     tl.store(q_ptrs + HALF, (q2 * cos + q1 * sin).to(q_ptr.dtype.element_ty), mask=q_mask)
 
+    hk = tl.arange(0, BLOCK_HKV)
+    kv_mask = (hk < NUM_KV_HEADS)[:, None] & d_mask[None, :]
+    k_ptrs = k_ptr + t * stride_kt + hk[:, None] * stride_kh + d[None, :]  # [BLOCK_HKV, BLOCK_HALF]
+    k1 = tl.load(k_ptrs, mask=kv_mask, other=0.0).to(tl.float32)
+    k2 = tl.load(k_ptrs + HALF, mask=kv_mask, other=0.0).to(tl.float32)
+    k1, k2 = k1 * cos - k2 * sin, k2 * cos + k1 * sin
+    tl.store(k_ptrs, k1.to(k_ptr.dtype.element_ty), mask=kv_mask)  # in place too: SDPA reads k from here
+    tl.store(k_ptrs + HALF, k2.to(k_ptr.dtype.element_ty), mask=kv_mask)
     slot = tl.load(slot_ptr + t).to(tl.int64)
     if slot >= 0:
-        hk = tl.arange(0, BLOCK_HKV)
-        kv_mask = (hk < NUM_KV_HEADS)[:, None] & d_mask[None, :]
-        k_ptrs = k_ptr + t * stride_kt + hk[:, None] * stride_kh + d[None, :]  # [BLOCK_HKV, BLOCK_HALF]
         v_ptrs = v_ptr + t * stride_vt + hk[:, None] * stride_vh + d[None, :]
-        k1 = tl.load(k_ptrs, mask=kv_mask, other=0.0).to(tl.float32)
-        k2 = tl.load(k_ptrs + HALF, mask=kv_mask, other=0.0).to(tl.float32)
         v1 = tl.load(v_ptrs, mask=kv_mask, other=0.0)
         v2 = tl.load(v_ptrs + HALF, mask=kv_mask, other=0.0)
         dst = cache_ptr + (slot // PAGE) * stride_cblk + (slot % PAGE) * stride_ctok
         dst = dst + hk[:, None] * stride_ch + d[None, :]
         out_ty = cache_ptr.dtype.element_ty
-        tl.store(dst, (k1 * cos - k2 * sin).to(out_ty), mask=kv_mask)
-        tl.store(dst + HALF, (k2 * cos + k1 * sin).to(out_ty), mask=kv_mask)
+        tl.store(dst, k1.to(out_ty), mask=kv_mask)
+        tl.store(dst + HALF, k2.to(out_ty), mask=kv_mask)
         tl.store(dst + stride_ckv, v1.to(out_ty), mask=kv_mask)
         tl.store(dst + stride_ckv + HALF, v2.to(out_ty), mask=kv_mask)
 

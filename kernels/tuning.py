@@ -3,7 +3,9 @@
 linear_configs.json maps "device|dtype|N|K|batch bucket" to either {"backend": "torch"} (cuBLAS won) or
 {"backend": "triton", "config": {...GemvConfig fields...}}, plus the two times it was chosen on. It is written
 by `python benchmarks/kernels.py --tune-linear` on the device it describes; a lookup that misses (another
-device or shape) falls back to the launcher's heuristic. A table elsewhere (a user cache) can be loaded by
+device or shape) falls back to the launcher's heuristic. prefill_attention_configs.json (absent until measured)
+maps "device|dtype|Hq|Hkv|D" to where torch SDPA beats our prefill attention (kernels/prefill_attention.py),
+as `python benchmarks/prefill_attention_sdpa.py` proposes it from its measurements; a miss keeps ours. A table elsewhere (a user cache) can be loaded by
 path and passed around explicitly; nothing here reads the environment.
 """
 
@@ -17,7 +19,14 @@ from typing import Any
 import torch
 
 DEFAULT_PATH = Path(__file__).with_name("linear_configs.json")
+PREFILL_PATH = Path(__file__).with_name("prefill_attention_configs.json")
 BATCH_BUCKETS = (1, 2, 4, 8, 16)
+
+
+@functools.cache
+def device_name(device: torch.device) -> str:
+    """The tables' name for the device ("cpu" off CUDA)."""
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
 
 
 def batch_bucket(m: int) -> int:
@@ -30,6 +39,10 @@ def batch_bucket(m: int) -> int:
 
 def table_key(device_name: str, dtype: torch.dtype, n: int, k: int, m: int) -> str:
     return f"{device_name}|{str(dtype).removeprefix('torch.')}|{n}|{k}|{batch_bucket(m)}"
+
+
+def prefill_key(device_name: str, dtype: torch.dtype, q_heads: int, kv_heads: int, head_dim: int) -> str:
+    return f"{device_name}|{str(dtype).removeprefix('torch.')}|{q_heads}|{kv_heads}|{head_dim}"
 
 
 class TuningTable:
@@ -60,3 +73,9 @@ class TuningTable:
 def default_table() -> TuningTable:
     """The table shipped beside the kernels (read once per process)."""
     return TuningTable.load(DEFAULT_PATH)
+
+
+@functools.cache
+def default_prefill_table() -> TuningTable:
+    """The prefill attention table shipped beside the kernels (read once per process; empty if absent)."""
+    return TuningTable.load(PREFILL_PATH)

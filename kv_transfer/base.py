@@ -2,7 +2,9 @@
 
     D: target = receiver.expect(request_id, reserved_block_ids, deadline)   ──JSON──▶  P
     P: sender.begin(target)
-       for each layer as it finishes:  sender.submit_layer(...)   (from the compute thread)
+       once per forward:               sends = sender.prepare_sends(chunks)   (checks, device block ids)
+       for each layer as it finishes:  sender.submit_prepared(sends, layer, kv_cache)   (compute thread)
+                                    or sender.submit_layer(...)   (one request, from the compute thread)
                                     or await sender.send_layer(...) (from the event loop)
        await sender.finish(request_id, first_token_id, first_logprob, num_tokens)
     D: on_complete(request_id, first_token_id, first_logprob)   once every layer of every block arrived
@@ -32,6 +34,34 @@ OnFailure = Callable[[str, str], None]
 
 class KVTransferError(RuntimeError):
     """A send could not be completed (bad target, broken connection, failed layer send)."""
+
+
+@dataclass(frozen=True)
+class ChunkSend:
+    """What one chunk of a forward pushes after every layer: our blocks `src` into the receiver's blocks `dst`."""
+
+    request_id: str
+    src_block_ids: tuple[int, ...]
+    dst_block_ids: tuple[int, ...]
+
+
+class PreparedSends:
+    """One forward's sends, prepared once (`KVSender.prepare_sends`) and pushed after each layer
+    (`KVSender.submit_prepared`). `failed` maps a request id to why its sends stopped; they stop for good."""
+
+    def __init__(self, chunks: Sequence[ChunkSend]) -> None:
+        self.chunks = list(chunks)
+        self.failed: dict[str, str] = {}
+        self.live_blocks = sum(len(c.src_block_ids) for c in self.chunks)  # blocks each layer sends
+
+    def fail(self, request_id: str, reason: str) -> None:
+        if request_id in self.failed:
+            return
+        self.failed[request_id] = reason
+        self.live_blocks -= sum(len(c.src_block_ids) for c in self.chunks if c.request_id == request_id)
+
+    def live(self) -> list[ChunkSend]:
+        return [c for c in self.chunks if c.request_id not in self.failed]
 
 
 @dataclass(frozen=True)
@@ -87,6 +117,20 @@ class KVSender(ABC):
     ) -> concurrent.futures.Future[None]:
         """`send_layer` for a compute thread: the blocks are copied out before this returns, the
         network write happens on the sender's loop; the future resolves when it is written."""
+
+    def prepare_sends(self, chunks: Sequence[ChunkSend]) -> PreparedSends:
+        """Once per forward, on the compute thread, before its first layer: the work that is the same for every
+        layer (checks, block ids on the device). A chunk that cannot be sent is already in `failed`."""
+        return PreparedSends(chunks)
+
+    def submit_prepared(self, sends: PreparedSends, layer: int, kv_cache: torch.Tensor) -> None:
+        """`submit_layer` for this layer of every live chunk; a failure moves the request to `sends.failed`.
+        Backends that prepare override both (cuda_ipc: one copy per receiver and layer)."""
+        for chunk in sends.live():
+            try:
+                self.submit_layer(chunk.request_id, layer, kv_cache, chunk.src_block_ids, chunk.dst_block_ids)
+            except KVTransferError as exc:
+                sends.fail(chunk.request_id, str(exc))
 
     @abstractmethod
     async def finish(

@@ -5,6 +5,9 @@ the sender's sockets live on an asyncio loop thread. For each finished layer the
 
     future = sender.submit_layer(request_id, layer, kv_caches[layer], src_block_ids, dst_block_ids)
 
+(or, for all the chunks of a forward, `sends = sender.prepare_sends(chunks)` once and then
+`sender.submit_prepared(sends, layer, kv_caches[layer])`: the checks run once and each chunk's block ids go
+to the device once, at its first layer, instead of a synchronous host -> device copy per layer and chunk)
 which, on the calling thread, gathers the blocks (ordered after the layer's kernels on that thread's
 stream) into a snapshot: on CPU the gather is already a copy; on CUDA it is followed by a non-blocking
 copy into pinned host memory and a recorded event. It then hands the snapshot to the loop with
@@ -30,7 +33,7 @@ from typing import Any, ClassVar
 import torch
 
 from pdserve.kernels.block_copy import gather_blocks
-from pdserve.kv_transfer.base import KVSender, KVTransferError
+from pdserve.kv_transfer.base import ChunkSend, KVSender, KVTransferError, PreparedSends
 from pdserve.kv_transfer.target import TransferTarget
 from pdserve.kv_transfer.wire import (
     Auth,
@@ -60,9 +63,8 @@ class StagedBlocks:
     device_copy: torch.Tensor | None = None  # keeps the gathered device buffer alive until the copy ends
 
     @classmethod
-    def gather(cls, kv_cache: torch.Tensor, block_ids: Sequence[int]) -> StagedBlocks:
-        ids = torch.tensor(list(block_ids), dtype=torch.int64, device=kv_cache.device)
-        blocks = gather_blocks(kv_cache, ids)
+    def gather(cls, kv_cache: torch.Tensor, block_ids: Sequence[int] | torch.Tensor) -> StagedBlocks:
+        blocks = gather_blocks(kv_cache, ids_on(kv_cache.device, block_ids))
         if kv_cache.device.type == "cpu":
             return cls(blocks)
         host = torch.empty(blocks.shape, dtype=blocks.dtype, pin_memory=True)
@@ -75,6 +77,32 @@ class StagedBlocks:
         if self.event is not None:
             await asyncio.to_thread(self.event.synchronize)
             self.device_copy = None
+
+
+def ids_on(device: torch.device, block_ids: Sequence[int] | torch.Tensor) -> torch.Tensor:
+    """Block ids as an int64 tensor on `device`; to a GPU from pinned memory without blocking (a pageable copy
+    waits for the stream, i.e. for the layer being computed)."""
+    if isinstance(block_ids, torch.Tensor):
+        return block_ids
+    host = torch.tensor(list(block_ids), dtype=torch.int64)
+    if device.type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
+
+
+@dataclass
+class _Prepared:
+    """One chunk's part of a forward's sends: its target and, from its first layer on, its ids on the device."""
+
+    chunk: ChunkSend
+    target: TransferTarget
+    ids: torch.Tensor | None = None
+
+
+class _TcpSends(PreparedSends):
+    def __init__(self, chunks: Sequence[ChunkSend]) -> None:
+        super().__init__(chunks)
+        self.prepared: list[_Prepared] = []
 
 
 @dataclass
@@ -139,6 +167,36 @@ class TcpKVSender(KVSender):
             self._send_staged(request_id, layer, staged, list(dst_block_ids)), self._loop
         )
 
+    def prepare_sends(self, chunks: Sequence[ChunkSend]) -> PreparedSends:
+        sends = _TcpSends(chunks)
+        for chunk in chunks:
+            try:
+                target = self._check_chunk(chunk.request_id, chunk.src_block_ids, chunk.dst_block_ids)
+            except KVTransferError as exc:
+                sends.fail(chunk.request_id, str(exc))
+                continue
+            sends.prepared.append(_Prepared(chunk, target))
+        return sends
+
+    def submit_prepared(self, sends: PreparedSends, layer: int, kv_cache: torch.Tensor) -> None:
+        if not isinstance(sends, _TcpSends):
+            super().submit_prepared(sends, layer, kv_cache)
+            return
+        for item in sends.prepared:
+            rid = item.chunk.request_id
+            if rid in sends.failed:
+                continue
+            problem = "the sender has no event loop yet (submit before begin())" if self._loop is None else \
+                self._layer_problem(item.target, layer, kv_cache)
+            if problem is not None:
+                sends.fail(rid, f"send of {rid!r} layer {layer}: {problem}")
+                continue
+            if item.ids is None:
+                item.ids = ids_on(kv_cache.device, item.chunk.src_block_ids)
+            staged = self._stage(kv_cache, item.ids)  # on the calling (compute) thread, in its stream order
+            asyncio.run_coroutine_threadsafe(self._send_staged(rid, layer, staged, item.chunk.dst_block_ids),
+                                             self._loop)
+
     async def finish(
         self, request_id: str, first_token_id: int, first_logprob: float | None, num_tokens: int
     ) -> None:
@@ -169,20 +227,33 @@ class TcpKVSender(KVSender):
         src_block_ids: Sequence[int], dst_block_ids: Sequence[int],
     ) -> None:
         """Refuse what the receiver would refuse, before anything is copied or sent."""
-        target = self._get(request_id).target
-        problem = None
-        if not 0 <= layer < target.num_layers:
-            problem = f"layer {layer} outside 0..{target.num_layers - 1}"
-        elif len(src_block_ids) != len(dst_block_ids) or not dst_block_ids:
-            problem = f"{len(src_block_ids)} source blocks for {len(dst_block_ids)} destination blocks"
-        elif not set(dst_block_ids) <= set(target.block_ids):
-            problem = f"destination blocks {sorted(set(dst_block_ids) - set(target.block_ids))[:8]} not reserved"
-        elif dtype_name(kv_cache.dtype) != target.dtype or kv_cache.shape[2] != target.block_size:
-            problem = f"cache {kv_cache.dtype} block_size {kv_cache.shape[2]} vs target {target.dtype} {target.block_size}"
+        target = self._check_chunk(request_id, src_block_ids, dst_block_ids)
+        problem = self._layer_problem(target, layer, kv_cache)
         if problem is not None:
             raise KVTransferError(f"send of {request_id!r} layer {layer}: {problem}")
 
-    def _stage(self, kv_cache: torch.Tensor, block_ids: Sequence[int]) -> Any:
+    def _check_chunk(self, request_id: str, src_block_ids: Sequence[int],
+                     dst_block_ids: Sequence[int]) -> TransferTarget:
+        """The checks that hold for every layer of a chunk; returns its target."""
+        target = self._get(request_id).target
+        problem = None
+        if len(src_block_ids) != len(dst_block_ids) or not dst_block_ids:
+            problem = f"{len(src_block_ids)} source blocks for {len(dst_block_ids)} destination blocks"
+        elif not set(dst_block_ids) <= set(target.block_ids):
+            problem = f"destination blocks {sorted(set(dst_block_ids) - set(target.block_ids))[:8]} not reserved"
+        if problem is not None:
+            raise KVTransferError(f"send of {request_id!r}: {problem}")
+        return target
+
+    @staticmethod
+    def _layer_problem(target: TransferTarget, layer: int, kv_cache: torch.Tensor) -> str | None:
+        if not 0 <= layer < target.num_layers:
+            return f"layer {layer} outside 0..{target.num_layers - 1}"
+        if dtype_name(kv_cache.dtype) != target.dtype or kv_cache.shape[2] != target.block_size:
+            return f"cache {kv_cache.dtype} block_size {kv_cache.shape[2]} vs target {target.dtype} {target.block_size}"
+        return None
+
+    def _stage(self, kv_cache: torch.Tensor, block_ids: Sequence[int] | torch.Tensor) -> Any:
         """What a layer's send carries away from the pool (a backend's own kind: nccl keeps it on the device)."""
         return StagedBlocks.gather(kv_cache, block_ids)
 

@@ -3,8 +3,9 @@
     event loop thread                                step thread ("prefill-steps")
     ─────────────────                                ─────────────────────────────
     submit(): sender.begin, batcher.add ──wake──▶    plan = batcher.schedule()
+                                                     sends = sender.prepare_sends(chunks)  (checks, ids)
                                                      runner.prefill(chunks, layer_done)   (model_lock)
-                                                        └─ layer i done ─▶ sender.submit_layer(...) per chunk
+                                                        └─ layer i done ─▶ sender.submit_prepared(sends, i)
                                                            (blocks copied out now, written on the loop)
                                                      sample first tokens; batcher.update / finish
     _complete(): await sender.finish(done frame) ◀── run_coroutine_threadsafe
@@ -29,7 +30,7 @@ from typing import Any
 from pdserve.cache_store.block_pool import blocks_needed
 from pdserve.engine.runner import ModelRunner
 from pdserve.engine.sampling import Sampler, SamplingRequest, TokenLogprobs
-from pdserve.kv_transfer.base import KVSender, KVTransferError
+from pdserve.kv_transfer.base import ChunkSend, KVSender, KVTransferError
 from pdserve.prefill_node.batcher import Batcher, PrefillPlan, ScheduledChunk
 from pdserve.prefill_node.request import PrefillRequest
 
@@ -54,15 +55,6 @@ class PrefillResult:
     prefill_s: float
 
 
-@dataclass(frozen=True)
-class _Send:
-    """What one chunk pushes after each layer: our blocks `src` into the receiver's blocks `dst`."""
-
-    request: PrefillRequest
-    src: list[int]
-    dst: list[int]
-
-
 @dataclass
 class PrefillStats:
     num_forwards: int = 0
@@ -75,13 +67,15 @@ class PrefillStats:
     transfer_seconds: float = 0.0  # per request, first layer handed over -> "done" written, summed
 
 
-def chunk_send(chunk: ScheduledChunk, block_size: int) -> _Send:
+def chunk_send(chunk: ScheduledChunk, block_size: int) -> ChunkSend:
+    """What the chunk pushes after each layer: our blocks into the receiver's."""
     request = chunk.request
     offset = request.num_uncarried_blocks
     first = chunk.start == request.num_cached_tokens
     lo = offset if first else chunk.start // block_size
     hi = blocks_needed(chunk.end, block_size)
-    return _Send(request, request.block_ids[lo:hi], list(request.target.block_ids[lo - offset:hi - offset]))
+    return ChunkSend(request.request_id, tuple(request.block_ids[lo:hi]),
+                     tuple(request.target.block_ids[lo - offset:hi - offset]))
 
 
 class PrefillEngine:
@@ -212,24 +206,20 @@ class PrefillEngine:
         for request in done:
             self._finish(request, *first_tokens[request.request_id])
 
-    def _forward(self, plan: PrefillPlan, sends: list[_Send],
+    def _forward(self, plan: PrefillPlan, sends: list[ChunkSend],
                  broken: dict[str, str]) -> dict[str, tuple[int, TokenLogprobs | None]]:
         """One packed forward; returns the first token (and its logprob) of requests whose prompt ended."""
+        prepared = self.sender.prepare_sends([s for s in sends if s.src_block_ids])
+        broken.update(prepared.failed)
 
         def layer_done(layer: int) -> None:
-            kv_cache = self.runner.kv_caches[layer]
-            for send in sends:
-                rid = send.request.request_id
-                if rid in broken or not send.src:
-                    continue
-                try:
-                    self.sender.submit_layer(rid, layer, kv_cache, send.src, send.dst)
-                except KVTransferError as exc:
-                    broken[rid] = str(exc)
-                    continue
-                if self.copies_kv:
-                    self._sending_since.setdefault(rid, time.perf_counter())
-                    self.stats.transfer_bytes += len(send.src) * self._block_bytes
+            self.sender.submit_prepared(prepared, layer, self.runner.kv_caches[layer])
+            broken.update(prepared.failed)
+            if self.copies_kv:
+                if layer == 0:
+                    for send in prepared.live():
+                        self._sending_since.setdefault(send.request_id, time.perf_counter())
+                self.stats.transfer_bytes += prepared.live_blocks * self._block_bytes
 
         chunks = [c.engine_chunk(self.block_size) for c in plan.chunks]
         with self.model_lock:

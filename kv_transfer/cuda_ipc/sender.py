@@ -1,13 +1,15 @@
 """`cuda_ipc` backend, prefill side: writes each finished layer's blocks straight into D's pool on the GPU.
 
 The control path is tcp's (one authenticated connection per D, msgpack frames): right after "ready" D sends
-its pool handles ("pools"), which this sender opens once per connection. Then, per finished layer, on the
-compute thread:
+its pool handles ("pools"), which this sender opens once per connection. Once per forward, on the compute
+thread, `prepare_sends` checks every chunk and puts the block ids of all chunks bound for one receiver on the
+device (one pinned, non-blocking copy on the transfer stream); then, per finished layer:
 
     transfer stream waits for the compute stream (the layer's K/V writes are enqueued there)
-    copy_blocks(P's pool[layer], src ids ─▶ D's pool[layer], dst ids)     one pass, on the transfer stream
+    copy_blocks(P's pool[layer], src ids ─▶ D's pool[layer], dst ids)     one launch per receiver, transfer stream
 
-so layer L is copied while layer L+1 computes. `finish` records one blocking CUDA event on the transfer stream
+so the step thread launches a copy per layer and returns (a forward of 256 chunks made 256 launches and id
+tensors per layer before), and layer L is copied while layer L+1 computes. `finish` records one blocking CUDA event on the transfer stream
 and waits for it in a worker thread (cudaEventBlockingSync: the thread sleeps in the driver, nothing polls)
 and only then writes "done" on the control connection; D marks every layer received and admits the request. D never waits on a GPU
 event itself: its next kernel is ordered after P's copies by that "done".
@@ -19,15 +21,57 @@ import asyncio
 import concurrent.futures
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
 from pdserve.kernels.block_copy import copy_blocks
-from pdserve.kv_transfer.base import KVTransferError
+from pdserve.kv_transfer.base import ChunkSend, KVTransferError, PreparedSends
 from pdserve.kv_transfer.cuda_ipc.descriptor import PoolDescriptor, open_pools, require_cuda
 from pdserve.kv_transfer.target import TransferTarget
 from pdserve.kv_transfer.tcp_sender import TcpKVSender
-from pdserve.kv_transfer.wire import Done, FrameLimits, Pools, ProtocolError, encode_frame, read_header
+from pdserve.kv_transfer.wire import (
+    Done,
+    FrameLimits,
+    Pools,
+    ProtocolError,
+    dtype_name,
+    encode_frame,
+    read_header,
+)
+
+
+def device_block_ids(src: Sequence[int], dst: Sequence[int], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """src and dst ids as int64 rows of one [2, n + n % 2] tensor on `device`, copied from pinned memory without
+    blocking (a pageable copy would make the calling thread wait for the stream, i.e. for the layer in flight:
+    the first H200 run drained the launch queue at every request's first layer). The row length is even so the
+    dst row starts 16-byte aligned, as the copy kernel is compiled for (kernels/block_copy_triton.py)."""
+    pad = [0] * (len(src) % 2)
+    host = torch.tensor([[*src, *pad], [*dst, *pad]], dtype=torch.int64)
+    if device.type == "cuda":
+        host = host.pin_memory()
+    ids = host.to(device, non_blocking=True)
+    return ids[0, : len(src)], ids[1, : len(src)]
+
+
+@dataclass
+class _Copy:
+    """The blocks of one forward bound for one receiver: one copy launch per layer."""
+
+    request_ids: list[str]
+    pools: list[torch.Tensor]  # the receiver's, per layer
+    src: torch.Tensor  # [n] int64 on our device
+    dst: torch.Tensor  # [n] int64 on our device
+    num_layers: int
+    dtype: str
+    block_size: int
+    dead: bool = False
+
+
+class _IpcSends(PreparedSends):
+    def __init__(self, chunks: Sequence[ChunkSend]) -> None:
+        super().__init__(chunks)
+        self.copies: list[_Copy] = []
 
 
 class CudaIpcKVSender(TcpKVSender):
@@ -51,9 +95,6 @@ class CudaIpcKVSender(TcpKVSender):
         self._stream = torch.cuda.Stream(self.device)
         self._copied: set[str] = set()  # requests with copies enqueued: added on the compute thread, taken on the loop
         self._events_lock = threading.Lock()
-        # the ids of the last copy, on the device: every layer of a chunk sends the same blocks, so 31 of
-        # Llama-3-8B's 32 layers skip two host -> device copies
-        self._ids: tuple[tuple[int, ...], tuple[int, ...], torch.Tensor, torch.Tensor] | None = None
 
     @property
     def transfer_stream(self) -> torch.cuda.Stream:
@@ -67,22 +108,72 @@ class CudaIpcKVSender(TcpKVSender):
             task = asyncio.get_running_loop().create_task(self._ensure_remote(target.address))
             task.add_done_callback(lambda t: t.cancelled() or t.exception())  # a failure resurfaces on first use
 
+    def prepare_sends(self, chunks: Sequence[ChunkSend]) -> PreparedSends:
+        """Checks each chunk once and groups them by receiver, ids on the device (see the module docstring)."""
+        sends = _IpcSends(chunks)
+        by_address: dict[tuple[str, int], list[ChunkSend]] = {}
+        for chunk in chunks:
+            try:
+                target = self._check_chunk(chunk.request_id, chunk.src_block_ids, chunk.dst_block_ids)
+            except KVTransferError as exc:
+                sends.fail(chunk.request_id, str(exc))
+                continue
+            by_address.setdefault(target.address, []).append(chunk)
+        for address, group in by_address.items():
+            try:
+                pools = self._pools_from_thread(address)
+            except KVTransferError as exc:
+                for chunk in group:
+                    sends.fail(chunk.request_id, str(exc))
+                continue
+            self._add_copy(sends, group, pools)
+        return sends
+
+    def submit_prepared(self, sends: PreparedSends, layer: int, kv_cache: torch.Tensor) -> None:
+        if not isinstance(sends, _IpcSends):
+            super().submit_prepared(sends, layer, kv_cache)
+            return
+        live = []
+        for copy in sends.copies:
+            problem = None if copy.dead else self._layer_problem(copy, layer, kv_cache)
+            if problem is not None:
+                copy.dead = True
+                for rid in copy.request_ids:
+                    sends.fail(rid, f"send of {rid!r} layer {layer}: {problem}")
+            elif not copy.dead:
+                live.append(copy)
+        if not live:
+            return
+        with torch.cuda.device(self.device):
+            self._stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(self._stream):
+                for copy in live:
+                    copy_blocks(kv_cache, copy.src, copy.pools[layer], copy.dst)
+        with self._events_lock:
+            for copy in live:
+                self._copied.update(copy.request_ids)
+
     async def send_layer(
         self, request_id: str, layer: int, kv_cache: torch.Tensor,
         src_block_ids: Sequence[int], dst_block_ids: Sequence[int],
     ) -> None:
         self._check(request_id, layer, kv_cache, src_block_ids, dst_block_ids)
         pools = await self._ensure_remote(self._get(request_id).target.address)
-        self._copy(request_id, layer, kv_cache, pools, src_block_ids, dst_block_ids)
+        chunk = ChunkSend(request_id, tuple(src_block_ids), tuple(dst_block_ids))
+        sends = _IpcSends([chunk])
+        self._add_copy(sends, [chunk], pools)
+        self._submit_one(sends, layer, kv_cache)
 
     def submit_layer(
         self, request_id: str, layer: int, kv_cache: torch.Tensor,
         src_block_ids: Sequence[int], dst_block_ids: Sequence[int],
     ) -> concurrent.futures.Future[None]:
-        """The copy is enqueued before this returns; the future is already resolved (errors raise here)."""
+        """One request's layer (ids put on the device for this call alone: a forward should prepare its sends
+        once instead). The copy is enqueued before this returns; the future is already resolved (errors
+        raise here)."""
         self._check(request_id, layer, kv_cache, src_block_ids, dst_block_ids)
-        pools = self._pools_from_thread(self._get(request_id).target.address)
-        self._copy(request_id, layer, kv_cache, pools, src_block_ids, dst_block_ids)
+        sends = self.prepare_sends([ChunkSend(request_id, tuple(src_block_ids), tuple(dst_block_ids))])
+        self._submit_one(sends, layer, kv_cache)
         future: concurrent.futures.Future[None] = concurrent.futures.Future()
         future.set_result(None)
         return future
@@ -105,31 +196,41 @@ class CudaIpcKVSender(TcpKVSender):
 
     # ---- internals ------------------------------------------------------------------------------
 
-    def _copy(self, request_id: str, layer: int, kv_cache: torch.Tensor, pools: list[torch.Tensor],
-              src_block_ids: Sequence[int], dst_block_ids: Sequence[int]) -> None:
-        if layer >= len(pools):
-            raise KVTransferError(f"send of {request_id!r} layer {layer}: the receiver exported {len(pools)} layers")
-        remote = pools[layer]
-        if max(dst_block_ids) >= remote.shape[1] or tuple(remote.shape[2:]) != tuple(kv_cache.shape[2:]):
-            raise KVTransferError(f"send of {request_id!r} layer {layer}: blocks {max(dst_block_ids)} / shape "
-                                  f"{tuple(kv_cache.shape)} do not fit the receiver's pool {tuple(remote.shape)}")
-        with torch.cuda.device(self.device):
-            self._stream.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(self._stream):  # the id tensors are allocated (and freed) in this stream's order
-                src, dst = self._device_ids(tuple(src_block_ids), tuple(dst_block_ids))
-                copy_blocks(kv_cache, src, remote, dst)
-        with self._events_lock:
-            self._copied.add(request_id)
+    def _add_copy(self, sends: _IpcSends, chunks: list[ChunkSend], pools: list[torch.Tensor]) -> None:
+        """One copy for these chunks (all bound for the receiver owning `pools`), less those that do not fit."""
+        fitting = []
+        for chunk in chunks:
+            if max(chunk.dst_block_ids) >= pools[0].shape[1]:
+                sends.fail(chunk.request_id, f"send of {chunk.request_id!r}: block {max(chunk.dst_block_ids)} is "
+                                             f"outside the receiver's pool {tuple(pools[0].shape)}")
+            else:
+                fitting.append(chunk)
+        if not fitting:
+            return
+        target = self._get(fitting[0].request_id).target
+        with torch.cuda.device(self.device), torch.cuda.stream(self._stream):  # ids allocated (and freed) in its order
+            src, dst = device_block_ids([b for c in fitting for b in c.src_block_ids],
+                                        [b for c in fitting for b in c.dst_block_ids], self.device)
+        sends.copies.append(_Copy([c.request_id for c in fitting], pools, src, dst,
+                                  min(len(pools), target.num_layers), target.dtype, target.block_size))
 
-    def _device_ids(self, src: tuple[int, ...], dst: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Called on the transfer stream (the tensors live, and are freed, in its order)."""
-        if self._ids is None or self._ids[:2] != (src, dst):
-            # from pinned memory, non-blocking: a copy from pageable memory would make this thread wait for
-            # the transfer stream, i.e. for the compute stream's layer in flight (the first H200 run: the
-            # launch queue drained at every request's first layer)
-            ids = torch.tensor([src, dst], dtype=torch.int64).pin_memory().to(self.device, non_blocking=True)
-            self._ids = (src, dst, ids[0], ids[1])
-        return self._ids[2], self._ids[3]
+    @staticmethod
+    def _layer_problem(copy: _Copy, layer: int, kv_cache: torch.Tensor) -> str | None:
+        if not 0 <= layer < copy.num_layers:
+            return f"layer outside the receiver's {copy.num_layers} layers"
+        if dtype_name(kv_cache.dtype) != copy.dtype or kv_cache.shape[2] != copy.block_size:
+            return f"cache {kv_cache.dtype} block_size {kv_cache.shape[2]} vs target {copy.dtype} {copy.block_size}"
+        remote = copy.pools[layer]
+        if tuple(remote.shape[2:]) != tuple(kv_cache.shape[2:]):
+            return f"cache {tuple(kv_cache.shape)} does not fit the receiver's pool {tuple(remote.shape)}"
+        return None
+
+    def _submit_one(self, sends: _IpcSends, layer: int, kv_cache: torch.Tensor) -> None:
+        """A one-chunk send: its failure raises."""
+        if not sends.failed:
+            self.submit_prepared(sends, layer, kv_cache)
+        for reason in sends.failed.values():
+            raise KVTransferError(reason)
 
     def _take_event(self, request_id: str) -> torch.cuda.Event | None:
         """An event after every copy of the request, recorded now: they were all enqueued before finish/abort
@@ -157,7 +258,12 @@ class CudaIpcKVSender(TcpKVSender):
         if running is self._loop:
             raise KVTransferError("submit_layer called on the sender's own loop: use `await send_layer(...)`")
         future = asyncio.run_coroutine_threadsafe(self._ensure_remote(address), self._loop)
-        return future.result(timeout=2 * self.connect_timeout_s)
+        try:
+            return future.result(timeout=2 * self.connect_timeout_s)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise KVTransferError(f"cuda_ipc handshake with {address[0]}:{address[1]} took over "
+                                  f"{2 * self.connect_timeout_s:g} s") from None
 
     async def _ensure_remote(self, address: tuple[str, int]) -> list[torch.Tensor]:
         lock = self._locks.setdefault(address, asyncio.Lock())

@@ -39,7 +39,7 @@ from pdserve.kv_transfer.nccl.group import (
     local_address,
 )
 from pdserve.kv_transfer.target import TransferTarget
-from pdserve.kv_transfer.tcp_sender import TcpKVSender
+from pdserve.kv_transfer.tcp_sender import TcpKVSender, ids_on
 from pdserve.kv_transfer.wire import (
     BulkKVHeader,
     Done,
@@ -64,9 +64,8 @@ class _Gathered:
     event: torch.cuda.Event | None
 
     @classmethod
-    def of(cls, kv_cache: torch.Tensor, block_ids: Sequence[int]) -> _Gathered:
-        ids = torch.tensor(list(block_ids), dtype=torch.int64, device=kv_cache.device)
-        blocks = gather_blocks(kv_cache, ids).contiguous()
+    def of(cls, kv_cache: torch.Tensor, block_ids: Sequence[int] | torch.Tensor) -> _Gathered:
+        blocks = gather_blocks(kv_cache, ids_on(kv_cache.device, block_ids)).contiguous()
         if kv_cache.device.type != "cuda":
             return cls(blocks, None)
         event = torch.cuda.Event()
@@ -145,7 +144,7 @@ class NcclKVSender(TcpKVSender):
 
     # ---- internals ------------------------------------------------------------------------------
 
-    def _stage(self, kv_cache: torch.Tensor, block_ids: Sequence[int]) -> _Gathered:
+    def _stage(self, kv_cache: torch.Tensor, block_ids: Sequence[int] | torch.Tensor) -> _Gathered:
         return _Gathered.of(kv_cache, block_ids)
 
     async def _send_staged(  # type: ignore[override]  # tcp's flow, with this backend's staged blocks

@@ -73,12 +73,10 @@ def test_cpu_runner_is_eager_and_padding_does_not_change_logits() -> None:
     torch.testing.assert_close(padded.decode(items), exact.decode(items), rtol=0, atol=1e-6)
 
 
-def _prefilled_runner(dtype: torch.dtype, max_num_seqs: int,
-                      warm_up_tokens: int = 0) -> tuple[ModelRunner, list[DecodeInput]]:
+def _prefilled_runner(dtype: torch.dtype, max_num_seqs: int) -> tuple[ModelRunner, list[DecodeInput]]:
     blocks_per_seq = 8  # 128 tokens of room
     runner = ModelRunner(TINY, CacheConfig(num_blocks=max_num_seqs * blocks_per_seq, block_size=BLOCK),
                          dummy_weights(TINY, dtype, "cuda", seed=2), "cuda", dtype, max_num_seqs=max_num_seqs)
-    runner.warmed_up = runner.warm_up_prefill(warm_up_tokens) if warm_up_tokens else 0  # before any block is used
     gen = torch.Generator().manual_seed(3)
     items = []
     for i in range(max_num_seqs):
@@ -104,29 +102,3 @@ def test_graph_replay_equals_eager_forward(dtype: torch.dtype) -> None:
         again = runner.decode(others).clone()
         eager = runner._forward_decode(runner.decode_buffers.prepare(others))[:len(others)]
         torch.testing.assert_close(again, eager, rtol=0, atol=1e-5 if dtype == torch.float32 else 2e-2)
-
-
-def test_prefill_warm_up_lengths_cover_each_bucket_and_16_divisibility_class() -> None:
-    from pdserve.engine.runner import warm_up_lengths
-
-    assert warm_up_lengths(40) == [*range(1, 18), 31, 32, 33]
-    lengths = warm_up_lengths(8191)
-    assert lengths[-2:] == [4097, 8191]
-    assert {4095, 4096, 4097, 8191} <= set(lengths) and 8192 not in lengths
-    assert warm_up_lengths(0) == []
-
-
-def test_prefill_warm_up_is_nothing_on_a_cpu() -> None:
-    runner = ModelRunner(TINY, CacheConfig(num_blocks=8, block_size=BLOCK), dummy_weights(TINY, torch.float32, "cpu"),
-                         "cpu", torch.float32, max_num_seqs=2)
-    assert runner.warm_up_prefill(64) == 0
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="the warm-up runs on CUDA only")
-def test_prefill_warm_up_runs_and_leaves_outputs_unchanged() -> None:
-    from pdserve.engine.runner import warm_up_lengths
-
-    cold, items = _prefilled_runner(torch.float32, max_num_seqs=4)
-    warm, same = _prefilled_runner(torch.float32, max_num_seqs=4, warm_up_tokens=100)
-    assert warm.warmed_up == len(warm_up_lengths(100)) + 1 and same == items
-    torch.testing.assert_close(warm.decode(items), cold.decode(items), rtol=0, atol=1e-5)

@@ -143,3 +143,30 @@ def test_runner_in_fp16_stays_close(tiny: TinyModel) -> None:
     assert logits.dtype == torch.float32
     torch.testing.assert_close(logits, hf_last_logits(tiny.hf, ids), atol=0.05, rtol=0)
 
+
+
+def test_whole_prompts_through_sdpa_equal_our_attention(tiny: TinyModel, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a table entry sending whole new prompts to SDPA (its math backend on CPU), the launchers run (Triton's
+    interpreter) and give the reference's logits and KV: SDPA sees the keys RoPE rotated in place."""
+    import importlib
+
+    from pdserve import kernels
+
+    dispatcher = importlib.import_module("pdserve.kernels.prefill_attention")  # the package exports the function
+    sdpa = dispatcher.prefill_attention_sdpa
+    used: list[int] = []
+    monkeypatch.setattr(dispatcher, "sdpa_entry", lambda *args: {"backend": "math", "min_tokens": 4, "max_seqs": 2})
+    monkeypatch.setattr(dispatcher, "prefill_attention_sdpa", lambda *args: used.append(1) or sdpa(*args))
+    chunks = [PrefillChunk(prompt(9, 1), 0, table(0)), PrefillChunk(prompt(14, 2), 0, table(16))]
+    expected = make_runner(tiny)
+    want = expected.prefill(chunks).logits
+    runner = make_runner(tiny)
+    kernels.set_backend("triton")
+    try:
+        got = runner.prefill(chunks).logits
+    finally:
+        kernels.set_backend("auto")
+    assert len(used) == tiny.config.num_layers
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    for ours, ref in zip(runner.kv_caches, expected.kv_caches, strict=True):
+        torch.testing.assert_close(ours, ref, atol=1e-5, rtol=1e-5)

@@ -58,3 +58,91 @@ def test_prefill_attention_rejects_dtype_mismatch(randn: Callable, paged_kv: Cal
     cu = torch.tensor([0, 4], dtype=torch.int32, device=device)
     with pytest.raises(ValueError, match="dtype"):
         prefill_attention_triton(randn(4, 1, 64), cache, cu, cu[1:], tables, 0.1)
+
+
+def test_prefill_attention_many_sequences(randn: Callable, paged_kv: Callable, check: Callable, device: str) -> None:
+    """More sequences than one search step compares (150 > 128), lengths across tile boundaries, some after a
+    cached prefix: every tile finds its own sequence."""
+    from pdserve.kernels.prefill_attention_triton import _launch
+
+    gen = torch.Generator().manual_seed(5)
+    q_lens = torch.randint(1, 40, (150,), generator=gen).tolist()
+    prefixes = [int(p) * (i % 3 == 0) for i, p in enumerate(torch.randint(0, 40, (150,), generator=gen))]
+    seq_lens = [q + p for q, p in zip(q_lens, prefixes, strict=True)]
+    cache, tables = paged_kv(seq_lens, 1, 16, 8, torch.float32)
+    cu = torch.tensor([0, *q_lens], device=device).cumsum(0).to(torch.int32)
+    lens = torch.tensor(seq_lens, dtype=torch.int32, device=device)
+    q = randn(int(cu[-1]), 2, 16)
+    out = _launch(q, cache, cu, lens, tables, 0.25, config=(16, 16, 4, 1))
+    check(out, prefill_attention_ref(q, cache, cu, lens, tables, 0.25), torch.float32)
+
+
+def test_sdpa_takes_only_whole_uncached_prompts_the_entry_allows() -> None:
+    from pdserve.kernels.prefill_attention import PrefillShape, sdpa_choice
+
+    entry = {"backend": "flash", "min_tokens": 1024, "max_seqs": 2}
+    assert sdpa_choice(PrefillShape((4096,), cached=False), entry) == "flash"
+    assert sdpa_choice(PrefillShape((1024, 2000), cached=False), entry) == "flash"
+    assert sdpa_choice(PrefillShape((4096,), cached=True), entry) is None  # a prefix: K/V live in the pages
+    assert sdpa_choice(PrefillShape((4096, 1023), cached=False), entry) is None  # one prompt too short
+    assert sdpa_choice(PrefillShape((2048,) * 3, cached=False), entry) is None  # one call each: too many
+    assert sdpa_choice(PrefillShape((4096,), cached=False), None) is None  # nothing measured: ours
+    assert sdpa_choice(None, entry) is None
+    assert sdpa_choice(PrefillShape((8192, 8192), cached=False), {"backend": "cudnn", "min_tokens": 1}) is None
+
+
+def _backends(device: str) -> list[str]:
+    return ["math"] + (["flash", "cudnn", "efficient"] if device == "cuda" else [])
+
+
+@pytest.mark.parametrize("backend", _backends("cuda" if torch.cuda.is_available() else "cpu"))
+def test_sdpa_path_matches_ref(backend: str, dtype: torch.dtype, randn: Callable, paged_kv: Callable,
+                               check: Callable, device: str) -> None:
+    """Two whole prompts packed, q/k/v as views of a fused qkv row (as the model passes them), K/V also in the
+    pages for the reference."""
+    from pdserve.kernels.prefill_attention import prefill_attention_sdpa
+
+    q_lens, q_heads, kv_heads, dim, block_size = [37, 70], 8, 2, 64, 16
+    cache, tables = paged_kv(q_lens, kv_heads, dim, block_size, dtype)
+    qkv = randn(sum(q_lens), q_heads + 2 * kv_heads, dim, dtype=dtype)
+    q, k, v = qkv.split([q_heads, kv_heads, kv_heads], dim=1)
+    for i, n in enumerate(q_lens):  # the prompts' own K/V into their pages
+        rows = slice(sum(q_lens[:i]), sum(q_lens[:i]) + n)
+        for t in range(n):
+            block, offset = tables[i, t // block_size].long(), t % block_size
+            cache[0, block, offset], cache[1, block, offset] = k[rows][t], v[rows][t]
+    cu = torch.tensor([0, *q_lens], device=device).cumsum(0).to(torch.int32)
+    lens = torch.tensor(q_lens, dtype=torch.int32, device=device)
+    try:
+        out = prefill_attention_sdpa(q, k, v, tuple(q_lens), dim**-0.5, backend)
+    except RuntimeError as exc:  # a backend this device / dtype / GQA does not offer
+        pytest.skip(f"SDPA {backend}: {str(exc).splitlines()[0][:120]}")
+    check(out, prefill_attention_ref(q, cache, cu, lens, tables, dim**-0.5), dtype)
+
+
+def test_dispatcher_sends_whole_prompts_to_sdpa_by_the_table(randn: Callable, paged_kv: Callable,
+                                                              monkeypatch: pytest.MonkeyPatch, device: str) -> None:
+    import importlib
+
+    from pdserve import kernels
+    from pdserve.kernels.prefill_attention import PrefillShape, prefill_attention
+
+    dispatcher = importlib.import_module("pdserve.kernels.prefill_attention")  # the package exports the function
+    used: list[str] = []
+    monkeypatch.setattr(dispatcher, "sdpa_entry", lambda *args: {"backend": "math", "min_tokens": 8})
+    monkeypatch.setattr(dispatcher, "prefill_attention_sdpa", lambda *args: used.append("sdpa") or args[0])
+    cache, tables = paged_kv([20], 1, 16, 16, torch.float32)
+    q, k = randn(20, 2, 16), randn(20, 1, 16)
+    cu = torch.tensor([0, 20], dtype=torch.int32, device=device)
+    lens = torch.tensor([20], dtype=torch.int32, device=device)
+    kernels.set_backend("triton")
+    try:
+        prefill_attention(q, cache, cu, lens, tables, 0.25, k, k, PrefillShape((20,), cached=False))
+        assert used == ["sdpa"]
+        prefill_attention(q, cache, cu, lens, tables, 0.25, k, k, PrefillShape((20,), cached=True))
+        prefill_attention(q, cache, cu, lens, tables, 0.25)  # no k, v, shape: ours
+        assert used == ["sdpa"]
+    finally:
+        kernels.set_backend("auto")
+    prefill_attention(q, cache, cu, lens, tables, 0.25, k, k, PrefillShape((20,), cached=False))
+    assert used == ["sdpa"] or device == "cuda"  # off CUDA the reference, whatever the table says

@@ -28,12 +28,13 @@ def test_rope_kv_write_matches_ref(
     slots = torch.randperm(num_blocks * block_size, device=device)[:tokens]
     slots[::3] = -1  # padding rows: not written
     cache = randn(2, num_blocks, block_size, kv_heads, dim, dtype=dtype)
-    q_ref, cache_ref = q.clone(), cache.clone()
-    rope_kv_write_ref(q_ref, k, v, positions, cos_sin, cache_ref, slots)
+    q_ref, k_ref, cache_ref = q.clone(), k.clone(), cache.clone()
+    rope_kv_write_ref(q_ref, k_ref, v, positions, cos_sin, cache_ref, slots)
 
     out = rope_kv_write_triton(q, k, v, positions, cos_sin, cache, slots)
     assert out.data_ptr() == q.data_ptr()
     check(q, q_ref, dtype)
+    check(k, k_ref, dtype)  # rotated in place, padding rows too
     check(cache, cache_ref, dtype)
 
 

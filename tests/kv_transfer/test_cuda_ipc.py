@@ -1,5 +1,6 @@
-"""cuda_ipc: the pool descriptor's msgpack round trip and bounds, the registry entry, the errors without CUDA
-(all on CPU); on a GPU (skipped elsewhere), a second process writes 3 layers into this process's pool."""
+"""cuda_ipc: the pool descriptor's msgpack round trip and bounds, the registry entry, the errors without CUDA,
+the copy's id tensors compiling one kernel for any block count (all on CPU); on a GPU (skipped elsewhere), a
+second process writes 3 layers into this process's pool, one request at a time and two prepared together."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from pdserve.kv_transfer import get_backend
 from pdserve.kv_transfer.base import KVTransferError
 from pdserve.kv_transfer.cuda_ipc import CudaIpcKVReceiver, CudaIpcKVSender, LayerHandle, PoolDescriptor
 from pdserve.kv_transfer.cuda_ipc.descriptor import MAX_DESCRIPTOR_BYTES, MAX_LAYERS, check_peer_access
+from pdserve.kv_transfer.cuda_ipc.sender import device_block_ids
 from pdserve.kv_transfer.wire import Pools, decode_header, encode_frame
 from pdserve.settings import TransferSettings
 
@@ -81,6 +83,23 @@ def test_without_cuda_both_sides_say_why() -> None:
         CudaIpcKVReceiver("127.0.0.1", 0, make_pools(), lambda *a: None, lambda *a: None)
 
 
+def test_copy_ids_compile_one_kernel_for_any_block_count() -> None:
+    """The dst row of the [2, n] id tensor starts 16-byte aligned for odd n too, so the copy kernel's launch key
+    is the same for 1..9 blocks (an unpadded row 1 is 8-byte aligned at odd n: a second compile)."""
+    from pdserve.kernels.block_copy_triton import copy_blocks_triton
+    from pdserve.kernels.specialization import LaunchRecorder
+
+    meta = torch.device("meta")
+    ours, theirs = torch.empty(2, 64, 16, 8, 128, device=meta), torch.empty(2, 96, 16, 8, 128, device=meta)
+    with LaunchRecorder(run=False) as recorder:
+        for n in range(1, 10):
+            src, dst = device_block_ids(list(range(n)), list(range(n, 2 * n)), meta)
+            copy_blocks_triton(ours, src, theirs, dst)
+    assert recorder.launches == 9 and len(recorder.keys) == 1
+    src, dst = device_block_ids([3, 1, 2], [7, 0, 5], torch.device("cpu"))
+    assert src.tolist() == [3, 1, 2] and dst.tolist() == [7, 0, 5] and dst.data_ptr() % 16 == 0
+
+
 _PREFILL_PROCESS = """
 import asyncio, json, sys, threading
 import torch
@@ -104,19 +123,54 @@ asyncio.run(main(TransferTarget.from_dict(json.loads(sys.argv[1])), sys.argv[2])
 """
 
 
-async def _other_process_writes(device: str) -> tuple[list[torch.Tensor], Outcomes]:
+_PREPARED_PROCESS = """
+import asyncio, json, sys, threading
+import torch
+from kv_helpers import make_pools
+from pdserve.kv_transfer.base import ChunkSend
+from pdserve.kv_transfer.cuda_ipc import CudaIpcKVSender
+from pdserve.kv_transfer.target import TransferTarget
+
+async def main(targets, device):
+    pools = [p.to(device) for p in make_pools(torch.bfloat16, random=True, seed=7)]
+    sender = CudaIpcKVSender(device, secret="s3cret")
+    for target in targets:
+        sender.begin(target)
+
+    def forward():  # one forward of both requests: prepared once, one copy per layer
+        sends = sender.prepare_sends([ChunkSend("r1", (1, 2, 5), (7, 0, 3)), ChunkSend("r2", (4,), (6,))])
+        for layer in range(3):
+            sender.submit_prepared(sends, layer, pools[layer])
+        assert not sends.failed, sends.failed
+
+    thread = threading.Thread(target=forward)
+    thread.start()
+    await asyncio.to_thread(thread.join)
+    await sender.finish("r1", 5, -0.25, 40)
+    await sender.finish("r2", 6, None, 10)
+    await sender.close()
+
+asyncio.run(main([TransferTarget.from_dict(t) for t in json.loads(sys.argv[1])], sys.argv[2]))
+"""
+
+
+async def _other_process_writes(device: str, prepared: bool = False) -> tuple[list[torch.Tensor], Outcomes]:
     outcomes = Outcomes()
     pools = [p.cuda() for p in make_pools(torch.bfloat16)]
     receiver = CudaIpcKVReceiver("127.0.0.1", 0, pools, outcomes.on_complete, outcomes.on_failure, secret="s3cret")
     await receiver.start()
-    target = receiver.expect("r1", [7, 0, 3], deadline=None, num_tokens=40)
+    targets = [receiver.expect("r1", [7, 0, 3], deadline=None, num_tokens=40)]
+    if prepared:
+        targets.append(receiver.expect("r2", [6], deadline=None, num_tokens=10))
+    arg = json.dumps([t.to_dict() for t in targets] if prepared else targets[0].to_dict())
     here = Path(__file__).parent
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", _PREFILL_PROCESS, json.dumps(target.to_dict()), device, cwd=here,
+        sys.executable, "-c", _PREPARED_PROCESS if prepared else _PREFILL_PROCESS, arg, device, cwd=here,
         env={**os.environ, "PYTHONPATH": os.pathsep.join([str(here), os.environ.get("PYTHONPATH", "")])}, stderr=subprocess.PIPE)
     _, stderr = await asyncio.wait_for(process.communicate(), timeout=120)
     assert process.returncode == 0, stderr.decode()[-3000:]
-    await outcomes.wait("r1")
+    for target in targets:
+        await outcomes.wait(target.request_id)
     await receiver.close()
     return pools, outcomes
 
@@ -147,3 +201,14 @@ def test_gpus_without_peer_access_name_the_nccl_backend(monkeypatch: pytest.Monk
         check_peer_access(0, 1)
     monkeypatch.setattr(torch.cuda, "can_device_access_peer", lambda index, peer: True)
     check_peer_access(0, 1)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA IPC needs a GPU")
+def test_two_requests_prepared_together_land_in_their_blocks() -> None:
+    pools, outcomes = asyncio.run(_other_process_writes("cuda:0", prepared=True))
+    assert outcomes.completed == {"r1": (5, -0.25), "r2": (6, None)} and not outcomes.failed
+    sent = make_pools(torch.bfloat16, random=True, seed=7)
+    for layer in range(NUM_LAYERS):
+        got = pools[layer].cpu()
+        assert torch.equal(got[:, [7, 0, 3, 6]].view(torch.int16), sent[layer][:, [1, 2, 5, 4]].view(torch.int16))
+        assert not got[:, [1, 2, 4, 5]].any()

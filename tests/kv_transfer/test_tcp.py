@@ -12,7 +12,7 @@ import torch
 from kv_helpers import NUM_LAYERS, Outcomes, make_pools, start_receiver
 
 import pdserve.kv_transfer
-from pdserve.kv_transfer.base import KVTransferError
+from pdserve.kv_transfer.base import ChunkSend, KVTransferError
 from pdserve.kv_transfer.target import TransferTarget
 from pdserve.kv_transfer.tcp_receiver import TcpKVReceiver
 from pdserve.kv_transfer.tcp_sender import TcpKVSender
@@ -159,6 +159,46 @@ async def test_abort_and_early_done(receiver: TcpKVReceiver, outcomes: Outcomes)
         "gave-up": "sender gave up: client disconnected",
         "early": "done before the KV was complete: layer 1 lacks blocks [1]",
     }
+    await sender.close()
+
+
+async def test_prepared_sends_check_once_and_move_ids_once(
+    receiver: TcpKVReceiver, outcomes: Outcomes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One forward's chunks, prepared once and pushed per layer from a compute thread: a chunk with an
+    unreserved block fails at once, a good one arrives whole, each chunk's ids are made once (not per layer);
+    a layer the target does not have fails the request from there on."""
+    import pdserve.kv_transfer.tcp_sender as tcp
+
+    made: list[tuple[int, ...]] = []  # id lists turned into tensors (a tensor passed in is used as it is)
+    real_ids_on = tcp.ids_on
+
+    def ids_on(device: torch.device, ids: object) -> torch.Tensor:
+        if not isinstance(ids, torch.Tensor):
+            made.append(tuple(ids))
+        return real_ids_on(device, ids)
+
+    monkeypatch.setattr(tcp, "ids_on", ids_on)
+    sender = TcpKVSender()
+    src_pools = make_pools(random=True)
+    for rid, blocks in (("good", [1, 4]), ("bad", [6]), ("late", [7])):
+        sender.begin(receiver.expect(rid, blocks, deadline=time.monotonic() + 10))
+    sends = sender.prepare_sends([ChunkSend("good", (0, 3), (1, 4)), ChunkSend("bad", (2,), (5,)),
+                                  ChunkSend("late", (5,), (7,))])
+    assert list(sends.failed) == ["bad"] and "not reserved" in sends.failed["bad"] and sends.live_blocks == 3
+
+    def compute_thread() -> None:
+        for layer in range(NUM_LAYERS):
+            sender.submit_prepared(sends, layer, src_pools[layer])
+        sender.submit_prepared(sends, NUM_LAYERS, src_pools[0])  # one layer too many
+
+    await asyncio.to_thread(compute_thread)
+    assert made == [(0, 3), (5,)]  # once per chunk, at its first layer
+    assert set(sends.failed) == {"bad", "good", "late"} and "layer 3 outside 0..2" in sends.failed["good"]
+    await sender.finish("good", 3, None, 20)
+    await outcomes.wait("good")
+    for src, dst in zip(src_pools, receiver.pools, strict=True):
+        assert torch.equal(dst[:, [1, 4, 7]], src[:, [0, 3, 5]])
     await sender.close()
 
 
