@@ -43,8 +43,9 @@ TOKEN_ID, TEXT = 100, "§"  # one char the JSON around it never holds: the clien
 
 
 class DataPlaneFake:
-    def __init__(self, max_tokens: int) -> None:
+    def __init__(self, max_tokens: int, step_ms: float = 0.0) -> None:
         self.max_tokens = max_tokens
+        self.step_s = step_ms / 1000  # 0: the next step once the router read the last; else also this apart
         self.server: DataPlaneServer | None = None
         self.active: dict[str, list[Any]] = {}  # request id -> [connection, tokens sent, prompt length]
         self._wake = asyncio.Event()
@@ -66,11 +67,17 @@ class DataPlaneFake:
             del self.active[rid]
 
     async def produce(self) -> None:
-        """One TOKENS message per connection per step, the next step once the router has read it."""
+        """One TOKENS message per connection per step, the next step once the router has read it (and, paced,
+        `step_s` after the last began, as a decode worker's steps would be)."""
+        loop = asyncio.get_running_loop()
+        next_step = loop.time()
         while True:
             if not self.active:
                 self._wake.clear()
                 await self._wake.wait()
+            if self.step_s:
+                await asyncio.sleep(max(0.0, next_step - loop.time()))
+                next_step = max(next_step + self.step_s, loop.time())
             batches: dict[Connection, list[TokenDelta]] = {}
             for rid, entry in list(self.active.items()):
                 connection, sent, prompt = entry
@@ -165,8 +172,12 @@ def main() -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--secret", default=None)
     parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--step-ms", type=float, default=0.0, help="data mode: steps this far apart at least")
     args = parser.parse_args()
-    app = data_app(DataPlaneFake(args.max_tokens), args.secret) if args.mode == "data" else http_app(args.max_tokens)
+    if args.mode == "data":
+        app = data_app(DataPlaneFake(args.max_tokens, args.step_ms), args.secret)
+    else:
+        app = http_app(args.max_tokens)
     uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning", access_log=False, loop="uvloop")
 
 

@@ -10,6 +10,9 @@ it) pinned to core 0; one FAKE worker (benchmarks/relay_fakes.py, both roles) an
   data_plane  this checkout: one multiplexed connection to the worker, one TOKENS message per step
   http        --baseline-rev (the commit before the data plane): per request a reserve, a prefill and one
               HTTP stream of frames, through httpx's pool; run from a git worktree of that commit
+  data_plane_paced  this checkout, the fake's steps --paced-step-ms apart (a decode worker's pace): the router
+              then reads one step at a time and writes every stream's token on its own, the regime of serving,
+              where the unpaced run lets it read many steps at once and write each stream's tokens together
 `relay_tokens_per_s` is the tokens the clients received in the measured window over its length; the router's
 CPU seconds in the window over the window (1.0: its core was saturated, so the figure is the router's ceiling,
 not the workers' or the clients').
@@ -74,13 +77,14 @@ def wait_healthy(url: str, process: subprocess.Popen, log: Path, timeout_s: floa
 
 
 def run_path(mode: str, args: argparse.Namespace, env: dict[str, str], logs: Path) -> dict:
+    pace = ["--step-ms", str(args.paced_step_ms)] if mode == "data_plane_paced" else []
     cpus = sorted(os.sched_getaffinity(0))
     router_cpu, load_cpu = cpus[0], cpus[-1]
     fake_port, router_port = free_port("127.0.0.1"), free_port("127.0.0.1")
     fake_url, router_url = f"http://127.0.0.1:{fake_port}", f"http://127.0.0.1:{router_port}"
     fake = pinned([sys.executable, str(REPO / "benchmarks/relay_fakes.py"), "--mode",
-                   "data" if mode == "data_plane" else "http", "--port", str(fake_port), "--secret", env["PDSERVE_SECRET"],
-                   "--max-tokens", str(args.max_tokens)], load_cpu, env, logs / f"{mode}-fake.log")
+                   "http" if mode == "http" else "data", "--port", str(fake_port), "--secret", env["PDSERVE_SECRET"],
+                   "--max-tokens", str(args.max_tokens), *pace], load_cpu, env, logs / f"{mode}-fake.log")
     router = pinned([sys.executable, "-m", "pdserve.cli", "router", "--port", str(router_port), "--prefill", fake_url,
                      "--decode", fake_url], router_cpu, env, logs / f"{mode}-router.log")
     try:
@@ -94,8 +98,15 @@ def run_path(mode: str, args: argparse.Namespace, env: dict[str, str], logs: Pat
         router_ps = psutil.Process(router.pid)
         time.sleep(args.warmup)
         before = router_ps.cpu_times()
+        spy = None
+        if args.py_spy is not None:  # where the router's time goes, in the window (py-spy's raw format)
+            spy = subprocess.Popen(["py-spy", "record", "--format", "raw", "--pid", str(router.pid), "--duration",
+                                    str(int(args.seconds)), "-o", str(args.py_spy / f"{mode}-router.txt")],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(args.seconds)
         after = router_ps.cpu_times()
+        if spy is not None:
+            spy.wait(timeout=60)
         out, _ = client.communicate(timeout=args.warmup + args.seconds + 120)
         result = json.loads(out.strip().splitlines()[-1])
         result["router_cpu_share"] = (after.user + after.system - before.user - before.system) / args.seconds
@@ -116,15 +127,18 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--warmup", type=float, default=3.0)
     parser.add_argument("--seconds", type=float, default=15.0)
+    parser.add_argument("--paced-step-ms", type=float, default=8.0,
+                        help="the paced run's step interval (512 streams: 64k tokens/s offered at 8 ms)")
     parser.add_argument("--baseline-rev", default="6f59ec0", help="the per-request HTTP router (before the data "
                         "plane); empty: measure this checkout only")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks/results/router_relay_cpu.json")
+    parser.add_argument("--py-spy", type=Path, default=None, help="a folder: record each router with py-spy")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="router_relay_"))
     base_env = {**os.environ, "PYTHONUNBUFFERED": "1", "PDSERVE_SECRET": "relay-benchmark-secret"}
     report: dict = {"date": time.strftime("%Y-%m-%d %H:%M"), "machine": f"{os.cpu_count()} cores, router on one",
                     "command": " ".join(sys.argv), "load_before": os.getloadavg()[0], "paths": {}}
-    paths = {"data_plane": base_env}
+    paths = {"data_plane": base_env, "data_plane_paced": base_env}
     if args.baseline_rev:
         paths["http"] = {**base_env, "PYTHONPATH": str(baseline_tree(args.baseline_rev, work))}
     try:

@@ -25,6 +25,8 @@ from pdserve.router.protocol import (
 )
 
 DONE_EVENT = b"data: [DONE]\n\n"
+# C; keeps non-ASCII characters as they are, as json.dumps(ensure_ascii=False) does
+_json_string = json.encoder.encode_basestring  # type: ignore[attr-defined]
 
 
 def sse(data: dict[str, Any]) -> bytes:
@@ -54,6 +56,11 @@ class ResponseWriter:
         head = json.dumps({"id": plan.id, "object": kind, "created": plan.created, "model": plan.model})
         self._chunk_head = b"data: " + (head[:-1] + ',"choices":[').encode()
         self._chunk_tail = b'],"usage":null}\n\n' if plan.include_usage else b"]}\n\n"
+        # a text-only chunk, the stream's common event, without json.dumps of a dict per token
+        opening = '{{"index":{},"delta":{{"content":' if plan.chat else '{{"index":{},"text":'
+        closing = '},"logprobs":null,"finish_reason":null}' if plan.chat else ',"logprobs":null,"finish_reason":null}'
+        self._text_heads = [self._chunk_head + opening.format(c.index).encode() for c in self.choices]
+        self._text_tail = closing.encode() + self._chunk_tail
 
     def record(self, position: int, frame: TokenDelta) -> None:
         choice = self.choices[position]
@@ -70,6 +77,11 @@ class ResponseWriter:
     def chunk_event(self, position: int, frame: TokenDelta) -> bytes | None:
         """The SSE event for one frame (None when it carries nothing a client sees)."""
         choice = self.choices[position]
+        if frame.finish_reason is None and not (frame.logprobs and self.plan.logprobs is not None):
+            if not frame.text:
+                return None
+            choice.text_length += len(frame.text)
+            return self._text_heads[position] + _json_string(frame.text).encode() + self._text_tail
         logprobs = None
         if frame.logprobs and self.plan.logprobs is not None:
             logprobs = self._format_logprobs(frame.logprobs, choice.text_length)
