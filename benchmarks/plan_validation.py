@@ -41,6 +41,7 @@ from pdserve.bench.datasets import Conversation, LengthSpec, sample_random
 from pdserve.bench.metrics import compute_metrics
 from pdserve.bench.sharegpt import load_sharegpt, sample_sharegpt
 from pdserve.bench.tokenizer import CountingTokenizer, load_tokenizer
+from pdserve.decode_node.engine import STEP_PHASES as _PHASES
 from pdserve.planner.profile import DECODE_TERMS, Profile, fit_linear
 from pdserve.planner.simulator import ClusterSpec, SimResult, simulate
 from pdserve.planner.workload import workload_from_lengths
@@ -82,9 +83,6 @@ def conversations(case: WorkloadCase, tokenizer: CountingTokenizer, sharegpt_pat
         raise SystemExit("the ShareGPT workload needs --sharegpt")
     return sample_sharegpt(load_sharegpt(sharegpt_path), case.num_prompts, tokenizer, seed=1,
                            output_len=case.output_len)
-
-
-_PHASES = ("schedule", "forward", "sample", "update", "publish")  # decode_node/engine.py STEP_PHASES
 
 
 def step_summary(before: dict[str, float], after: dict[str, float], profile: Profile,

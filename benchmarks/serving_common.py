@@ -1,6 +1,6 @@
-"""Pieces the CPU serving benchmarks share: a `pdserve serve` deployment in its own process group, the decode
-worker's step counters, machine load, and a client that talks to the workers' internal API directly
-(reserve on D, open D's token stream, drive P's prefill: what the router does, minus the router).
+"""Pieces the serving benchmarks share: a `pdserve serve` deployment in its own process group, the decode
+worker's step counters, machine load, and a client that talks to the workers' data plane directly
+(reserve on D, prefill on P, read D's deltas: what the router does, minus the router).
 
 Imported by benchmarks/serving_cpu.py and benchmarks/decode_step_cpu.py (run as scripts from the repository
 root; the scripts' folder is on sys.path).
@@ -18,14 +18,16 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 import psutil
 
-from pdserve.router.frames import FrameDecoder
-
-PHASES = ("schedule", "forward", "sample", "update", "publish")
-SECRET_HEADER = "X-PDServe-Secret"
+from pdserve.decode_node.engine import STEP_PHASES
+from pdserve.protocol.connection import Connection, connect
+from pdserve.protocol.framing import FrameLimits
+from pdserve.protocol.messages import Prefill, PrefillTarget, Reserve, Reserved, Tokens
+from pdserve.router.internal_routes import SECRET_HEADER
 
 
 def machine_load() -> dict[str, float | str]:
@@ -106,6 +108,10 @@ class Deployment:
     def worker_url(self, role: str) -> str:
         return next(w["url"] for w in self.workers() if role in w["roles"])
 
+    def data_address(self, role: str) -> tuple[str, int]:
+        worker = next(w for w in self.workers() if role in w["roles"])
+        return urlsplit(worker["url"]).hostname or "127.0.0.1", worker["data_port"]
+
 
 def decode_counters(worker_url: str) -> dict[str, float]:
     """The decode worker's step counters from its /metrics (names without the `_total` suffix)."""
@@ -123,11 +129,12 @@ def step_summary(before: dict[str, float], after: dict[str, float]) -> dict[str,
         return after.get(name, 0.0) - before.get(name, 0.0)
 
     steps = max(delta("pdserve_decode_steps"), 1.0)
-    out = {"steps": delta("pdserve_decode_steps"), "mean_batch": delta("pdserve_decode_generated_tokens") / steps,
+    out = {"steps": delta("pdserve_decode_steps"), "mean_batch": delta("pdserve_decode_batched_rows") / steps,
+           "tokens_per_step": delta("pdserve_decode_generated_tokens") / steps,
            "step_ms": 1000 * delta("pdserve_decode_step_seconds") / steps,
            "forward_cpu_ms": 1000 * delta("pdserve_decode_forward_cpu_seconds") / steps,
            "preemptions": delta("pdserve_decode_preemptions")}
-    for phase in PHASES:
+    for phase in STEP_PHASES:
         out[f"{phase}_ms"] = 1000 * delta(f'pdserve_decode_step_phase_seconds{{phase="{phase}"}}') / steps
     return out
 
@@ -142,35 +149,61 @@ class DirectOutput:
     error: str = ""
 
 
-async def direct_request(http: httpx.AsyncClient, prefill_url: str, decode_url: str, prompt: list[int],
-                         max_tokens: int, headers: dict[str, str]) -> DirectOutput:
-    """Reserve on D, open D's stream and prefill on P concurrently (as the router does), time D's frames.
-    `headers`: the deployment's shared secret."""
+class DirectLinks:
+    """One data-plane connection to P and one to D, as the router holds them, each with its reader."""
+
+    def __init__(self, prefill: Connection, decode: Connection) -> None:
+        self.prefill, self.decode = prefill, decode
+        self.waiting: dict[str, asyncio.Queue] = {}
+        self._readers = [asyncio.create_task(self._read(c)) for c in (prefill, decode)]
+
+    @classmethod
+    async def open(cls, dep: Deployment) -> DirectLinks:
+        limits = FrameLimits()
+        (p, _), (d, _) = [await connect(*dep.data_address(role), dep.secret, "benchmark", limits)
+                          for role in ("prefill", "decode")]
+        return cls(p, d)
+
+    async def _read(self, connection: Connection) -> None:
+        while (message := await connection.recv()) is not None:
+            now = time.perf_counter()
+            items = message.deltas if isinstance(message, Tokens) else [message]
+            for item in items:
+                queue = self.waiting.get(item.request_id)
+                if queue is not None:
+                    queue.put_nowait((now, item))
+
+    def close(self) -> None:
+        for task in self._readers:
+            task.cancel()
+        self.prefill.close()
+        self.decode.close()
+
+
+async def direct_request(links: DirectLinks, prompt: list[int], max_tokens: int) -> DirectOutput:
+    """PREFILL to P and RESERVE to D together, the target to P once D answered (as the router does); the time
+    each of D's deltas arrived."""
     rid = f"direct-{uuid.uuid4().hex[:12]}"
     sampling = {"max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True}
     out = DirectOutput(time.perf_counter())
-    reply = await http.post(f"{decode_url}/internal/reserve", headers=headers, json={
-        "request_id": rid, "prompt_token_ids": prompt, "sampling": sampling, "arrival_time": time.time()})
-    if reply.status_code != 200:
-        out.error = f"reserve: HTTP {reply.status_code} {reply.text[:200]}"
-        return out
-    body = {"request_id": rid, "prompt_token_ids": prompt, "sampling": sampling, "cache_salt": None,
-            "transfer": reply.json()["transfer"]}
-    async with http.stream("POST", f"{decode_url}/internal/stream/{rid}", headers=headers) as stream:
-        prefill = asyncio.create_task(http.post(f"{prefill_url}/internal/prefill", json=body, headers=headers))
-        decoder, finished = FrameDecoder(), False
-        async for chunk in stream.aiter_raw():
-            now = time.perf_counter()
-            for frame in decoder.feed(chunk):
-                if frame.token_ids:
+    queue: asyncio.Queue = links.waiting.setdefault(rid, asyncio.Queue())
+    try:
+        links.prefill.send(Prefill(rid, prompt, sampling, None))
+        links.decode.send(Reserve(rid, prompt, sampling, None, time.time()))
+        while True:
+            now, item = await queue.get()
+            if isinstance(item, Reserved):
+                links.prefill.send(PrefillTarget(rid, item.transfer))
+            elif hasattr(item, "token_ids"):  # a delta of D's
+                if item.token_ids:
                     out.frame_times.append(now)
-                    out.num_tokens += len(frame.token_ids)
-                finished = finished or frame.finish_reason is not None
-                if frame.error:
-                    out.error = frame.error
-            if finished:
-                break
-        answer = await prefill
-        if answer.status_code != 200:
-            out.error = f"prefill: HTTP {answer.status_code} {answer.text[:200]}"
-    return out
+                    out.num_tokens += len(item.token_ids)
+                if item.error:
+                    out.error = item.error
+                if item.finish_reason is not None:
+                    return out
+            elif hasattr(item, "status"):  # REFUSED / PREFILL_FAILED
+                out.error = f"{type(item).__name__} {item.status}: {item.message}"
+                return out
+    finally:
+        links.waiting.pop(rid, None)

@@ -39,6 +39,7 @@ import httpx
 import numpy as np
 from serving_common import (
     Deployment,
+    DirectLinks,
     DirectOutput,
     decode_counters,
     direct_request,
@@ -115,15 +116,18 @@ def step_offsets(routed: list[list[float]], direct: list[DirectOutput], starts: 
 
 
 async def _relay_requests(dep: Deployment, ids: list[list[int]], output_len: int):
-    prefill_url, decode_url = dep.worker_url("prefill"), dep.worker_url("decode")
     target = ApiTarget(dep.url, model=dep.model(), ignore_eos=True)
     limits = httpx.Limits(max_connections=2 * len(ids), max_keepalive_connections=2 * len(ids))
-    async with httpx.AsyncClient(timeout=httpx.Timeout(3600.0), limits=limits) as http:
-        t0 = time.perf_counter()
-        # alternate routed and direct, so that both kinds are prefilled alike and decode in the same batches
-        tasks = [send_request(http, target, p, output_len, len(p), t0) if i % 2 == 0 else
-                 direct_request(http, prefill_url, decode_url, p, output_len, dep.headers) for i, p in enumerate(ids)]
-        done = await asyncio.gather(*tasks)
+    links = await DirectLinks.open(dep)
+    try:
+        async with httpx.AsyncClient(timeout=httpx.Timeout(3600.0), limits=limits) as http:
+            t0 = time.perf_counter()
+            # alternate routed and direct, so that both kinds are prefilled alike and decode in the same batches
+            tasks = [send_request(http, target, p, output_len, len(p), t0) if i % 2 == 0 else
+                     direct_request(links, p, output_len) for i, p in enumerate(ids)]
+            done = await asyncio.gather(*tasks)
+    finally:
+        links.close()
     return t0, done[0::2], done[1::2]
 
 

@@ -1,87 +1,176 @@
-"""Serving on one H200: `pdserve serve` as 1P + 1D processes sharing the GPU (KV by cuda_ipc) against one
-`--colocated` worker, the same Poisson requests to each, `--load-format dummy` llama3-8b in bf16.
+"""Serving on one H200 as a user starts it: `pdserve serve` as 1P + 1D processes sharing the GPU (KV by
+cuda_ipc) and one `--colocated` worker, on the same ShareGPT requests, `--load-format dummy` llama3-8b in bf16,
+beside the engine-bound figure for the same lengths (benchmarks/engine_bound.py, measured in this run).
 
-    python benchmarks/serving_gpu.py --tokenizer DIR [--num-prompts 200] [--input-len 1024] [--output-len 128] \
-        [--rate 8 12] [--out benchmarks/results/serving_gpu_h200.json]
+    python benchmarks/serving_gpu.py --tokenizer DIR [--sharegpt PATH] [--num-prompts 1000] [--rate 20] \
+        [--poisson-prompts 400] [--py-spy DIR] [--out benchmarks/results/serving_gpu_h200.json]
 
-Dummy weights have no tokenizer; --tokenizer gives one (the default model's: prompts are random token ids
-under its vocabulary, and the ids it does not know detokenise to nothing, which costs the router no less work).
-Every deployment runs with its default flags otherwise: the launcher gives P and D 0.4 of the GPU's memory
-each (0.9 for the colocated worker), CUDA graphs per decode bucket, and picks cuda_ipc for P -> D on a GPU.
-Per rate: 200 random-token prompts (--input-len +-10 %), --output-len tokens each (ignore_eos), Poisson
-arrivals; metrics are `pdserve bench`'s (vLLM's definitions), plus the decode worker's step counters.
+Cases, per deployment (each with its default flags: --max-num-seqs 256 on a GPU, CUDA graphs, async
+scheduling, cuda_ipc between P and D, 0.4 of the GPU's memory each, 0.9 colocated):
+  sharegpt      --num-prompts first exchanges of ../shared/data/sharegpt_v3_sample2k.json.gz (vLLM's filter),
+                output lengths from the data set with ignore_eos, all at once: throughput
+  poisson_<r>   --poisson-prompts others (another seed), Poisson arrivals at --rate req/s: latency
+Dummy weights have no tokenizer; --tokenizer gives the default model's (its token counts are the lengths).
+Recorded per case: `pdserve bench`'s metrics (vLLM's names), the decode worker's step phases, each process's
+CPU seconds, and the ratio to the engine-bound figure. --py-spy DIR records the router and the decode worker
+for the first 20 s of the sharegpt case (raw format, `py-spy record --format raw`).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import math
+import subprocess
 import tempfile
 import time
 from pathlib import Path
 
 import httpx
 import psutil
-from serving_common import Deployment
-from serving_cpu import run_case
+from engine_bound import measure_steps, replay
+from serving_common import Deployment, decode_counters, step_summary
 
-from pdserve.bench.datasets import LengthSpec, sample_random
-from pdserve.bench.runner import LoadSpec
+from pdserve.bench.client import ApiTarget
+from pdserve.bench.datasets import Conversation, LengthSpec, sample_random
+from pdserve.bench.metrics import compute_metrics
+from pdserve.bench.runner import LoadSpec, run_benchmark
+from pdserve.bench.sharegpt import load_sharegpt, sample_sharegpt
+from pdserve.bench.tokenizer import load_tokenizer
 
+REPO = Path(__file__).resolve().parents[1]
 DEPLOYMENTS = {"disaggregated": [], "colocated": ["--colocated"]}
+KEYS = ("completed", "failed", "duration", "request_throughput", "output_throughput", "total_token_throughput",
+        "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms", "median_itl_ms", "p99_itl_ms",
+        "median_e2el_ms")
 
 
-def run_deployment(name: str, args: argparse.Namespace, logs: Path) -> dict:
+def run_case(dep: Deployment, convs: list[Conversation], load: LoadSpec, spy: Path | None = None) -> dict:
+    decode = next(w for w in dep.workers() if "decode" in w["roles"])
+    before, cpu_before = decode_counters(decode["url"]), dep.child_cpu_seconds()
+    spies = _py_spy(dep, spy) if spy is not None else []
+    result = asyncio.run(run_benchmark(convs, ApiTarget(dep.url, model=dep.model(), ignore_eos=True), load,
+                                       progress=False))
+    for process in spies:
+        process.wait(timeout=60)
+    metrics = compute_metrics(result.outputs, result.duration, percentiles=[50, 99]).to_dict()
+    cpu = {name: s - cpu_before.get(name, 0.0) for name, s in dep.child_cpu_seconds().items()}
+    failures = [o.error for o in result.outputs if not o.success][:3]
+    return {"metrics": {k: metrics[k] for k in KEYS}, "decode_steps": step_summary(before, decode_counters(decode["url"])),
+            "process_cpu_s": cpu, "wall_s": result.duration, "failures": failures}
+
+
+def _py_spy(dep: Deployment, out: Path) -> list[subprocess.Popen]:
+    assert dep.process is not None
+    processes = []
+    for child in psutil.Process(dep.process.pid).children(recursive=True):
+        argv = child.cmdline()
+        name = argv[argv.index("--worker-id") + 1] if "--worker-id" in argv else "router"
+        if name == "router" or name.startswith(("decode", "colocated")):
+            processes.append(subprocess.Popen(["py-spy", "record", "--format", "raw", "--duration", "20", "--pid",
+                                               str(child.pid), "-o", str(out / f"{name}.txt")],
+                                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    return processes
+
+
+def run_deployment(name: str, args: argparse.Namespace, cases: dict[str, tuple[list[Conversation], LoadSpec]],
+                   logs: Path) -> dict:
     flags = ["--load-format", "dummy", "--model-preset", args.model_preset, "--max-model-len", "4096",
              "--tokenizer", str(args.tokenizer), *DEPLOYMENTS[name]]
     t0 = time.monotonic()
     with Deployment(args.port, flags, logs / f"{name}.log") as dep:
         out: dict = {"argv": dep.argv[2:], "ready_s": time.monotonic() - t0,
                      "children": [" ".join(c.cmdline()[3:]) for c in psutil.Process(dep.process.pid).children()]}
-        # not measured: 8 at once, then 24 arrivals of the measured kind (connections, caches, first-use costs)
-        run_case(dep, sample_random(8, LengthSpec(args.input_len), LengthSpec(16), None, seed=5), LoadSpec(math.inf))
-        warm = sample_random(24, LengthSpec(args.input_len, 0.1), LengthSpec(args.output_len), None, seed=6)
-        run_case(dep, warm, LoadSpec(args.rate[0], seed=6))
-        for rate in args.rate:
-            convs = sample_random(args.num_prompts, LengthSpec(args.input_len, 0.1), LengthSpec(args.output_len),
-                                  None, seed=1)
-            case = run_case(dep, convs, LoadSpec(rate, seed=1))
-            out[f"poisson_{rate:g}"] = case
-            m, s = case["metrics"], case["decode_steps"]
-            print(f"{name} {rate:g} req/s: {m['completed']} done, {m['failed']} failed; TTFT p50/p99 "
-                  f"{m['median_ttft_ms']:.1f}/{m['p99_ttft_ms']:.1f} ms, TPOT {m['median_tpot_ms']:.2f}/"
-                  f"{m['p99_tpot_ms']:.2f} ms, {m['output_throughput']:.0f} tok/s; decode batch "
-                  f"{s['mean_batch']:.1f}, step {s['step_ms']:.2f} ms", flush=True)
+        # not measured: connections, caches, first-use costs
+        asyncio.run(run_benchmark(sample_random(32, LengthSpec(128), LengthSpec(16), None, seed=5),
+                                  ApiTarget(dep.url, model=dep.model(), ignore_eos=True), LoadSpec(math.inf),
+                                  progress=False))
+        for case, (convs, load) in cases.items():
+            spy = None
+            if args.py_spy is not None and case == "sharegpt":
+                spy = args.py_spy / name
+                spy.mkdir(parents=True, exist_ok=True)
+            out[case] = result = run_case(dep, convs, load, spy)
+            print(f"{name} {case}: {_line(result)}", flush=True)
     return out
+
+
+def _line(case: dict) -> str:
+    m, s = case["metrics"], case["decode_steps"]
+    return (f"{m['completed']} done, {m['failed']} failed, {m['output_throughput']:.0f} out tok/s; TTFT p50/p99 "
+            f"{m['median_ttft_ms']:.0f}/{m['p99_ttft_ms']:.0f} ms, TPOT p50 {m['median_tpot_ms']:.2f} ms, ITL p50 "
+            f"{m['median_itl_ms']:.2f} ms; decode batch {s['mean_batch']:.1f}, step {s['step_ms']:.2f} ms")
+
+
+def workloads(args: argparse.Namespace) -> tuple[dict[str, tuple[list[Conversation], LoadSpec]], list]:
+    tokenizer = load_tokenizer(args.tokenizer)
+    data = load_sharegpt(args.sharegpt)
+    sharegpt = sample_sharegpt(data, args.num_prompts, tokenizer, seed=0)
+    poisson = sample_sharegpt(data, args.poisson_prompts, tokenizer, seed=1)
+    lengths = [(c.turns[0].prompt_len, c.turns[0].output_len) for c in sharegpt]
+    cases = {"sharegpt": (sharegpt, LoadSpec(math.inf)),
+             f"poisson_{args.rate:g}": (poisson, LoadSpec(args.rate, seed=1))}
+    return cases, lengths
+
+
+def compare(report: dict, args: argparse.Namespace) -> None:
+    """Ratios to the engine-bound figure, and the latency targets' terms (issue 15)."""
+    table, bound = report.get("engine_table"), report.get("engine_bound")
+    for result in report["deployments"].values():
+        share = result.get("sharegpt")
+        if share is not None and bound is not None:
+            share["ratio_to_engine_bound"] = share["metrics"]["output_throughput"] / bound["output_tok_s"]
+        poisson = result.get(f"poisson_{args.rate:g}")
+        if poisson is not None and table is not None:
+            from engine_bound import StepTable
+            steps = StepTable(tuple(table["batches"]), tuple(table["contexts"]), table["decode_ms"],
+                              table["prefill_tokens_per_s"])
+            graph_ms = steps.step_ms(poisson["decode_steps"]["mean_batch"], report["workload"]["mean_context"])
+            m = poisson["metrics"]
+            poisson["graph_step_ms_at_mean_batch"] = graph_ms
+            poisson["tpot_over_graph_step"] = m["median_tpot_ms"] / graph_ms
+            poisson["itl_over_tpot"] = m["median_itl_ms"] / max(m["median_tpot_ms"], 1e-9)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tokenizer", type=Path, required=True, help="a directory with tokenizer.json")
+    parser.add_argument("--sharegpt", type=Path, default=REPO.parent / "shared/data/sharegpt_v3_sample2k.json.gz")
     parser.add_argument("--model-preset", default="llama3-8b", help="smollm2-135m: the plumbing, on a CPU")
-    parser.add_argument("--num-prompts", type=int, default=200)
-    parser.add_argument("--input-len", type=int, default=1024)
-    parser.add_argument("--output-len", type=int, default=128)
-    parser.add_argument("--rate", type=float, nargs="+", default=[8.0], help="Poisson arrivals per second")
+    parser.add_argument("--num-prompts", type=int, default=1000)
+    parser.add_argument("--poisson-prompts", type=int, default=400)
+    parser.add_argument("--rate", type=float, default=20.0, help="Poisson arrivals per second")
     parser.add_argument("--deployments", nargs="+", default=list(DEPLOYMENTS), choices=list(DEPLOYMENTS))
+    parser.add_argument("--no-engine-bound", action="store_true", help="skip the engine's step table (CPU runs)")
     parser.add_argument("--port", type=int, default=8741)
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/serving_gpu_h200.json"))
+    parser.add_argument("--py-spy", type=Path, default=None)
+    parser.add_argument("--out", type=Path, default=REPO / "benchmarks/results/serving_gpu_h200.json")
     args = parser.parse_args()
-    report: dict = {"date": time.strftime("%Y-%m-%d %H:%M"), "model": f"{args.model_preset} (dummy weights)",
-                    "workload": {"num_prompts": args.num_prompts, "input_len": f"{args.input_len} +-10%",
-                                 "output_len": args.output_len, "ignore_eos": True, "rates": args.rate},
+    cases, lengths = workloads(args)
+    prompt, output = sum(p for p, _ in lengths) / len(lengths), sum(o for _, o in lengths) / len(lengths)
+    report: dict = {"date": time.strftime("%Y-%m-%d %H:%M"), "model": f"{args.model_preset} (dummy weights, bf16)",
+                    "command": "python benchmarks/serving_gpu.py " + " ".join(a for a in __import__("sys").argv[1:]),
+                    "workload": {"sharegpt_prompts": args.num_prompts, "poisson_prompts": args.poisson_prompts,
+                                 "rate": args.rate, "mean_prompt_tokens": prompt, "mean_output_tokens": output,
+                                 "mean_context": prompt + output / 2, "ignore_eos": True},
                     "deployments": {}}
+    if not args.no_engine_bound:
+        table = measure_steps(args.model_preset)
+        report["engine_table"] = table.to_dict()
+        report["engine_bound"] = replay(lengths, table, max_num_seqs=256)
+        print(f"engine-bound: {report['engine_bound']['output_tok_s']:.0f} out tok/s over the ShareGPT lengths "
+              f"(mean prompt {prompt:.0f}, output {output:.0f})", flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     logs = Path(tempfile.mkdtemp(prefix="serving_gpu_"))
     for name in args.deployments:
         try:
-            report["deployments"][name] = run_deployment(name, args, logs)
+            report["deployments"][name] = run_deployment(name, args, cases, logs)
         except (RuntimeError, httpx.HTTPError) as exc:
             report["failed"] = f"{name}: {exc!r}"
-            for log in logs.iterdir():
-                report.setdefault("log_tails", {})[log.name] = log.read_text()[-3000:]
+            report["log_tails"] = {log.name: log.read_text()[-3000:] for log in logs.iterdir()}
             break
+        compare(report, args)
         args.out.write_text(json.dumps(report, indent=1))
     args.out.write_text(json.dumps(report, indent=1))
     if "failed" in report:

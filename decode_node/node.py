@@ -155,6 +155,9 @@ class DecodeNode:
         yield GaugeMetricFamily("pdserve_decode_kv_transfers_pending", "reservations waiting for their KV",
                                 self.receiver.num_pending)
         yield CounterMetricFamily("pdserve_decode_steps", "decode steps run", stats.num_steps)
+        yield CounterMetricFamily("pdserve_decode_batched_rows", "decode rows over all steps (/ steps: the mean "
+                                  "decode batch; above the tokens when rows ended by EOS ran one step ahead)",
+                                  stats.num_batched_rows)
         yield CounterMetricFamily("pdserve_decode_generated_tokens", "tokens sampled by decode steps",
                                   stats.num_generated_tokens)
         yield CounterMetricFamily("pdserve_decode_recomputed_tokens", "tokens prefilled again after preemption",

@@ -49,6 +49,7 @@ from pdserve.engine.output import OutputProcessor
 from pdserve.engine.runner import ModelRunner
 from pdserve.engine.sampling import Sampler
 from pdserve.engine.weights import LoadedModel, ModelSpec, load_model, parse_dtype, resolve_model
+from pdserve.gc_tuning import quiet_garbage_collector
 from pdserve.kv_transfer.base import KVReceiver
 from pdserve.kv_transfer.cuda_ipc import CudaIpcKVSender
 from pdserve.kv_transfer.local import LocalKVReceiver, LocalKVSender
@@ -392,5 +393,6 @@ def run_worker(settings: WorkerSettings) -> int:
                 worker.cache_config.block_size, worker.dtype, worker.device)
     server = DrainOnSigterm(config, worker.control) if settings.server.drain_on_sigterm else uvicorn.Server(config)
     worker.control.request_exit = lambda: setattr(server, "should_exit", True)  # a drain with exit ends here
+    quiet_garbage_collector()
     server.run(sockets=[sock])
     return 0

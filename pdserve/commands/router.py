@@ -60,17 +60,6 @@ def model_facts(model: str, load_format: str, preset: str | None, tokenizer_dir:
     return resolved.name, tokenizer, hf_config(path, resolved.name).max_model_len
 
 
-def quiet_garbage_collector() -> None:
-    """What is loaded by now (the tokenizer, the app) lives as long as the process: `gc.freeze` keeps the
-    cyclic collector from walking it again and again, and a larger young generation makes collections rarer
-    (every relayed token allocates a few short-lived objects, none in a cycle)."""
-    import gc
-
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(50_000, 50, 100)
-
-
 def run(args: argparse.Namespace) -> int:
     import logging
 
@@ -106,6 +95,8 @@ def run(args: argparse.Namespace) -> int:
     app = create_app(config, tokenizer)
     install_cors(app, cors)
     logging.getLogger("pdserve.router").info("router for %s on %s", ", ".join(names), listen.url)
+    from pdserve.gc_tuning import quiet_garbage_collector
+
     quiet_garbage_collector()
     serve_router(app, listen)
     return 0
