@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Device calls for issue 15 on the H200 (logs and JSON land in $OUT):
+#   OUT=dir bash benchmarks/issue15_h200.sh tests            the GPU tests (issue 23's list + the overlapped loop)
+#   OUT=dir bash benchmarks/issue15_h200.sh serving [ARGS]   benchmarks/serving_gpu.py ARGS (ShareGPT + Poisson)
+# Needs .whl (shared/hooks/device-wheels) and .bench_data (the default model's tokenizer files and the ShareGPT
+# sample: the device gets neither ../shared nor the model cache) carried with the call.
+set -uo pipefail
+: "${OUT:?set OUT to the folder for logs and JSON}"
+export PYTHONUNBUFFERED=1
+t0=$SECONDS
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+  >"$OUT/pip.log" 2>&1 || { tail "$OUT/pip.log"; exit 1; }
+export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH
+python3 -m pip install -q --no-deps --no-build-isolation -e . >>"$OUT/pip.log" 2>&1 || { tail "$OUT/pip.log"; exit 1; }
+stage=${1:?tests or serving}
+shift
+case $stage in
+  tests)
+    (timeout 400 python3 -m pytest -q -p no:cacheprovider -o addopts="" -rs tests/decode_node/test_decode_engine_cuda.py \
+       >"$OUT/decode_engine_cuda.log" 2>&1; echo "exit $?" >>"$OUT/decode_engine_cuda.log") &
+    bash benchmarks/issue23_h200.sh tests
+    wait
+    tail -5 "$OUT/decode_engine_cuda.log" ;;
+  serving)
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >"$OUT/gpu.csv" 2>&1
+    timeout $((580 - (SECONDS - t0))) python3 benchmarks/serving_gpu.py --tokenizer .bench_data/tokenizer \
+      --sharegpt .bench_data/sharegpt_v3_sample2k.json.gz --out "$OUT/serving_gpu_h200.json" "$@" 2>&1 \
+      | tee "$OUT/serving_gpu_h200.log" ;;
+  *) echo "unknown stage $stage"; exit 2 ;;
+esac
+echo "total: $((SECONDS - t0)) s"
