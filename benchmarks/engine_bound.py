@@ -14,8 +14,13 @@ work around the step, no KV transfer: what the system around the engine could at
 
 from __future__ import annotations
 
+import argparse
 import bisect
+import json
+import subprocess
+import sys
 import time
+from pathlib import Path
 from collections import deque
 from dataclasses import dataclass
 
@@ -50,6 +55,17 @@ class StepTable:
     def to_dict(self) -> dict:
         return {"batches": list(self.batches), "contexts": list(self.contexts), "decode_ms": self.decode_ms,
                 "prefill_tokens_per_s": self.prefill_tokens_per_s}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> StepTable:
+        return cls(tuple(data["batches"]), tuple(data["contexts"]), data["decode_ms"], data["prefill_tokens_per_s"])
+
+
+def measure_in_subprocess(preset: str, out: Path) -> StepTable:
+    """`measure_steps` in a process of its own: its GPU memory is surely back when it exits (in-process, the
+    deployments started next found 50 GB still held)."""
+    subprocess.run([sys.executable, __file__, "--preset", preset, "--out", str(out)], check=True)
+    return StepTable.from_dict(json.loads(out.read_text()))
 
 
 def _interpolate(xs: list[int], ys: list[float], x: float) -> float:
@@ -134,3 +150,15 @@ def replay(lengths: list[tuple[int, int]], table: StepTable, max_num_seqs: int) 
     return {"duration_s": clock, "output_tokens": output_tokens, "output_tok_s": output_tokens / clock,
             "mean_decode_batch": rows / max(steps, 1), "decode_steps": steps,
             "replay_wall_s": time.perf_counter() - started}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="the engine's step table (decode graph steps, packed prefill)")
+    parser.add_argument("--preset", default="llama3-8b")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    args.out.write_text(json.dumps(measure_steps(args.preset).to_dict(), indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import httpx
 import psutil
-from engine_bound import measure_steps, replay
+from engine_bound import StepTable, measure_in_subprocess, replay
 from serving_common import Deployment, decode_counters, step_summary
 
 from pdserve.bench.client import ApiTarget
@@ -123,9 +123,7 @@ def compare(report: dict, args: argparse.Namespace) -> None:
             share["ratio_to_engine_bound"] = share["metrics"]["output_throughput"] / bound["output_tok_s"]
         poisson = result.get(f"poisson_{args.rate:g}")
         if poisson is not None and table is not None:
-            from engine_bound import StepTable
-            steps = StepTable(tuple(table["batches"]), tuple(table["contexts"]), table["decode_ms"],
-                              table["prefill_tokens_per_s"])
+            steps = StepTable.from_dict(table)
             graph_ms = steps.step_ms(poisson["decode_steps"]["mean_batch"], report["workload"]["mean_context"])
             m = poisson["metrics"]
             poisson["graph_step_ms_at_mean_batch"] = graph_ms
@@ -155,14 +153,14 @@ def main() -> int:
                                  "rate": args.rate, "mean_prompt_tokens": prompt, "mean_output_tokens": output,
                                  "mean_context": prompt + output / 2, "ignore_eos": True},
                     "deployments": {}}
+    logs = Path(tempfile.mkdtemp(prefix="serving_gpu_"))
     if not args.no_engine_bound:
-        table = measure_steps(args.model_preset)
+        table = measure_in_subprocess(args.model_preset, logs / "engine_table.json")
         report["engine_table"] = table.to_dict()
         report["engine_bound"] = replay(lengths, table, max_num_seqs=256)
         print(f"engine-bound: {report['engine_bound']['output_tok_s']:.0f} out tok/s over the ShareGPT lengths "
               f"(mean prompt {prompt:.0f}, output {output:.0f})", flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    logs = Path(tempfile.mkdtemp(prefix="serving_gpu_"))
     for name in args.deployments:
         try:
             report["deployments"][name] = run_deployment(name, args, cases, logs)

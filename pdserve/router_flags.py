@@ -46,6 +46,12 @@ def add_router_arguments(parser: argparse.ArgumentParser, internal_port: bool = 
                        help="seconds between a worker's heartbeats (told to workers at registration)")
     group.add_argument("--heartbeat-timeout", type=float, default=None,
                        help="seconds of silence after which a worker is dropped (default: 3 x --heartbeat-interval)")
+    group.add_argument("--reserve-timeout", type=float, default=defaults.reserve_timeout_s,
+                       help="seconds a decode worker has to answer a reservation before the next one is asked "
+                            "(and it takes no new work until its next heartbeat)")
+    group.add_argument("--stream-stall-timeout", type=float, default=defaults.stream_stall_timeout_s,
+                       help="seconds a worker's data-plane link may stay silent (it is pinged every quarter of "
+                            "this) before its requests end with an error and it is skipped as stalled")
     group.add_argument("--admin-token", default=None,
                        help="bearer token of the /admin API (workers, drain, roles, policies); best given as "
                             "PDSERVE_ADMIN_TOKEN, which ps does not show (default: none, admin API off)")
@@ -109,6 +115,7 @@ def router_config(args: argparse.Namespace, name: str, aliases: tuple[str, ...],
         model=name, extra_models=aliases, max_model_len=max_model_len, block_size=args.block_size,
         prefill_urls=tuple(args.prefill), decode_urls=tuple(args.decode), secret=secret,
         heartbeat_interval_s=args.heartbeat_interval, heartbeat_timeout_s=args.heartbeat_timeout,
+        reserve_timeout_s=args.reserve_timeout, stream_stall_timeout_s=args.stream_stall_timeout,
         admin_token=args.admin_token or None, status_window_s=args.status_window, api_key=args.api_key or None,
         max_body_bytes=args.max_body_size, max_inflight_requests=args.max_inflight_requests,
         prefill_policy=args.prefill_policy, decode_policy=args.decode_policy,

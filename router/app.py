@@ -105,7 +105,8 @@ def _build_state(config: RouterConfig, tokenizer: TokenizerLike, metrics: Router
         registry.add_static(url, "prefill")
     for url in config.decode_urls:
         registry.add_static(url, "decode")
-    links = WorkerLinks(registry, config.secret, f"router-{uuid.uuid4().hex[:8]}", config.connect_timeout_s)
+    links = WorkerLinks(registry, config.secret, f"router-{uuid.uuid4().hex[:8]}", config.connect_timeout_s,
+                        stall_timeout_s=config.stream_stall_timeout_s)
     relay = Relay(links, registry, make_prefill_policy(config.prefill_policy, config.policy_options),
                   make_decode_policy(config.decode_policy, config.policy_options), config, metrics)
     headers = {SECRET_HEADER: config.secret} if config.secret else {}

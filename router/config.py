@@ -35,7 +35,16 @@ class RouterConfig:
     heartbeat_timeout_s: float | None = None
     poll_interval_s: float = 1.0
     connect_timeout_s: float = 2.0
-    control_timeout_s: float = 10.0  # reserve / abort / status: small JSON answers
+    control_timeout_s: float = 10.0  # static workers' status polls
+    # a reservation is answered in milliseconds (a colocated worker's host / Redis lookup: --cache-timeout);
+    # a D silent this long is marked unreachable and the next D is asked (issue 16: a frozen D costs seconds)
+    reserve_timeout_s: float = 2.0
+    # a data-plane link silent this long (no message, not even the pong of a ping sent every quarter of it)
+    # is a stalled worker: its requests end with an error (or are retried before their first token), the link
+    # is closed (the worker, once it runs again, frees what it held) and it takes no new work until it
+    # heartbeats again. Decode steps run on their own thread, so even a long one leaves the worker's event loop
+    # free to answer pings: 4 s is ~400 H200 steps and ~25 of the CPU default model's
+    stream_stall_timeout_s: float = 4.0
     prefill_timeout_s: float = 600.0  # a long prompt on a CPU worker takes minutes
     stream_idle_timeout_s: float = 600.0  # longest silence on a D stream (it waits for the prefill first)
     max_connections: int = 1024
@@ -57,7 +66,8 @@ class RouterConfig:
             if getattr(self, name) <= 0:
                 raise ValueError(f"RouterConfig.{name} must be positive, got {getattr(self, name)}")
         for name in ("heartbeat_interval_s", "poll_interval_s", "connect_timeout_s", "control_timeout_s",
-                     "prefill_timeout_s", "stream_idle_timeout_s", "status_window_s"):
+                     "reserve_timeout_s", "stream_stall_timeout_s", "prefill_timeout_s", "stream_idle_timeout_s",
+                     "status_window_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"RouterConfig.{name} must be positive, got {getattr(self, name)}")
         if self.heartbeat_timeout_s is not None and self.heartbeat_timeout_s <= self.heartbeat_interval_s:

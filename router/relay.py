@@ -2,8 +2,9 @@
 
     pick P ─▶ PREFILL (no target yet) to P ─┐ dispatched together: P looks its prefix up meanwhile
            └▶ RESERVE to the best D ────────┘
-                 │ REFUSED 503 / no answer in --control-timeout / link down: next D (an ABORT to a D that
-                 │ did not answer, queued, never waited for); none left: ABORT to P, 503
+                 │ REFUSED 503 / no answer in --reserve-timeout / link down: next D (a D that did not answer
+                 │ is marked unreachable until it heartbeats, and gets an ABORT, queued, never waited for);
+                 │ none left: ABORT to P, 503
                  ▼ RESERVED
               PREFILL_TARGET to P ─▶ the first token, from P's PREFILLED or D's first delta, whichever
                                      comes first (router/channel.py) ─▶ the channel is started
@@ -193,16 +194,20 @@ class Relay:
         except WorkerFailed as exc:
             return str(exc)
         channel.use_decode(link)
+        timeout_s = self._config.reserve_timeout_s
         try:
             link.send(message)
-            async with asyncio.timeout(self._config.control_timeout_s):
+            async with asyncio.timeout(timeout_s):
                 answer = await asyncio.shield(channel.reserve_answer)
         except (LinkDown, WorkerFailed) as exc:
             channel.leave_decode()
             return f"{decode.worker_id}: {exc}"
         except TimeoutError:
             channel.leave_decode(abort=True)  # it may reserve after all: free it there, without waiting
-            return f"{decode.worker_id} did not answer the reservation within {self._config.control_timeout_s:g} s"
+            self._registry.mark_unreachable(decode.worker_id)  # suspect: no new work until it heartbeats
+            log.warning("%s did not answer the reservation of %s within %g s: skipped until its next heartbeat",
+                        decode.worker_id, channel.request_id, timeout_s)
+            return f"{decode.worker_id} did not answer the reservation within {timeout_s:g} s"
         if isinstance(answer, Refused):
             channel.leave_decode()
         return answer

@@ -3,8 +3,11 @@
     link.ready()      connect + handshake once (callers arriving meanwhile wait for the same attempt)
     link.subscribe(request_id, channel); link.send(RESERVE | PREFILL | PREFILL_TARGET | ABORT)
     reader task:      each answer to its channel by request id; TOKENS split into deltas, each to its channel
+    watchdog:         a PING every quarter of --stream-stall-timeout; a link silent for all of it (no message,
+                      no PONG: the worker is frozen, or its host is gone without a reset) is closed as stalled
     connection lost:  the link is down; every channel on it hears `on_link_lost` at once (it fails or retries);
-                      the registry marks the worker unreachable; the next `ready()` connects again
+                      the registry marks the worker unreachable (no new work until its next heartbeat); the next
+                      `ready()` connects again. The worker, seeing the connection close, frees what it held
 
 WorkerLinks keeps one link per worker id and replaces it when the worker registers again at another address.
 """
@@ -19,7 +22,7 @@ from urllib.parse import urlsplit
 from pdserve.protocol.codec import ProtocolError
 from pdserve.protocol.connection import Connection, ConnectionClosed, connect
 from pdserve.protocol.framing import FrameLimits
-from pdserve.protocol.messages import Error, Message, Pong, TokenDelta, Tokens
+from pdserve.protocol.messages import Error, Message, Ping, Pong, TokenDelta, Tokens
 from pdserve.router.registry import Worker, WorkerRegistry
 
 log = logging.getLogger(__name__)
@@ -39,8 +42,10 @@ class Subscriber(Protocol):
 
 class WorkerLink:
     def __init__(self, worker: Worker, host: str, port: int, secret: str | None, router_id: str,
-                 registry: WorkerRegistry, connect_timeout_s: float, limits: FrameLimits) -> None:
+                 registry: WorkerRegistry, connect_timeout_s: float, limits: FrameLimits,
+                 stall_timeout_s: float = 4.0) -> None:
         self.worker = worker
+        self.stall_timeout_s = stall_timeout_s
         self.address = (host, port)
         self._secret = secret
         self._router_id = router_id
@@ -50,6 +55,9 @@ class WorkerLink:
         self._connection: Connection | None = None
         self._connecting: asyncio.Task[Connection] | None = None
         self._reader: asyncio.Task[None] | None = None
+        self._watchdog: asyncio.Task[None] | None = None
+        self._stall_reason: str | None = None
+        self.last_heard = 0.0  # loop time of the last message from the worker
         self.subscribers: dict[str, Subscriber] = {}
         self.closed = False
 
@@ -84,7 +92,10 @@ class WorkerLink:
         connection, _ = await connect(host, port, self._secret, self._router_id, self._limits,
                                       self._connect_timeout_s)
         self._connection = connection
-        self._reader = asyncio.get_running_loop().create_task(self._read(connection))
+        loop = asyncio.get_running_loop()
+        self.last_heard = loop.time()
+        self._reader = loop.create_task(self._read(connection))
+        self._watchdog = loop.create_task(self._watch(connection))
         return connection
 
     def subscribe(self, request_id: str, subscriber: Subscriber) -> None:
@@ -104,8 +115,10 @@ class WorkerLink:
 
     async def _read(self, connection: Connection) -> None:
         reason = "closed by the worker"
+        loop = asyncio.get_running_loop()
         try:
             while (message := await connection.recv()) is not None:
+                self.last_heard = loop.time()
                 self._dispatch(message)
         except ProtocolError as exc:
             reason = f"protocol error: {exc}"
@@ -132,7 +145,27 @@ class WorkerLink:
         elif not isinstance(message, Pong):
             log.warning("unexpected %s from worker %s", type(message).__name__, self.worker_id)
 
+    async def _watch(self, connection: Connection) -> None:
+        """Ping every quarter of the stall timeout; close the connection once nothing came for all of it."""
+        loop, seq = asyncio.get_running_loop(), 0
+        while not connection.closed:
+            await asyncio.sleep(self.stall_timeout_s / 4)
+            silent_s = loop.time() - self.last_heard
+            if silent_s > self.stall_timeout_s:
+                self._stall_reason = (f"stalled: nothing from it for {silent_s:.1f} s "
+                                      f"(--stream-stall-timeout {self.stall_timeout_s:g})")
+                connection.close()  # the reader ends, _lost tells every channel why
+                return
+            seq += 1
+            try:
+                connection.send(Ping(seq))
+            except ConnectionClosed:
+                return
+
     def _lost(self, connection: Connection, reason: str) -> None:
+        reason, self._stall_reason = self._stall_reason or reason, None
+        if self._watchdog is not None:
+            self._watchdog.cancel()
         connection.close()
         if self._connection is connection:
             self._connection = None
@@ -153,8 +186,9 @@ class WorkerLinks:
     """One WorkerLink per worker, made on first use from the worker's URL host and data port."""
 
     def __init__(self, registry: WorkerRegistry, secret: str | None, router_id: str, connect_timeout_s: float,
-                 limits: FrameLimits | None = None) -> None:
+                 limits: FrameLimits | None = None, stall_timeout_s: float = 4.0) -> None:
         self._registry = registry
+        self._stall_timeout_s = stall_timeout_s
         self._secret = secret
         self._router_id = router_id
         self._connect_timeout_s = connect_timeout_s
@@ -173,7 +207,7 @@ class WorkerLinks:
         if link is None:
             link = self._links[worker.worker_id] = WorkerLink(
                 worker, *address, self._secret, self._router_id, self._registry, self._connect_timeout_s,
-                self._limits)
+                self._limits, self._stall_timeout_s)
         link.worker = worker  # a re-registration with the same address made a new Worker object
         return link
 

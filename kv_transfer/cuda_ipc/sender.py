@@ -135,7 +135,7 @@ class CudaIpcKVSender(TcpKVSender):
             return
         live = []
         for copy in sends.copies:
-            problem = None if copy.dead else self._layer_problem(copy, layer, kv_cache)
+            problem = None if copy.dead else self._copy_problem(copy, layer, kv_cache)
             if problem is not None:
                 copy.dead = True
                 for rid in copy.request_ids:
@@ -215,7 +215,7 @@ class CudaIpcKVSender(TcpKVSender):
                                   min(len(pools), target.num_layers), target.dtype, target.block_size))
 
     @staticmethod
-    def _layer_problem(copy: _Copy, layer: int, kv_cache: torch.Tensor) -> str | None:
+    def _copy_problem(copy: _Copy, layer: int, kv_cache: torch.Tensor) -> str | None:
         if not 0 <= layer < copy.num_layers:
             return f"layer outside the receiver's {copy.num_layers} layers"
         if dtype_name(kv_cache.dtype) != copy.dtype or kv_cache.shape[2] != copy.block_size:

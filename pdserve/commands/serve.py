@@ -29,7 +29,8 @@ _WORKER_ONLY_FLAGS = ("device", "dtype", "seed", "torch_threads", "enforce_eager
                       "max_num_batched_tokens", "kv_lease_timeout", "kv_load_failure_policy", "max_queued_requests",
                       "async_scheduling")
 _ROUTER_ONLY_FLAGS = ("prefill_policy", "cache_aware_max_imbalance", "decode_policy", "heartbeat_interval",
-                      "heartbeat_timeout", "status_window", "max_body_size", "max_inflight_requests",
+                      "heartbeat_timeout", "reserve_timeout", "stream_stall_timeout", "status_window",
+                      "max_body_size", "max_inflight_requests",
                       "chat_template", "disable_log_requests", "allowed_origins", "allowed_methods",
                       "allowed_headers", "allow_credentials", "ssl_keyfile", "ssl_certfile")
 
