@@ -10,7 +10,9 @@ scheduling, cuda_ipc between P and D, 0.4 of the GPU's memory each, 0.9 colocate
   sharegpt      --num-prompts first exchanges of ../shared/data/sharegpt_v3_sample2k.json.gz (vLLM's filter),
                 output lengths from the data set with ignore_eos, all at once: throughput
   poisson_<r>   --poisson-prompts others (another seed), Poisson arrivals at --rate req/s: latency
-Dummy weights have no tokenizer; --tokenizer gives the default model's (its token counts are the lengths).
+Dummy weights have no tokenizer. --tokenizer (the default model's) counts and encodes the prompts, which are
+sent as token ids; the deployments detokenize with a word-level tokenizer over the model's whole vocabulary
+(benchmarks/full_vocab_tokenizer.py), so every generated token is text and an event, as with real weights.
 Recorded per case: `pdserve bench`'s metrics (vLLM's names), the decode worker's step phases, each process's
 CPU seconds, and the ratio to the engine-bound figure. --py-spy DIR records the router and the decode worker
 for the first 20 s of the sharegpt case (raw format, `py-spy record --format raw`).
@@ -23,6 +25,7 @@ import asyncio
 import json
 import math
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -30,14 +33,16 @@ from pathlib import Path
 import httpx
 import psutil
 from engine_bound import StepTable, measure_in_subprocess, replay
+from full_vocab_tokenizer import write_tokenizer
 from serving_common import Deployment, decode_counters, step_summary
 
 from pdserve.bench.client import ApiTarget
-from pdserve.bench.datasets import Conversation, LengthSpec, sample_random
+from pdserve.bench.datasets import Conversation, LengthSpec, Turn, sample_random
 from pdserve.bench.metrics import compute_metrics
 from pdserve.bench.runner import LoadSpec, run_benchmark
 from pdserve.bench.sharegpt import load_sharegpt, sample_sharegpt
-from pdserve.bench.tokenizer import load_tokenizer
+from pdserve.bench.tokenizer import CountingTokenizer, load_tokenizer
+from pdserve.engine.presets import get_preset
 
 REPO = Path(__file__).resolve().parents[1]
 DEPLOYMENTS = {"disaggregated": [], "colocated": ["--colocated"]}
@@ -77,7 +82,7 @@ def _py_spy(dep: Deployment, out: Path) -> list[subprocess.Popen]:
 def run_deployment(name: str, args: argparse.Namespace, cases: dict[str, tuple[list[Conversation], LoadSpec]],
                    logs: Path) -> dict:
     flags = ["--load-format", "dummy", "--model-preset", args.model_preset, "--max-model-len", "4096",
-             "--tokenizer", str(args.tokenizer), *DEPLOYMENTS[name]]
+             "--tokenizer", str(args.deployment_tokenizer), *DEPLOYMENTS[name]]
     t0 = time.monotonic()
     with Deployment(args.port, flags, logs / f"{name}.log") as dep:
         out: dict = {"argv": dep.argv[2:], "ready_s": time.monotonic() - t0,
@@ -106,12 +111,24 @@ def _line(case: dict) -> str:
 def workloads(args: argparse.Namespace) -> tuple[dict[str, tuple[list[Conversation], LoadSpec]], list]:
     tokenizer = load_tokenizer(args.tokenizer)
     data = load_sharegpt(args.sharegpt)
-    sharegpt = sample_sharegpt(data, args.num_prompts, tokenizer, seed=0)
-    poisson = sample_sharegpt(data, args.poisson_prompts, tokenizer, seed=1)
+    sharegpt = as_token_ids(sample_sharegpt(data, args.num_prompts, tokenizer, seed=0), tokenizer)
+    poisson = as_token_ids(sample_sharegpt(data, args.poisson_prompts, tokenizer, seed=1), tokenizer)
     lengths = [(c.turns[0].prompt_len, c.turns[0].output_len) for c in sharegpt]
     cases = {"sharegpt": (sharegpt, LoadSpec(math.inf)),
              f"poisson_{args.rate:g}": (poisson, LoadSpec(args.rate, seed=1))}
     return cases, lengths
+
+
+def as_token_ids(convs: list[Conversation], tokenizer: CountingTokenizer) -> list[Conversation]:
+    """Each prompt as the ids the default model's tokenizer gives it (the deployments' own tokenizer is
+    word-level and would not split the text the same way)."""
+    out = []
+    for conv in convs:
+        turn = conv.turns[0]
+        assert isinstance(turn.prompt, str)
+        ids = tokenizer.encode(turn.prompt, add_special_tokens=False)
+        out.append(Conversation((Turn(ids, len(ids), turn.output_len),)))
+    return out
 
 
 def compare(report: dict, args: argparse.Namespace) -> None:
@@ -133,7 +150,10 @@ def compare(report: dict, args: argparse.Namespace) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tokenizer", type=Path, required=True, help="a directory with tokenizer.json")
+    parser.add_argument("--tokenizer", type=Path, required=True,
+                        help="a directory with tokenizer.json that counts and encodes the prompts")
+    parser.add_argument("--deployment-tokenizer", type=Path, default=None,
+                        help="the deployments' tokenizer (default: a full-vocabulary word-level one, written now)")
     parser.add_argument("--sharegpt", type=Path, default=REPO.parent / "shared/data/sharegpt_v3_sample2k.json.gz")
     parser.add_argument("--model-preset", default="llama3-8b", help="smollm2-135m: the plumbing, on a CPU")
     parser.add_argument("--num-prompts", type=int, default=1000)
@@ -145,15 +165,18 @@ def main() -> int:
     parser.add_argument("--py-spy", type=Path, default=None)
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks/results/serving_gpu_h200.json")
     args = parser.parse_args()
+    logs = Path(tempfile.mkdtemp(prefix="serving_gpu_"))
+    if args.deployment_tokenizer is None:
+        args.deployment_tokenizer = write_tokenizer(get_preset(args.model_preset).vocab_size, logs / "tokenizer")
     cases, lengths = workloads(args)
     prompt, output = sum(p for p, _ in lengths) / len(lengths), sum(o for _, o in lengths) / len(lengths)
     report: dict = {"date": time.strftime("%Y-%m-%d %H:%M"), "model": f"{args.model_preset} (dummy weights, bf16)",
-                    "command": "python benchmarks/serving_gpu.py " + " ".join(a for a in __import__("sys").argv[1:]),
+                    "command": "python benchmarks/serving_gpu.py " + " ".join(sys.argv[1:]),
                     "workload": {"sharegpt_prompts": args.num_prompts, "poisson_prompts": args.poisson_prompts,
                                  "rate": args.rate, "mean_prompt_tokens": prompt, "mean_output_tokens": output,
-                                 "mean_context": prompt + output / 2, "ignore_eos": True},
+                                 "mean_context": prompt + output / 2, "ignore_eos": True,
+                                 "deployment_tokenizer": str(args.deployment_tokenizer)},
                     "deployments": {}}
-    logs = Path(tempfile.mkdtemp(prefix="serving_gpu_"))
     if not args.no_engine_bound:
         table = measure_in_subprocess(args.model_preset, logs / "engine_table.json")
         report["engine_table"] = table.to_dict()

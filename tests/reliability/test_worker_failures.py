@@ -101,12 +101,18 @@ def test_prefill_worker_killed_mid_prefill(healthy: Cluster) -> None:
         time.sleep(0.5)
         started = time.monotonic()
         cluster.retire(last)
-        refused = pending.result()
-        refused_s = time.monotonic() - started
+        # no other P to retry on: the decode worker's KV did not come (its connection from P dropped), and its
+        # --kv-load-failure-policy recompute prefills the prompt itself: the request is answered all the same
+        recomputed = pending.result()
+        recomputed_s = time.monotonic() - started
+        refused = _long_request(cluster, 29)  # a new request, with no prefill worker at all: 503 at once
+        refused_s = time.monotonic() - started - recomputed_s
+    assert recomputed.status_code == 200, recomputed.text
     assert refused.status_code == 503, refused.text
     assert refused.headers["retry-after"] and refused.json()["error"]["code"] == "no_worker_available"
     assert refused_s < 5.0
     cluster.wait_idle()  # the decode workers freed every reservation
     print(f"\nRELIABILITY prefill_kill: retried on the other prefill worker, answered {retried_s:.2f} s after "
-          f"the kill; with none left a 503 (Retry-After {refused.headers['retry-after']} s) {refused_s:.2f} s "
-          f"after the kill: {refused.json()['error']['message'][:120]}")
+          f"the kill; the last one killed: its request recomputed on D, answered {recomputed_s:.2f} s after; a "
+          f"new request then a 503 (Retry-After {refused.headers['retry-after']} s) in {refused_s:.2f} s: "
+          f"{refused.json()['error']['message'][:120]}")
