@@ -24,7 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from pdserve.decode_node.request import RequestState
-from pdserve.decode_node.scheduler import DecodeBatch, RequestOutput, Scheduler
+from pdserve.decode_node.scheduler import Scheduler
+from pdserve.decode_node.step import DecodeBatch, RequestOutput
 from pdserve.engine.attention_metadata import DecodeInput, PrefillChunk
 from pdserve.engine.runner import ModelRunner
 from pdserve.engine.sampling import PendingSample, Sampler, TokenLogprobs
@@ -91,8 +92,10 @@ class DecodeEngine:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        # the KV receiver's cancel(request_id); the node wires it (no receiver: nothing to cancel)
+        # the KV receiver's cancel(request_id) and release_after_sender(request_id, on_released) -> held; the
+        # node wires them (no receiver: nothing to cancel, nothing to wait for)
         self.cancel_transfer: Callable[[str], object] = lambda request_id: None
+        self.release_transfer: Callable[[str, Callable[[str], None]], bool] = lambda request_id, released: False
 
     # ---- life -----------------------------------------------------------------------------------------
 
@@ -137,16 +140,26 @@ class DecodeEngine:
         self.deliver(outputs)
         self._wake.set()
 
-    def abort(self, request_id: str, reason: str) -> bool:
+    def abort(self, request_id: str, reason: str, sender_may_write: bool = True) -> bool:
         """Event loop thread. A request still waiting for its KV is dropped by the receiver first, so no late
-        frame can write its blocks once they are free."""
+        frame can write its blocks once they are free; where the sender writes the pool itself (cuda_ipc) and
+        may have begun, its blocks are held until the receiver says its part ended."""
         with self.state_lock:
             request = self.scheduler.requests.get(request_id)
+            held = False
             if request is not None and request.state == RequestState.WAITING_FOR_KV:
-                self.cancel_transfer(request_id)
-            outputs = self.scheduler.abort(request_id, reason)
+                if sender_may_write:
+                    held = self.release_transfer(request_id, self._release_held)
+                else:
+                    self.cancel_transfer(request_id)
+            outputs = self.scheduler.abort(request_id, reason, hold_blocks=held)
         self.deliver(outputs)
         return request is not None
+
+    def _release_held(self, request_id: str) -> None:
+        """Receiver callback (event loop thread): the sender of an aborted request cannot write any more."""
+        with self.state_lock:
+            self.scheduler.release_held(request_id)
 
     # ---- the step thread ----------------------------------------------------------------------------
     #

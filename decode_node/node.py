@@ -41,6 +41,7 @@ class DecodeNode:
         self.engine = engine
         self.receiver = receiver
         engine.cancel_transfer = receiver.cancel
+        engine.release_transfer = receiver.release_after_sender
         self.decoder: Decoder = decoder if decoder is not None else NoTextDecoder()
         self.config = config
         self.started_at = time.time()
@@ -122,12 +123,12 @@ class DecodeNode:
             logger.exception("host/Redis lookup of %s failed; its whole prompt is computed", request.request_id)
         return self._fetching.pop(request.request_id), fetched
 
-    def abort(self, request_id: str, reason: str) -> bool:
+    def abort(self, request_id: str, reason: str, sender_may_write: bool = True) -> bool:
         """Event loop thread: free what the request holds; one still being looked up is refused after."""
         if request_id in self._fetching:
             self._fetching[request_id] = True
             return True
-        return self.engine.abort(request_id, reason)
+        return self.engine.abort(request_id, reason, sender_may_write)
 
     def waiting_reservation(self, request_id: str) -> tuple[list[int], int] | None:
         """(block ids, cached tokens) of a reservation still waiting for its KV; call under `state_lock`.

@@ -66,6 +66,7 @@ class DecodeRequest:
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0  # tokens whose K/V sit in block_ids
     num_pending: int = 0  # tokens sampled by launched steps whose ids the host has not read yet (0 or 1)
+    held_by_sender: bool = False  # aborted while P may still write its blocks (cuda_ipc): freed once it cannot
     cached_tokens: int = 0  # prompt tokens found in a prefix cache (P's, or the shared one when colocated)
     num_preemptions: int = 0
     error: str | None = None

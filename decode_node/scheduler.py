@@ -42,12 +42,12 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from pdserve.cache_store.block_pool import BlockPool, blocks_needed
 from pdserve.cache_store.prefix_cache import PrefixCache
 from pdserve.cache_store.tiered import FetchedPrefix, TieredKVCache
 from pdserve.decode_node.request import TRANSITIONS, DecodeRequest, RequestState
+from pdserve.decode_node.step import DecodeBatch, DecodeItem, RecomputeItem, Refusal, RequestOutput
 from pdserve.engine.output import OutputProcessor, logprobs_to_wire
 from pdserve.engine.sampling import TokenLogprobs
 from pdserve.protocol.messages import TokenDelta
@@ -55,54 +55,6 @@ from pdserve.protocol.messages import TokenDelta
 logger = logging.getLogger(__name__)
 KV_LOAD_FAILURE_POLICIES = ("fail", "recompute")
 _FINISHED = {"stop": RequestState.FINISHED_STOPPED, "length": RequestState.FINISHED_LENGTH}
-
-
-@dataclass(frozen=True)
-class Refusal:
-    """Why a reservation was refused; `retry_after` seconds is a hint for the router."""
-
-    message: str
-    retry_after: float
-    status: int = 503
-
-
-@dataclass(frozen=True)
-class RequestOutput:
-    request_id: str
-    delta: TokenDelta
-
-
-@dataclass(frozen=True)
-class RecomputeItem:
-    """A preempted request's tokens (all but the last) to prefill again into fresh blocks."""
-
-    request: DecodeRequest
-    token_ids: list[int]
-    block_ids: list[int]
-
-
-@dataclass(frozen=True)
-class DecodeItem:
-    """One row of a decode step: feed `token_id` at `position`, K/V written into `block_ids`. `source_row`
-    >= 0: the token is what the step in flight samples in that row (still on the device)."""
-
-    request: DecodeRequest
-    token_id: int
-    position: int
-    block_ids: list[int]
-    source_row: int = -1
-
-
-@dataclass
-class DecodeBatch:
-    recompute: list[RecomputeItem] = field(default_factory=list)
-    decode: list[DecodeItem] = field(default_factory=list)
-    outputs: list[RequestOutput] = field(default_factory=list)  # deltas produced while scheduling
-    needs_drain: bool = False  # nothing scheduled: complete the step in flight first, then schedule again
-
-    @property
-    def empty(self) -> bool:
-        return not self.decode
 
 
 class Scheduler:
@@ -128,6 +80,7 @@ class Scheduler:
         self.running: list[DecodeRequest] = []
         self.preempted: deque[DecodeRequest] = deque()
         self._rows: dict[str, int] = {}  # request id -> its row in the last scheduled batch
+        self.held: dict[str, DecodeRequest] = {}  # finished, blocks kept while P may still write them
         self.num_preemptions = 0
         self.num_finished = 0
         self.kv_load_failure_policy = kv_load_failure_policy
@@ -225,12 +178,17 @@ class Scheduler:
         self._move(request, RequestState.FINISHED_ERROR)
         return [self._delta(request, [], "")]
 
-    def abort(self, request_id: str, error: str | None = None) -> list[RequestOutput]:
-        """Free everything the request holds, now or once nothing writes its blocks any more (see above)."""
+    def abort(self, request_id: str, error: str | None = None, hold_blocks: bool = False) -> list[RequestOutput]:
+        """Free everything the request holds, now or once nothing writes its blocks any more (see above).
+        `hold_blocks`: its KV sender may still write them (cuda_ipc): finish it, but keep them until
+        `release_held` (the receiver's word that the sender's part ended)."""
         request = self.requests.get(request_id)
         if request is None:
             return []
         request.error = error
+        if hold_blocks:
+            request.held_by_sender = True
+            self.held[request_id] = request
         if request.num_pending:  # a launched step still writes its blocks: its update() finishes it
             request.abort_requested = True
             return []
@@ -384,8 +342,8 @@ class Scheduler:
         elif state.finished:
             if state in (RequestState.FINISHED_STOPPED, RequestState.FINISHED_LENGTH):
                 self._commit(request)
-            if not request.num_pending:  # else the update of its last launched step frees them
-                self._release_blocks(request)
+            if not request.num_pending and not request.held_by_sender:  # else freed by the last launched step's
+                self._release_blocks(request)                          # update, or by release_held
             del self.requests[request.request_id]
             self.num_finished += 1
             self.on_finish(request)
@@ -406,6 +364,13 @@ class Scheduler:
                                         request.cache_salt)
         except Exception:  # a cache bug must not end the worker's step loop; the blocks are freed anyway
             logger.exception("cannot commit the blocks of %s", request.request_id)
+
+    def release_held(self, request_id: str) -> None:
+        """The KV sender of an aborted request can write its blocks no more: free them."""
+        request = self.held.pop(request_id, None)
+        if request is not None:
+            request.held_by_sender = False
+            self._release_blocks(request)
 
     def _release_blocks(self, request: DecodeRequest) -> None:
         self.pool.free(request.block_ids)

@@ -14,7 +14,7 @@ import asyncio
 import logging
 
 from pdserve.decode_node.node import DecodeNode
-from pdserve.decode_node.scheduler import RequestOutput
+from pdserve.decode_node.step import RequestOutput
 from pdserve.protocol.connection import Connection, ConnectionClosed
 from pdserve.protocol.messages import Abort, Refused, Reserve, TokenDelta, Tokens
 
@@ -61,7 +61,7 @@ class DecodeService:
     def abort(self, message: Abort) -> None:
         if message.request_id in self._reserving:
             self._reserving[message.request_id] = True
-        self.node.abort(message.request_id, message.reason)
+        self.node.abort(message.request_id, message.reason, message.sender_may_write)
 
     def publish(self, outputs: list[RequestOutput]) -> None:
         """Event loop thread: one TOKENS message per router connection for this batch of deltas."""

@@ -150,6 +150,9 @@ class KVReceiver(ABC):
     """Accepts KV for reserved blocks into per-layer pools and reports each request's outcome."""
 
     backend: str
+    # the sender writes into our pool itself (cuda_ipc): a request given up before its "done" keeps its blocks
+    # until the sender's part ended (`release_after_sender`); elsewhere we write, and drop late frames
+    remote_writes: bool = False
 
     def __init__(self, pools: Sequence[torch.Tensor], on_complete: OnComplete, on_failure: OnFailure) -> None:
         self.pools = list(pools)
@@ -174,6 +177,15 @@ class KVReceiver(ABC):
     def cancel(self, request_id: str) -> bool:
         """Forget a transfer without calling back (the node freed the request itself)."""
         return self.table.cancel(request_id)
+
+    def release_after_sender(self, request_id: str, on_released: Callable[[str], None]) -> bool:
+        """The node gives the request up. True: the sender may still write the reserved blocks, and
+        `on_released(request_id)` comes once it cannot (its done or error, its connection lost, or its lease
+        of silence); False: nothing to wait for, the transfer is cancelled and the blocks may be freed now."""
+        if self.remote_writes and self.table.drain(request_id, on_released):
+            return True
+        self.cancel(request_id)
+        return False
 
     @property
     def num_pending(self) -> int:

@@ -165,8 +165,9 @@ class TcpKVReceiver(KVReceiver):
             await self._receive_kv(header, reader)
             return
         carried.discard(header.request_id)
-        if not live:
-            return  # done/error of a request that already ended: nothing left to release
+        if not live:  # done/error of a request that already ended: its blocks, if they were held, are free now
+            self.table.release(header.request_id)
+            return
         if isinstance(header, Done):
             self.table.complete(header.request_id, header.first_token_id, header.first_logprob, header.num_tokens)
         else:

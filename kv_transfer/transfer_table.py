@@ -2,7 +2,13 @@
 
     expect ──▶ PENDING ──(every layer × every block recorded, then done)──▶ on_complete ─┐
                   │   ──(lease expires / bad frame / connection lost / sender error)──▶ on_failure ─┤─▶ gone
-                  └──(cancel: the node gave up itself)──────────────────────────────────────────────┘
+                  ├──(cancel: the node gave up itself)──────────────────────────────────────────────┤
+                  └──(drain: the node gave up, but the sender may still be writing into the pool)    │
+                        ──▶ DRAINING ──(its done / error / connection lost / the lease)──▶ on_released┘
+
+DRAINING is for backends whose sender writes into the receiver's pool itself (cuda_ipc): the reserved blocks
+must not be reused while its copies may still land (issue 16: SGLang's deferred release). Frames for a
+draining request write nothing; the end of the sender's part, or its silence for a lease, releases them.
 
 The lease is renewed by every recorded layer: it expires once no KV arrived for `lease_s` (the time from
 `expect` to its deadline), so a long prompt that streams steadily never expires, while a sender that stalls
@@ -57,6 +63,7 @@ class TransferTable:
         self._on_complete = on_complete
         self._on_failure = on_failure
         self._pending: dict[str, _Pending] = {}
+        self._draining: dict[str, tuple[Callable[[str], None], asyncio.TimerHandle | None]] = {}
         self._ended: OrderedDict[str, None] = OrderedDict()
 
     def __len__(self) -> int:
@@ -84,7 +91,37 @@ class TransferTable:
         self._pending[request_id] = pending
 
     def recently_ended(self, request_id: str) -> bool:
-        return request_id in self._ended
+        return request_id in self._ended or request_id in self._draining
+
+    def drain(self, request_id: str, on_released: Callable[[str], None]) -> bool:
+        """Stop expecting the request's KV, but call `on_released` only once the sender's part ended (its
+        done or error frame, its connection lost) or it stayed silent for the request's lease. False when the
+        request was not pending (nothing to wait for: the caller releases at once)."""
+        pending = self._pending.get(request_id)
+        if pending is None:
+            return False
+        lease_s = pending.lease_s
+        self._forget(request_id)
+        timer = None
+        if lease_s > 0:
+            timer = asyncio.get_running_loop().call_later(lease_s, self.release, request_id)
+        self._draining[request_id] = (on_released, timer)
+        return True
+
+    def release(self, request_id: str) -> bool:
+        """The sender's part of a draining request ended: release its blocks (False: not draining)."""
+        entry = self._draining.pop(request_id, None)
+        if entry is None:
+            return False
+        on_released, timer = entry
+        if timer is not None:
+            timer.cancel()
+        _call(on_released, request_id)
+        return True
+
+    @property
+    def num_draining(self) -> int:
+        return len(self._draining)
 
     def check_layer(self, request_id: str, layer: int, block_ids: Sequence[int]) -> str | None:
         """Why blocks of `layer` may not be written for this request, or None when they may."""
@@ -115,6 +152,8 @@ class TransferTable:
 
     def complete(self, request_id: str, first_token_id: int, first_logprob: float | None, num_tokens: int) -> bool:
         """Finish on the sender's "done": on_complete if everything arrived, otherwise on_failure."""
+        if self.release(request_id):  # drained: the sender finished writing what it wrote
+            return True
         pending = self._pending.get(request_id)
         if pending is None:
             return False
@@ -130,6 +169,8 @@ class TransferTable:
         return True
 
     def fail(self, request_id: str, reason: str) -> bool:
+        if self.release(request_id):  # a drained request's sender gave up or its connection dropped
+            return True
         if request_id not in self._pending:
             return False
         self._forget(request_id)
@@ -144,7 +185,7 @@ class TransferTable:
         return True
 
     def fail_all(self, reason: str) -> None:
-        for request_id in list(self._pending):
+        for request_id in [*self._pending, *self._draining]:
             self.fail(request_id, reason)
 
     def _expire(self, request_id: str) -> None:

@@ -32,7 +32,7 @@ from pdserve.engine.runner import ModelRunner
 from pdserve.engine.sampling import Sampler, SamplingRequest, TokenLogprobs
 from pdserve.kv_transfer.base import ChunkSend, KVSender, KVTransferError
 from pdserve.prefill_node.batcher import Batcher, PrefillPlan, ScheduledChunk
-from pdserve.prefill_node.request import PrefillRequest
+from pdserve.prefill_node.request import PrefillRequest, PrefillState
 
 logger = logging.getLogger(__name__)
 
@@ -129,15 +129,23 @@ class PrefillEngine:
         return future
 
     def abort(self, request_id: str, reason: str) -> bool:
+        """A request inside the forward now is only marked: its transfer is given up (the receiver told) once
+        the forward enqueued its last layer's copies, which `sender.abort` then waits for; so nothing is written
+        to D's blocks after D hears of the abort."""
         with self.state_lock:
             known = request_id in self.batcher.requests
+            in_forward = request_id in self.batcher.in_flight
             self.batcher.abort(request_id, reason)
         if known:
             self._resolve(request_id, error=PrefillError(f"aborted: {reason}", 499))
-            task = asyncio.get_running_loop().create_task(self.sender.abort(request_id, reason))
-            self._background.add(task)  # the loop keeps only weak references to tasks
-            task.add_done_callback(self._background.discard)
+            if not in_forward:
+                self._in_background(self.sender.abort(request_id, reason))
         return known
+
+    def _in_background(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self._background.add(task)  # the loop keeps only weak references to tasks
+        task.add_done_callback(self._background.discard)
 
     def _resolve(self, request_id: str, result: PrefillResult | None = None,
                  error: Exception | None = None) -> None:
@@ -203,6 +211,10 @@ class PrefillEngine:
             done = [r for r in self.batcher.update(plan) if r.request_id not in broken]
             for request in done:
                 self.batcher.finish(request)
+        for chunk in plan.chunks:  # aborted during this forward: its copies are all enqueued now
+            request = chunk.request
+            if request.state == PrefillState.ABORTED and request.request_id not in broken:
+                self._on_loop(self.sender.abort(request.request_id, request.error or "aborted"))
         for request in done:
             self._finish(request, *first_tokens[request.request_id])
 

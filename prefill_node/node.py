@@ -81,8 +81,10 @@ class PrefillNode:
         if waiting >= self.config.max_queued_requests:
             return PrefillFailed(rid, 503, f"queue full: {waiting} requests wait for prefill on this worker "
                                  f"already (--max-queued-requests {self.config.max_queued_requests})", retry_after=1)
-        transfer = await self._prepare(request, message.transfer, target)
-        if transfer is None:
+        transfer, aborted = await self._prepare(request, message.transfer, target)
+        if aborted or transfer is None:
+            if transfer is not None:  # D holds the reservation until the sender's part ends: end it
+                await self._hand_back(request, transfer, "aborted before it was queued")
             return PrefillFailed(rid, 499, f"request {rid!r} aborted before it was queued")
         try:
             self._attach_target(request, transfer)
@@ -99,8 +101,8 @@ class PrefillNode:
             return PrefillFailed(rid, exc.status, str(exc))
 
     async def _prepare(self, request: PrefillRequest, transfer: dict[str, Any] | None,
-                       target: Awaitable[dict[str, Any] | None] | None) -> dict[str, Any] | None:
-        """Await the host / Redis lookup and, when not given, D's target; None when aborted meanwhile."""
+                       target: Awaitable[dict[str, Any] | None] | None) -> tuple[dict[str, Any] | None, bool]:
+        """Await the host / Redis lookup and, when not given, D's target: (the target, aborted meanwhile)."""
         rid = request.request_id
         self._fetching[rid] = False
         try:
@@ -110,7 +112,18 @@ class PrefillNode:
                 await self._fetch(request)
         finally:
             aborted = self._fetching.pop(rid)
-        return None if aborted else transfer
+        return transfer, aborted
+
+    async def _hand_back(self, request: PrefillRequest, transfer: dict[str, Any], reason: str) -> None:
+        """Tell D we will not write its blocks (an "error" on the transfer), so it frees them now rather than
+        after its lease: a cuda_ipc receiver holds an aborted request's blocks until its sender says so."""
+        try:
+            target = TransferTarget.from_dict(transfer)
+            self._check_target(target, request.request_id, request.num_prompt_tokens)
+            self.engine.sender.begin(target)
+        except (ValueError, KVTransferError):
+            return  # a target we could not have written to
+        await self.engine.sender.abort(request.request_id, reason)
 
     def _refuse(self, request: PrefillRequest, status: int, message: str) -> PrefillFailed:
         if request.blocks_preassigned:  # colocated: the reference taken on D's blocks

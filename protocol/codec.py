@@ -35,7 +35,7 @@ class ProtocolError(Exception):
 # annotation (as written in messages.py) -> the exact Python types msgpack may decode it to
 _TYPES: dict[str, tuple[type, ...]] = {
     "bytes": (bytes,), "bytes | None": (bytes, NoneType), "str": (str,), "str | None": (str, NoneType),
-    "int": (int,), "float": (float, int), "list[int]": (list,), "dict[str, Any]": (dict,),
+    "int": (int,), "float": (float, int), "bool": (bool,), "list[int]": (list,), "dict[str, Any]": (dict,),
     "dict[str, Any] | None": (dict, NoneType), "list[dict[str, Any]] | None": (list, NoneType),
 }
 _BY_KIND: dict[int, type] = {cls.KIND: cls for cls in MESSAGE_TYPES}

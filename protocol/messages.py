@@ -181,11 +181,14 @@ class PrefillFailed:
 
 @dataclass(frozen=True, slots=True)
 class Abort:
-    """Router -> P or D: free everything the request holds (unknown or finished ids are ignored)."""
+    """Router -> P or D: free everything the request holds (unknown or finished ids are ignored).
+    `sender_may_write`: P was given D's target, so (cuda_ipc) P's copies may still land in D's blocks: D keeps
+    them until P's transfer ended; False: P never knew where to write, D frees them at once."""
 
     KIND: ClassVar[Kind] = Kind.ABORT
     request_id: str
     reason: str
+    sender_may_write: bool = True
 
 
 @dataclass(slots=True)

@@ -103,6 +103,7 @@ class Channel:
         self.finished = False  # the client has the last delta (or an error)
         self.decode_finished = False  # D sent its last delta: nothing to abort there
         self.decode_counted = False  # the relay counted this channel in the decode worker's `inflight`
+        self.target_sent = False  # P has D's transfer target: its copies may be on their way to D's blocks
 
     @property
     def decode(self) -> Worker:
@@ -128,7 +129,7 @@ class Channel:
             link.unsubscribe(self.request_id)
         if abort and link.up:
             with contextlib.suppress(LinkDown):
-                link.send(Abort(self.request_id, "no answer to the reservation in time"))
+                link.send(Abort(self.request_id, "no answer to the reservation in time", sender_may_write=False))
 
     # ---- from the links -------------------------------------------------------------------------
 
@@ -228,4 +229,4 @@ class Channel:
             link.unsubscribe(self.request_id)
             if busy and link.up:
                 with contextlib.suppress(LinkDown):
-                    link.send(Abort(self.request_id, reason))
+                    link.send(Abort(self.request_id, reason, sender_may_write=self.target_sent))

@@ -104,6 +104,7 @@ class Relay:
             p_link.send(Prefill(request_id, sub.prompt_token_ids, sub.sampling.to_dict(), sub.cache_salt))
             reserved = await self._reserve(channel)
             p_link.send(PrefillTarget(request_id, reserved.transfer))
+            channel.target_sent = True
             await self._first_token(channel)
         except LinkDown as exc:
             channel.close("the attempt failed")

@@ -5,7 +5,10 @@ the number of connections); every sender that passes the HMAC handshake gets the
 after "ready", so a stranger without the secret never learns a handle. On such a connection no "kv" frame
 may arrive (the sender writes into the pool itself); its "done" means every layer of every reserved block
 was written and the sender's copies have completed, so the request is recorded whole and completed at once.
-A request whose sender vanishes before "done" fails by its lease, as with tcp.
+A request whose sender vanishes before "done" fails by its lease, as with tcp. A request the node gives up
+before "done" (the router aborted it) keeps its blocks until the sender's "error" (sent once its queued copies
+have landed: kv_transfer/cuda_ipc/sender.py `abort`) or its lease of silence: nothing reuses a block that P's
+kernels may still write.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from pdserve.kv_transfer.wire import (
 
 class CudaIpcKVReceiver(TcpKVReceiver):
     backend = "cuda_ipc"
+    remote_writes = True  # P's copy kernels write our pool: an aborted request's blocks wait for its "error"
 
     def __init__(
         self,

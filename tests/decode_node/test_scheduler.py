@@ -14,7 +14,8 @@ from pdserve.cache_store.policy import CachePolicy, TierConfig
 from pdserve.cache_store.prefix_cache import PrefixCache
 from pdserve.cache_store.tiered import TieredKVCache
 from pdserve.decode_node.request import DecodeRequest, RequestState
-from pdserve.decode_node.scheduler import DecodeBatch, Scheduler
+from pdserve.decode_node.scheduler import Scheduler
+from pdserve.decode_node.step import DecodeBatch
 from pdserve.engine.detokenizer import IncrementalDetokenizer, StopChecker
 from pdserve.engine.output import OutputProcessor
 from pdserve.engine.sampling import SamplingParams
@@ -226,3 +227,19 @@ def test_finished_sequence_is_committed_and_a_colocated_reserve_loads_it_from_ho
     pool.evict_all_cached()
     assert_no_leak(pool)
 
+
+
+def test_an_abort_held_for_its_sender_frees_the_blocks_only_when_released(char_tokenizer):
+    """cuda_ipc's deferred release: the request ends at once (its abort delta goes out), its blocks stay taken
+    until the receiver says the sender can write them no more; no new request gets them meanwhile."""
+    sched = scheduler(num_blocks=3)
+    assert sched.reserve(make(char_tokenizer, "a", "abcdefg")) is None  # 2 blocks
+    [out] = sched.abort("a", "client gone", hold_blocks=True)
+    assert out.delta.finish_reason == "abort" and "a" not in sched.requests
+    assert sched.pool.num_free == 1 and set(sched.held) == {"a"}
+    assert sched.reserve(make(char_tokenizer, "b", "abcdefg")) is not None  # the held blocks are not free
+    sched.release_held("a")
+    assert sched.pool.num_free == 3 and not sched.held
+    assert sched.reserve(make(char_tokenizer, "b", "abcdefg")) is None
+    sched.abort("b")
+    assert_no_leak(sched.pool)

@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import msgpack
@@ -212,3 +213,73 @@ def test_two_requests_prepared_together_land_in_their_blocks() -> None:
         got = pools[layer].cpu()
         assert torch.equal(got[:, [7, 0, 3, 6]].view(torch.int16), sent[layer][:, [1, 2, 5, 4]].view(torch.int16))
         assert not got[:, [1, 2, 4, 5]].any()
+
+
+_ABORTING_PROCESS = """
+import asyncio, json, sys, threading, time
+import torch
+from kv_helpers import make_pools
+from pdserve.kv_transfer.cuda_ipc import CudaIpcKVSender
+from pdserve.kv_transfer.target import TransferTarget
+
+async def main(target, device):
+    pools = [p.to(device) for p in make_pools(torch.bfloat16, random=True, seed=9)]
+    sender = CudaIpcKVSender(device, secret="s3cret")
+    sender.begin(target)
+    submit = lambda layers: [sender.submit_layer("r1", layer, pools[layer], [1, 2, 5], [7, 0, 3]) for layer in layers]
+    await asyncio.to_thread(submit, [0])
+    print("layer 0 written", flush=True)
+    await asyncio.sleep(0.3)  # D aborts the request meanwhile
+    await asyncio.to_thread(submit, [1, 2])  # copies of a request D gave up: they land in its held blocks
+    print(f"last copy enqueued {time.monotonic()}", flush=True)
+    await sender.abort("r1", "aborted mid-transfer")  # waits for its copies, then the "error" frame
+    await sender.close()
+
+asyncio.run(main(TransferTarget.from_dict(json.loads(sys.argv[1])), sys.argv[2]))
+"""
+
+
+async def _abort_mid_transfer(device: str) -> tuple[list[torch.Tensor], float, float, Outcomes]:
+    outcomes = Outcomes()
+    pools = [p.cuda() for p in make_pools(torch.bfloat16)]
+    receiver = CudaIpcKVReceiver("127.0.0.1", 0, pools, outcomes.on_complete, outcomes.on_failure, secret="s3cret")
+    await receiver.start()
+    here = Path(__file__).parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(here), os.environ.get("PYTHONPATH", "")])}
+    target = receiver.expect("r1", [7, 0, 3], deadline=None, num_tokens=40)
+    process = await asyncio.create_subprocess_exec(sys.executable, "-c", _ABORTING_PROCESS,
+                                                   json.dumps(target.to_dict()), device, cwd=here, env=env,
+                                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert process.stdout is not None
+    assert (await asyncio.wait_for(process.stdout.readline(), 60)).startswith(b"layer 0 written")
+    released = asyncio.get_running_loop().create_future()
+    held = receiver.release_after_sender("r1", lambda rid: released.set_result(time.monotonic()))
+    assert held, "a cuda_ipc receiver must hold the blocks of a request its sender may still write"
+    last_copy = float((await asyncio.wait_for(process.stdout.readline(), 60)).split()[-1])
+    released_at = await asyncio.wait_for(released, 30)
+    _, stderr = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode == 0, stderr.decode()[-3000:]
+    # the blocks, released, go to a new request: a second process writes its own KV into them
+    second = receiver.expect("r2", [7, 0, 3], deadline=None, num_tokens=40)
+    writer = await asyncio.create_subprocess_exec(sys.executable, "-c", _PREFILL_PROCESS.replace('"r1"', '"r2"'),
+                                                  json.dumps(second.to_dict()), device, cwd=here, env=env,
+                                                  stderr=subprocess.PIPE)
+    _, stderr = await asyncio.wait_for(writer.communicate(), 120)
+    assert writer.returncode == 0, stderr.decode()[-3000:]
+    await outcomes.wait("r2")
+    await receiver.close()
+    return pools, last_copy, released_at, outcomes
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA IPC needs a GPU")
+def test_an_aborted_request_keeps_its_blocks_until_the_senders_copies_landed() -> None:
+    """Issue 16's race on cuda_ipc: D gives r1 up after P's first layer, P goes on writing two more layers into
+    r1's blocks, then gives up too. D releases the blocks only after P's "error" (so after those copies), and the
+    request reserved on them next holds exactly its own KV."""
+    pools, last_copy, released_at, outcomes = asyncio.run(_abort_mid_transfer("cuda:0"))
+    assert released_at > last_copy, "the blocks were released before the sender's last copy was enqueued"
+    assert outcomes.completed == {"r2": (5, -0.25)} and not outcomes.failed
+    mine = make_pools(torch.bfloat16, random=True, seed=7)
+    for layer in range(NUM_LAYERS):
+        got = pools[layer].cpu()
+        assert torch.equal(got[:, [7, 0, 3]].view(torch.int16), mine[layer][:, [1, 2, 5]].view(torch.int16))

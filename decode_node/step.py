@@ -1,0 +1,56 @@
+"""What one decode step plans and produces: the scheduler's typed results (decode_node/scheduler.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pdserve.decode_node.request import DecodeRequest
+from pdserve.protocol.messages import TokenDelta
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why a reservation was refused; `retry_after` seconds is a hint for the router."""
+
+    message: str
+    retry_after: float
+    status: int = 503
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    request_id: str
+    delta: TokenDelta
+
+
+@dataclass(frozen=True)
+class RecomputeItem:
+    """A preempted request's tokens (all but the last) to prefill again into fresh blocks."""
+
+    request: DecodeRequest
+    token_ids: list[int]
+    block_ids: list[int]
+
+
+@dataclass(frozen=True)
+class DecodeItem:
+    """One row of a decode step: feed `token_id` at `position`, K/V written into `block_ids`. `source_row`
+    >= 0: the token is what the step in flight samples in that row (still on the device)."""
+
+    request: DecodeRequest
+    token_id: int
+    position: int
+    block_ids: list[int]
+    source_row: int = -1
+
+
+@dataclass
+class DecodeBatch:
+    recompute: list[RecomputeItem] = field(default_factory=list)
+    decode: list[DecodeItem] = field(default_factory=list)
+    outputs: list[RequestOutput] = field(default_factory=list)  # deltas produced while scheduling
+    needs_drain: bool = False  # nothing scheduled: complete the step in flight first, then schedule again
+
+    @property
+    def empty(self) -> bool:
+        return not self.decode
