@@ -122,9 +122,12 @@ class DecodeEngine:
         if outputs:
             self.on_outputs(outputs)
 
-    def kv_complete(self, request_id: str, first_token_id: int, first_logprob: float | None) -> None:
-        """Receiver callback: the KV and P's first token are here; the first frame goes out now."""
-        logprobs = None if first_logprob is None else TokenLogprobs(first_token_id, first_logprob, [])
+    def kv_complete(self, request_id: str, first_token_id: int, first_logprob: float | None,
+                    first_top: list[tuple[int, float]] | None = None) -> None:
+        """Receiver callback: the KV and P's first token (its logprob and top-k) are here; the first frame goes
+        out now, with the same logprobs as P's PREFILLED."""
+        top = [(int(t), float(lp)) for t, lp in first_top or []]
+        logprobs = None if first_logprob is None else TokenLogprobs(first_token_id, first_logprob, top)
         with self.state_lock:
             outputs = self.scheduler.kv_complete(request_id, first_token_id, logprobs=logprobs)
         self.deliver(outputs)

@@ -168,7 +168,8 @@ class TcpKVReceiver(KVReceiver):
         if not live:
             return  # done/error of a request that already ended: nothing left to release
         if isinstance(header, Done):
-            self.table.complete(header.request_id, header.first_token_id, header.first_logprob, header.num_tokens)
+            top = list(zip(header.top_token_ids, header.top_logprobs, strict=False))
+            self.table.complete(header.request_id, header.first_token_id, header.first_logprob, header.num_tokens, top)
         else:
             self.table.fail(header.request_id, f"sender gave up: {header.reason}")
 

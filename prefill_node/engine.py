@@ -151,8 +151,10 @@ class PrefillEngine:
 
     async def _complete(self, request: PrefillRequest, result: PrefillResult) -> None:
         logprob = None if result.logprobs is None else result.logprobs.logprob
+        top = [] if result.logprobs is None else result.logprobs.top  # D's first delta carries them too
         try:
-            await self.sender.finish(request.request_id, result.first_token_id, logprob, request.num_carried_tokens)
+            await self.sender.finish(request.request_id, result.first_token_id, logprob, request.num_carried_tokens,
+                                     top)
         except KVTransferError as exc:
             self.stats.num_failed += 1
             self._sending_since.pop(request.request_id, None)
