@@ -83,7 +83,7 @@ def measure_steps(preset: str, prefill_batch: tuple[int, int] = (16, 128)) -> St
                          dummy_weights(config, torch.bfloat16, "cuda"), "cuda", torch.bfloat16,
                          max_num_seqs=max(BATCHES))
     table = _measure(runner, prefill_batch)
-    runner = None  # noqa: F841 (the weights and the pool go with it)
+    runner = None
     torch.cuda.empty_cache()
     return table
 
