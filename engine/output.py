@@ -99,7 +99,7 @@ class OutputProcessor:
         released = seq.stop_checker.push(delta) if delta else None
         text = released.text if released is not None else ""
         if released is not None and released.stop is not None:
-            return TokenResult(text, "stop")
+            return TokenResult(text + released.stop if params.include_stop_str_in_output else text, "stop")
         if len(seq.output_token_ids) >= params.max_tokens or seq.num_tokens >= self.max_model_len:
             return TokenResult(text + self._flush(seq), "length")
         return TokenResult(text, None)

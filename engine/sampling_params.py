@@ -41,6 +41,7 @@ class SamplingParams:
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     structured: StructuredOutput | None = None
+    include_stop_str_in_output: bool = False  # a matched stop string ends the text instead of being cut (vLLM)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stop", _as_tuple("stop", self.stop, str))
@@ -48,6 +49,7 @@ class SamplingParams:
         _check_type("max_tokens", self.max_tokens, int)
         _check_type("top_k", self.top_k, int)
         _check_type("ignore_eos", self.ignore_eos, bool)
+        _check_type("include_stop_str_in_output", self.include_stop_str_in_output, bool)
         for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
                      "repetition_penalty"):
             _check_type(name, getattr(self, name), float)

@@ -261,6 +261,7 @@ class LLM:
         if released is not None:
             out.text += released.text
             if released.stop is not None:
+                out.text += released.stop if params.include_stop_str_in_output else ""
                 out.finish_reason = "stop"
                 return True
         if len(seq.output_token_ids) >= params.max_tokens or seq.num_tokens >= self.config.max_model_len:
