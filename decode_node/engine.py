@@ -23,6 +23,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import torch
+
 from pdserve.decode_node.request import RequestState
 from pdserve.decode_node.scheduler import Scheduler
 from pdserve.decode_node.step import DecodeBatch, RequestOutput
@@ -70,10 +72,12 @@ class DecodeStats:
 
 @dataclass(frozen=True)
 class _Launched:
-    """A step whose forward and draw are queued on the device; its ids are read by `_complete`."""
+    """A step whose forward and draw are queued on the device; its ids are read by `_complete`. `sample` None:
+    the draw waits for the step before it (a grammar row's mask needs that step's token accepted)."""
 
     batch: DecodeBatch
-    sample: PendingSample
+    sample: PendingSample | None
+    logits: torch.Tensor | None = None
 
 
 class DecodeEngine:
@@ -125,9 +129,12 @@ class DecodeEngine:
         if outputs:
             self.on_outputs(outputs)
 
-    def kv_complete(self, request_id: str, first_token_id: int, first_logprob: float | None) -> None:
-        """Receiver callback: the KV and P's first token are here; the first frame goes out now."""
-        logprobs = None if first_logprob is None else TokenLogprobs(first_token_id, first_logprob, [])
+    def kv_complete(self, request_id: str, first_token_id: int, first_logprob: float | None,
+                    first_top: list[tuple[int, float]] | None = None) -> None:
+        """Receiver callback: the KV and P's first token (its logprob and top-k) are here; the first frame goes
+        out now, with the same logprobs as P's PREFILLED."""
+        top = [(int(t), float(lp)) for t, lp in first_top or []]
+        logprobs = None if first_logprob is None else TokenLogprobs(first_token_id, first_logprob, top)
         with self.state_lock:
             outputs = self.scheduler.kv_complete(request_id, first_token_id, logprobs=logprobs)
         self.deliver(outputs)
@@ -168,6 +175,8 @@ class DecodeEngine:
     #   memory, graph replay, sampling; nothing waits) ─▶ wait for N's ids ─▶ update N ─▶ publish N's deltas
     # so the host's work for N+1 and for N's outputs runs while N+1 computes. `async_scheduling` False (or a
     # batch that `needs_drain`) completes N before scheduling: the synchronous loop, with the same outputs.
+    # A batch with a grammar row (structured outputs) launches N+1's forward only; its draw follows update N,
+    # which accepted N's tokens into the matchers: the masks of N+1 are filled while N+1's forward runs.
 
     def _run(self) -> None:
         in_flight: _Launched | None = None
@@ -186,6 +195,8 @@ class DecodeEngine:
                     with self.state_lock:
                         self._publish(self.scheduler.fail_batch(batch, "decode step failed (see the log)"))
             self._finish(in_flight)
+            if launched is not None and launched.sample is None:
+                launched = self._draw(launched)  # N's tokens are in the matchers now: N+1's masks, its draw
             in_flight = launched if self.async_scheduling else self._finish(launched)
             self.stats.end_step()
             if in_flight is None and batch.empty:
@@ -208,14 +219,16 @@ class DecodeEngine:
     def _launch(self, batch: DecodeBatch, in_flight: _Launched | None) -> _Launched | None:
         """Queue the step's forward and draw; None when that raised."""
         try:
-            launched = _Launched(batch, self._forward(batch, in_flight))
+            launched = self._forward(batch, in_flight)
         except Exception:  # a failed step must end its requests, not the worker
             logger.exception("decode step of %d requests failed", len(batch.decode))
             launched = None
         self.stats.charge("launch")
         return launched
 
-    def _forward(self, batch: DecodeBatch, in_flight: _Launched | None) -> PendingSample:
+    def _forward(self, batch: DecodeBatch, in_flight: _Launched | None) -> _Launched:
+        """The step's forward, and its draw unless a grammar row must wait for the step in flight's token
+        (structured outputs: the mask is filled on the host while this forward runs on the device)."""
         chunks = [PrefillChunk(item.token_ids, 0, item.block_ids, need_logits=False) for item in batch.recompute]
         items = [DecodeInput(item.token_id, item.position, item.block_ids, item.source_row) for item in batch.decode]
         requests = [item.request.sampling_request() for item in batch.decode]
@@ -226,12 +239,32 @@ class DecodeEngine:
                 self.runner.prefill(chunks)
                 self.stats.num_recomputed_tokens += sum(len(c.token_ids) for c in chunks)
             logits = self.runner.decode(items, carried)
+        if in_flight is not None and any(r.grammar is not None for r in requests):
+            self.stats.forward_cpu_seconds += time.thread_time() - cpu
+            return _Launched(batch, None, logits)
         sample = self.sampler.sample(logits, requests)
         self.stats.forward_cpu_seconds += time.thread_time() - cpu
-        return sample
+        return _Launched(batch, sample)
+
+    def _draw(self, launched: _Launched) -> _Launched | None:
+        """The deferred draw of a launched step (grammar masks from the matchers' current state); None when it
+        raised (its requests end with an error)."""
+        assert launched.logits is not None
+        # built now, not at launch: a seeded draw counts the tokens the host has read since (the step before's)
+        requests = [item.request.sampling_request() for item in launched.batch.decode]
+        try:
+            sample = self.sampler.sample(launched.logits, requests)
+        except Exception:
+            logger.exception("sampling a decode step of %d requests failed", len(launched.batch.decode))
+            with self.state_lock:
+                self._publish(self.scheduler.fail_batch(launched.batch, "decode step failed (see the log)"))
+            return None
+        self.stats.charge("launch")
+        return _Launched(launched.batch, sample)
 
     def _complete(self, launched: _Launched) -> list[RequestOutput]:
         """Wait for the step's ids, then update the requests."""
+        assert launched.sample is not None, "a deferred draw is made before the step completes"
         try:
             sampled = launched.sample.result()
         except Exception as exc:  # a device error surfaces at the first wait

@@ -18,6 +18,7 @@ from pdserve.decode_node.engine import DecodeEngine
 from pdserve.decode_node.request import DecodeRequest, RequestState
 from pdserve.decode_node.scheduler import Scheduler
 from pdserve.engine.detokenizer import Decoder, IncrementalDetokenizer, StopChecker
+from pdserve.engine.grammar import GrammarBackend, GrammarError
 from pdserve.engine.output import NoTextDecoder
 from pdserve.engine.sampling import SamplingParams
 from pdserve.kv_transfer.base import KVReceiver
@@ -37,8 +38,9 @@ class DecodeNodeConfig:
 
 class DecodeNode:
     def __init__(self, engine: DecodeEngine, receiver: KVReceiver, decoder: Decoder | None,
-                 config: DecodeNodeConfig) -> None:
+                 config: DecodeNodeConfig, grammars: GrammarBackend | None = None) -> None:
         self.engine = engine
+        self.grammars = grammars  # structured outputs: each request's matcher is rebuilt here from its spec
         self.receiver = receiver
         engine.cancel_transfer = receiver.cancel
         engine.release_transfer = receiver.release_after_sender
@@ -70,6 +72,7 @@ class DecodeNode:
         request_id = message.request_id
         try:
             request = self._build(message)
+            await self._attach_grammar(request)
         except ValueError as exc:
             return Refused(request_id, 400, str(exc))
         aborted, fetched = await self._fetch(request)
@@ -107,6 +110,15 @@ class DecodeNode:
             message.request_id, list(prompt), params, IncrementalDetokenizer(self.decoder, prompt),
             StopChecker(params.stop), cache_salt=cache_salt, block_hashes=hashes, arrival_time=message.arrival_time,
         )
+
+    async def _attach_grammar(self, request: DecodeRequest) -> None:
+        """The matcher P's first token will be accepted into (at kv_complete); compiled off the event loop."""
+        spec = request.sampling.structured
+        if spec is None:
+            return
+        if self.grammars is None:
+            raise GrammarError("structured outputs need the model's tokenizer; this worker has none")
+        request.grammar = await asyncio.to_thread(self.grammars.matcher, spec)
 
     async def _fetch(self, request: DecodeRequest) -> tuple[bool, FetchedPrefix | None]:
         """Colocated with host / Redis tiers: stage the blocks after the device's cached prefix for the

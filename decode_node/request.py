@@ -8,9 +8,13 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from pdserve.engine.detokenizer import IncrementalDetokenizer, StopChecker
 from pdserve.engine.sampling import SamplingParams, SamplingRequest
+
+if TYPE_CHECKING:
+    from pdserve.engine.grammar import Matcher
 
 
 class RequestState(enum.IntEnum):
@@ -71,6 +75,7 @@ class DecodeRequest:
     num_preemptions: int = 0
     error: str | None = None
     abort_requested: bool = False
+    grammar: Matcher | None = None  # structured outputs: rebuilt here from the spec, P's first token accepted
 
     @property
     def num_tokens(self) -> int:
@@ -92,4 +97,5 @@ class DecodeRequest:
 
     def sampling_request(self) -> SamplingRequest:
         """Called once the step that samples for it is scheduled (`num_pending` counts that step already)."""
-        return SamplingRequest(self.sampling, self.prompt_token_ids, self.output_token_ids, self.num_pending - 1)
+        return SamplingRequest(self.sampling, self.prompt_token_ids, self.output_token_ids, self.num_pending - 1,
+                               self.grammar)

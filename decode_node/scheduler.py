@@ -139,8 +139,9 @@ class Scheduler:
         return request.block_ids[request.cached_tokens // self.block_size:end]
 
     def prefix_lookup_hashes(self, request: DecodeRequest) -> list[bytes]:
-        """Full prompt blocks except the one holding the last token (P must compute it for the logits)."""
-        if self.prefix_cache is None:
+        """Full prompt blocks except the one holding the last token (P must compute it for the logits); none
+        when the request asks for prompt logprobs (P computes its whole prompt: a cached prefix has no logits)."""
+        if self.prefix_cache is None or request.sampling.prompt_logprobs is not None:
             return []
         return request.block_hashes[: (len(request.prompt_token_ids) - 1) // self.block_size]
 

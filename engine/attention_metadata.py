@@ -27,12 +27,14 @@ from pdserve.kernels.prefill_attention import PrefillShape
 @dataclass(frozen=True)
 class PrefillChunk:
     """token_ids: this chunk; start_pos: tokens of the sequence already in the cache; block_table covers
-    start_pos + len(token_ids) tokens; need_logits: sample after this chunk (the prompt's last chunk)."""
+    start_pos + len(token_ids) tokens; need_logits: sample after this chunk (the prompt's last chunk);
+    all_logits: logits of every row of the chunk (prompt logprobs), not only its last."""
 
     token_ids: Sequence[int]
     start_pos: int
     block_table: Sequence[int]
     need_logits: bool = True
+    all_logits: bool = False
 
 
 @dataclass(frozen=True)
@@ -55,7 +57,8 @@ class PrefillBatch:
     cu_seqlens_q: torch.Tensor  # [B + 1] int32
     seq_lens: torch.Tensor  # [B] int32
     block_tables: torch.Tensor  # [B, max_blocks] int32
-    logits_indices: torch.Tensor  # [N] int64: packed rows whose logits are computed (last row of a chunk)
+    logits_indices: torch.Tensor  # [N] int64: packed rows whose logits are computed (last row of a chunk, or
+    # every row of an `all_logits` chunk), in chunk order
     shape: PrefillShape  # host-side: the chunks' lengths and whether any follows cached tokens
 
 
@@ -100,7 +103,13 @@ def build_prefill_batch(chunks: list[PrefillChunk], block_size: int, device: tor
     positions = starts[seq_index] + torch.arange(int(cu[-1])) - cu[:-1].long()[seq_index]
     block_tables = _pad_rows([c.block_table for c in chunks])
     slots = block_tables[seq_index, positions // block_size].long() * block_size + positions % block_size
-    last_rows = (cu[1:].long() - 1)[torch.tensor([c.need_logits for c in chunks])]
+    if any(c.all_logits for c in chunks):
+        ends = cu.tolist()
+        last_rows = torch.tensor([r for i, c in enumerate(chunks)
+                                  for r in (range(ends[i], ends[i + 1]) if c.all_logits
+                                            else [ends[i + 1] - 1] if c.need_logits else [])], dtype=torch.long)
+    else:
+        last_rows = (cu[1:].long() - 1)[torch.tensor([c.need_logits for c in chunks])]
     return PrefillBatch(
         input_ids=torch.tensor([t for c in chunks for t in c.token_ids]).to(device),
         positions=positions.to(device),

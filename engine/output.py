@@ -4,6 +4,8 @@ whichever worker has it first and both agree to the character).
 
 Order of checks for each new token (the same as the offline engine, so outputs match):
 
+    the grammar (structured outputs) accepts the token; a grammar that is complete after it (it accepted EOS)
+    or that rejects it (possible only past its end, with ignore_eos) ends the sequence like EOS does
     stop_token_ids / EOS (unless ignore_eos) ──▶ "stop", the token's text is not returned
     text delta ──▶ StopChecker ──▶ stop string matched ──▶ "stop", text cut before the stop string
     max_tokens reached, or prompt + output reached max_model_len ──▶ "length"
@@ -12,11 +14,14 @@ Order of checks for each new token (the same as the offline engine, so outputs m
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pdserve.engine.detokenizer import Decoder, IncrementalDetokenizer, StopChecker
 from pdserve.engine.sampling import TokenLogprobs
 from pdserve.engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from pdserve.engine.grammar import Matcher
 
 
 class Generation(Protocol):
@@ -26,6 +31,7 @@ class Generation(Protocol):
     sampling: SamplingParams
     detokenizer: IncrementalDetokenizer
     stop_checker: StopChecker
+    grammar: Matcher | None
 
     @property
     def num_tokens(self) -> int: ...
@@ -40,11 +46,13 @@ class SequenceText:
     detokenizer: IncrementalDetokenizer
     stop_checker: StopChecker
     output_token_ids: list[int] = field(default_factory=list)
+    grammar: Matcher | None = None
 
     @classmethod
-    def start(cls, decoder: Decoder, prompt_token_ids: list[int], sampling: SamplingParams) -> SequenceText:
+    def start(cls, decoder: Decoder, prompt_token_ids: list[int], sampling: SamplingParams,
+              grammar: Matcher | None = None) -> SequenceText:
         return cls(len(prompt_token_ids), sampling, IncrementalDetokenizer(decoder, prompt_token_ids),
-                   StopChecker(sampling.stop))
+                   StopChecker(sampling.stop), grammar=grammar)
 
     @property
     def num_tokens(self) -> int:
@@ -82,13 +90,16 @@ class OutputProcessor:
     def append_token(self, seq: Generation, token_id: int) -> TokenResult:
         seq.output_token_ids.append(token_id)
         params = seq.sampling
-        if token_id in params.stop_token_ids or (not params.ignore_eos and token_id in self.eos_token_ids):
+        grammar_ended = seq.grammar is not None and (not seq.grammar.accept_token(token_id)
+                                                     or seq.grammar.is_terminated())
+        if (token_id in params.stop_token_ids or (not params.ignore_eos and token_id in self.eos_token_ids)
+                or grammar_ended):
             return TokenResult(self._flush(seq), "stop")
         delta = seq.detokenizer.add_token(token_id)
         released = seq.stop_checker.push(delta) if delta else None
         text = released.text if released is not None else ""
         if released is not None and released.stop is not None:
-            return TokenResult(text, "stop")
+            return TokenResult(text + released.stop if params.include_stop_str_in_output else text, "stop")
         if len(seq.output_token_ids) >= params.max_tokens or seq.num_tokens >= self.max_model_len:
             return TokenResult(text + self._flush(seq), "length")
         return TokenResult(text, None)

@@ -8,7 +8,7 @@ engine worker thread.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -30,11 +30,13 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class PrefillOutput:
-    """logits[j] belongs to chunks[chunk_indices[j]] (the chunks that asked for logits, in order)."""
+    """logits[j] belongs to chunks[chunk_indices[j]] (the chunks that asked for logits, in order);
+    all_logits[i]: every row of chunks[i] when it asked for them (row r predicts the token after its r-th)."""
 
     logits: torch.Tensor  # [len(chunk_indices), V] fp32
     chunk_indices: list[int]
     num_tokens: int
+    all_logits: dict[int, torch.Tensor] = field(default_factory=dict)
 
 
 def default_decode_buckets(max_num_seqs: int, device: torch.device) -> list[int]:
@@ -95,7 +97,18 @@ class ModelRunner:
         batch = build_prefill_batch(chunks, self.cache_config.block_size, self.device)
         logits = self.model.forward_prefill(batch, self.kv_caches, layer_done)
         indices = [i for i, c in enumerate(chunks) if c.need_logits]
-        return PrefillOutput(logits=logits, chunk_indices=indices, num_tokens=int(batch.input_ids.shape[0]))
+        num_tokens = int(batch.input_ids.shape[0])
+        if not any(c.all_logits for c in chunks):
+            return PrefillOutput(logits=logits, chunk_indices=indices, num_tokens=num_tokens)
+        rows, sampled, offset = {}, [], 0
+        for i, c in enumerate(chunks):
+            width = len(c.token_ids) if c.all_logits else int(c.need_logits)
+            if c.all_logits:
+                rows[i] = logits[offset:offset + width]
+            if c.need_logits:
+                sampled.append(offset + width - 1)
+            offset += width
+        return PrefillOutput(logits[sampled], indices, num_tokens, rows)
 
     def prefill_warm_up_batches(self, max_tokens: int) -> list[list[PrefillChunk]]:
         """The warm-up's batches for a token budget of `max_tokens` (engine/prefill_warm_up.py)."""

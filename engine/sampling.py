@@ -2,7 +2,7 @@
 
 One sampler pass over a batch of logits rows, in vLLM's order:
 
-    raw logits ─▶ repetition, frequency, presence penalties ─▶ greedy rows: argmax
+    raw logits ─▶ repetition, frequency, presence penalties ─▶ grammar mask ─▶ greedy rows: argmax
                                                           └─▶ / temperature ─▶ min-p ─▶ top-k ─▶ top-p ─▶ draw
 
 Every stage is one vectorised op over the whole batch (a row whose parameter is neutral is left unchanged),
@@ -18,16 +18,22 @@ Two halves, so a decode loop can overlap the host with the device (decode_node/e
     ... the host prepares and launches the next step, which may read pending.tokens on the device ...
     out = pending.result()                       waits for that copy only; SamplerOutput (host lists)
 
-`sampler(logits, requests)` is both at once.
+`sampler(logits, requests)` is both at once. A request with a grammar matcher (structured outputs,
+engine/grammar.py) has its row masked on the device from the matcher's state when `sample` is called: a loop that
+overlaps steps calls it once the previous step's tokens were accepted (decode_node/engine.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from pdserve.engine.sampling_params import MAX_LOGPROBS, MAX_STOP_STRINGS, SamplingParams  # noqa: F401 (re-exported)
+
+if TYPE_CHECKING:  # xgrammar is imported only once a constrained request is sampled
+    from pdserve.engine.grammar import Matcher, TokenBitmasks
 
 
 @dataclass(frozen=True)
@@ -40,6 +46,7 @@ class SamplingRequest:
     prompt_token_ids: list[int] = field(default_factory=list)
     output_token_ids: list[int] = field(default_factory=list)
     num_pending: int = 0
+    grammar: Matcher | None = None  # structured outputs: masks this row by the matcher's state at sample()
 
 
 @dataclass(frozen=True)
@@ -98,6 +105,7 @@ class Sampler:
 
     def __init__(self, device: torch.device | str = "cpu") -> None:
         self._generator = torch.Generator(device=device)
+        self._bitmasks: TokenBitmasks | None = None
 
     def __call__(self, logits: torch.Tensor, requests: list[SamplingRequest]) -> SamplerOutput:
         """logits: [B, V] (any float dtype), one row per request -> one token per row."""
@@ -108,13 +116,25 @@ class Sampler:
         if logits.shape[0] != len(requests):
             raise ValueError(f"got {logits.shape[0]} logits rows for {len(requests)} sampling requests")
         raw = logits.float()
-        penalised = apply_penalties(raw, requests)
+        penalised = self._mask(apply_penalties(raw, requests), requests)
         tokens = penalised.argmax(dim=-1)
         if not all(r.params.greedy for r in requests):
             sampled = self._sample(penalised, requests)
             greedy = torch.tensor([r.params.greedy for r in requests], device=raw.device)
             tokens = torch.where(greedy, tokens, sampled)
         return PendingSample(tokens, requests, device_logprobs(raw, tokens, requests))
+
+    def _mask(self, logits: torch.Tensor, requests: list[SamplingRequest]) -> torch.Tensor:
+        """Constrained rows masked by their grammars (a masked copy: logprobs read the raw logits)."""
+        if all(r.grammar is None for r in requests):
+            return logits
+        from pdserve.engine.grammar import TokenBitmasks, apply_token_bitmask
+
+        if self._bitmasks is None or self._bitmasks.vocab_size != logits.shape[1]:
+            self._bitmasks = TokenBitmasks(logits.shape[1], logits.device)
+        bitmask = self._bitmasks.fill([r.grammar for r in requests])
+        assert bitmask is not None
+        return apply_token_bitmask(logits, bitmask)
 
     def _sample(self, logits: torch.Tensor, requests: list[SamplingRequest]) -> torch.Tensor:
         params = [r.params for r in requests]

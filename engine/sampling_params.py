@@ -9,6 +9,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from pdserve.engine.structured_output import StructuredOutput
+
 MAX_STOP_STRINGS = 4
 MAX_LOGPROBS = 20
 _GREEDY_EPS = 1e-5  # temperatures below this are greedy (as in vLLM): dividing by them overflows
@@ -19,6 +21,9 @@ class SamplingParams:
     """How one request samples and when it stops. JSON-able through to_dict/from_dict.
 
     logprobs: None for none; k >= 0 for the chosen token's logprob plus the k likeliest tokens' (as in vLLM).
+    prompt_logprobs: None for none; k >= 0 for every prompt token's logprob (but the first's) plus the k
+        likeliest at that position, computed by the prefill worker over the whole prompt (no cached prefix).
+    structured: what the output must match (engine/structured_output.py); None: free text.
     """
 
     max_tokens: int = 16
@@ -34,6 +39,9 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    structured: StructuredOutput | None = None
+    include_stop_str_in_output: bool = False  # a matched stop string ends the text instead of being cut (vLLM)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stop", _as_tuple("stop", self.stop, str))
@@ -41,13 +49,17 @@ class SamplingParams:
         _check_type("max_tokens", self.max_tokens, int)
         _check_type("top_k", self.top_k, int)
         _check_type("ignore_eos", self.ignore_eos, bool)
+        _check_type("include_stop_str_in_output", self.include_stop_str_in_output, bool)
         for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
                      "repetition_penalty"):
             _check_type(name, getattr(self, name), float)
         if self.seed is not None:
             _check_type("seed", self.seed, int)
-        if self.logprobs is not None:
-            _check_type("logprobs", self.logprobs, int)
+        for name in ("logprobs", "prompt_logprobs"):
+            if getattr(self, name) is not None:
+                _check_type(name, getattr(self, name), int)
+        if self.structured is not None and not isinstance(self.structured, StructuredOutput):
+            raise ValueError(f"structured must be a StructuredOutput, got {type(self.structured).__name__}")
         self._check_ranges()
 
     def _check_ranges(self) -> None:
@@ -69,6 +81,8 @@ class SamplingParams:
              f"stop_token_ids must be >= 0, got {list(self.stop_token_ids)}"),
             (self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS,
              f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}"),
+            (self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= MAX_LOGPROBS,
+             f"prompt_logprobs must be in [0, {MAX_LOGPROBS}], got {self.prompt_logprobs}"),
         ]
         for ok, message in checks:
             if not ok:
@@ -82,6 +96,7 @@ class SamplingParams:
         out = dataclasses.asdict(self)
         out["stop"] = list(self.stop)
         out["stop_token_ids"] = list(self.stop_token_ids)
+        out["structured"] = None if self.structured is None else self.structured.to_dict()
         return out
 
     @classmethod
@@ -90,6 +105,9 @@ class SamplingParams:
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(f"unknown sampling parameters {unknown}; known: {sorted(known)}")
+        structured = data.get("structured")
+        if isinstance(structured, dict):
+            data = {**data, "structured": StructuredOutput.from_dict(structured)}
         return cls(**data)
 
 

@@ -6,8 +6,9 @@
        for each layer as it finishes:  sender.submit_prepared(sends, layer, kv_cache)   (compute thread)
                                     or sender.submit_layer(...)   (one request, from the compute thread)
                                     or await sender.send_layer(...) (from the event loop)
-       await sender.finish(request_id, first_token_id, first_logprob, num_tokens)
-    D: on_complete(request_id, first_token_id, first_logprob)   once every layer of every block arrived
+       await sender.finish(request_id, first_token_id, first_logprob, num_tokens, first_top)
+    D: on_complete(request_id, first_token_id, first_logprob, first_top)   once every layer of every block arrived
+       (first_top: P's top-k [(token id, logprob), ...] of the first token, [] when not asked for)
        on_failure(request_id, reason)   on a lease timeout, a broken connection or a bad frame;
                                         the node then frees the reserved blocks
 
@@ -28,7 +29,7 @@ from pdserve.kv_transfer.target import TransferTarget
 from pdserve.kv_transfer.transfer_table import TransferTable
 from pdserve.kv_transfer.wire import dtype_name
 
-OnComplete = Callable[[str, int, float | None], None]
+OnComplete = Callable[[str, int, float | None, list[tuple[int, float]]], None]
 OnFailure = Callable[[str, str], None]
 
 
@@ -134,7 +135,8 @@ class KVSender(ABC):
 
     @abstractmethod
     async def finish(
-        self, request_id: str, first_token_id: int, first_logprob: float | None, num_tokens: int
+        self, request_id: str, first_token_id: int, first_logprob: float | None, num_tokens: int,
+        first_top: Sequence[tuple[int, float]] = (),
     ) -> None:
         """Wait for this request's layer sends, then tell the receiver the KV is complete."""
 

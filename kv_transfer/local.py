@@ -52,9 +52,10 @@ class LocalKVSender(KVSender):
         return future
 
     async def finish(
-        self, request_id: str, first_token_id: int, first_logprob: float | None, num_tokens: int
+        self, request_id: str, first_token_id: int, first_logprob: float | None, num_tokens: int,
+        first_top: Sequence[tuple[int, float]] = (),
     ) -> None:
-        if not self.receiver.table.complete(request_id, first_token_id, first_logprob, num_tokens):
+        if not self.receiver.table.complete(request_id, first_token_id, first_logprob, num_tokens, first_top):
             raise KVTransferError(f"request {request_id!r} is no longer expected (lease expired or cancelled)")
 
     async def abort(self, request_id: str, reason: str) -> None:

@@ -169,7 +169,8 @@ class TcpKVReceiver(KVReceiver):
             self.table.release(header.request_id)
             return
         if isinstance(header, Done):
-            self.table.complete(header.request_id, header.first_token_id, header.first_logprob, header.num_tokens)
+            top = list(zip(header.top_token_ids, header.top_logprobs, strict=False))
+            self.table.complete(header.request_id, header.first_token_id, header.first_logprob, header.num_tokens, top)
         else:
             self.table.fail(header.request_id, f"sender gave up: {header.reason}")
 

@@ -150,7 +150,8 @@ class TransferTable:
             received.update(pending.block_ids)
         pending.last_progress = time.monotonic()
 
-    def complete(self, request_id: str, first_token_id: int, first_logprob: float | None, num_tokens: int) -> bool:
+    def complete(self, request_id: str, first_token_id: int, first_logprob: float | None, num_tokens: int,
+                 first_top: Sequence[tuple[int, float]] = ()) -> bool:
         """Finish on the sender's "done": on_complete if everything arrived, otherwise on_failure."""
         if self.release(request_id):  # drained: the sender finished writing what it wrote
             return True
@@ -165,7 +166,7 @@ class TransferTable:
         if problem is not None:
             return self.fail(request_id, f"done before the KV was complete: {problem}")
         self._forget(request_id)
-        _call(self._on_complete, request_id, first_token_id, first_logprob)
+        _call(self._on_complete, request_id, first_token_id, first_logprob, list(first_top))
         return True
 
     def fail(self, request_id: str, reason: str) -> bool:

@@ -23,7 +23,9 @@ sees them:
     kv_bulk sender → receiver  {request_id, layer, block_ids, dtype, shape, bulk_nbytes}
                                nccl only: as kv, but the payload follows through the group (a send of
                                bulk_nbytes to rank 0), not the socket; nbytes is 0
-    done   sender → receiver   {request_id, first_token_id, first_logprob, num_tokens}
+    done   sender → receiver   {request_id, first_token_id, first_logprob, num_tokens, top_token_ids, top_logprobs}
+                               the first token (sampled on P), its logprob and P's top-k alternatives, so that
+                               D's first delta carries what P's PREFILLED does (the top lists may be absent: [])
     error  sender → receiver   {request_id, reason}              the sender gave the request up
            receiver → sender   {request_id: "", reason}          handshake refused (bad secret, version)
 
@@ -41,7 +43,8 @@ import hashlib
 import hmac
 import struct
 import zlib
-from dataclasses import dataclass, fields
+from collections.abc import Sequence
+from dataclasses import MISSING, dataclass, field, fields
 from types import NoneType
 from typing import ClassVar
 
@@ -145,6 +148,8 @@ class Done:
     first_token_id: int
     first_logprob: float | None
     num_tokens: int
+    top_token_ids: list[int] = field(default_factory=list)
+    top_logprobs: list[float] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -160,7 +165,7 @@ _HEADER_TYPES: dict[str, type] = {
 }
 _FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "bytes": (bytes,), "bytes | None": (bytes, NoneType), "str": (str,), "int": (int,),
-    "list[int]": (list,), "float | None": (float, NoneType),
+    "list[int]": (list,), "float | None": (float, NoneType), "list[float]": (list,),
 }
 
 
@@ -190,6 +195,13 @@ def encode_frame(header: Header, payload: memoryview | bytes = b"") -> list[byte
     fields_map.setdefault("nbytes", 0)
     packed = msgpack.packb({"version": WIRE_VERSION, "kind": header.KIND, **fields_map}, use_bin_type=True)
     return [_LENGTH.pack(len(packed)) + packed, payload]
+
+
+def done_frame(request_id: str, first_token_id: int, first_logprob: float | None, num_tokens: int,
+               first_top: Sequence[tuple[int, float]] = ()) -> Done:
+    """The "done" header: the first token with its logprob and top-k alternatives (floats on the wire)."""
+    return Done(request_id, first_token_id, first_logprob, num_tokens, [int(t) for t, _ in first_top],
+                [float(lp) for _, lp in first_top])
 
 
 def kv_frame(request_id: str, layer: int, block_ids: list[int], blocks: torch.Tensor) -> list[bytes | memoryview]:
@@ -233,17 +245,21 @@ def decode_header(raw: bytes) -> Header:
     nbytes = obj.get("nbytes")
     if type(nbytes) is not int or nbytes < 0 or (cls is not KVHeader and nbytes != 0):
         raise ProtocolError(f"{cls.KIND} frame has bad nbytes {nbytes!r}")
-    return cls(**{f.name: _field(obj, cls.KIND, f.name, str(f.type)) for f in fields(cls)})
+    return cls(**{f.name: _field(obj, cls.KIND, f.name, str(f.type), f.default_factory) for f in fields(cls)})
 
 
-def _field(obj: dict, kind: str, name: str, type_name: str) -> object:
+def _field(obj: dict, kind: str, name: str, type_name: str, default: object = MISSING) -> object:
     if name not in obj:
+        if default is not MISSING:  # a field added later, with a default: a frame may lack it
+            return default()  # type: ignore[operator]
         raise ProtocolError(f"{kind} frame lacks {name!r}")
     value = obj[name]
     if type(value) not in _FIELD_TYPES[type_name]:  # exact: True is not an int here
         raise ProtocolError(f"{kind} frame field {name!r} must be {type_name}, got {type(value).__name__}")
     if type_name == "list[int]" and not all(type(v) is int for v in value):
         raise ProtocolError(f"{kind} frame field {name!r} must hold only ints")
+    if type_name == "list[float]" and not all(type(v) is float for v in value):
+        raise ProtocolError(f"{kind} frame field {name!r} must hold only floats")
     return value
 
 

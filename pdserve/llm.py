@@ -24,6 +24,8 @@ from pdserve.cache_store.prefix_cache import PrefixCache
 from pdserve.engine.attention_metadata import DecodeInput, PrefillChunk
 from pdserve.engine.config import CacheConfig
 from pdserve.engine.detokenizer import IncrementalDetokenizer, StopChecker
+from pdserve.engine.grammar import GrammarBackend, Matcher
+from pdserve.engine.prompt_logprobs import PromptLogprobs, chunk_entries
 from pdserve.engine.runner import ModelRunner
 from pdserve.engine.sampling import Sampler, SamplingParams, SamplingRequest, TokenLogprobs
 from pdserve.engine.tokenizer import Tokenizer
@@ -40,6 +42,7 @@ class GenerationOutput:
     num_prompt_tokens: int
     num_cached_tokens: int  # prompt tokens read from the prefix cache instead of computed
     logprobs: list[TokenLogprobs | None] | None = None
+    prompt_logprobs: PromptLogprobs | None = None  # [None, {token_id, logprob, rank, top}, ...] when asked for
 
 
 @dataclass
@@ -51,6 +54,8 @@ class _Output:
     text: str = ""
     finish_reason: str | None = None
     logprobs: list[TokenLogprobs | None] = field(default_factory=list)
+    prompt_logprobs: PromptLogprobs = field(default_factory=lambda: [None])
+    grammar: Matcher | None = None  # structured outputs: the sequence's matcher
 
     def flush(self) -> None:
         tail = self.detokenizer.flush()
@@ -104,6 +109,7 @@ class LLM:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.chunk_size = chunk_size or max_num_batched_tokens
         self.stats = SchedulerStats()
+        self._grammars: GrammarBackend | None = None  # built on the first constrained request
 
     def generate(
         self,
@@ -155,7 +161,14 @@ class LLM:
 
     def _new_output(self, seq: OfflineSequence) -> _Output:
         detokenizer = IncrementalDetokenizer(self.tokenizer, seq.prompt_token_ids)
-        return _Output(detokenizer, StopChecker(seq.params.stop))
+        return _Output(detokenizer, StopChecker(seq.params.stop), grammar=self._matcher(seq.params))
+
+    def _matcher(self, params: SamplingParams) -> Matcher | None:
+        if params.structured is None:
+            return None
+        if self._grammars is None:
+            self._grammars = GrammarBackend(self.tokenizer, self.config.vocab_size, sorted(self.eos_token_ids))
+        return self._grammars.matcher(params.structured)
 
     @staticmethod
     def _per_prompt(sampling: SamplingParams | list[SamplingParams] | None, n: int) -> list[SamplingParams]:
@@ -194,17 +207,18 @@ class LLM:
         if plan.empty:
             raise RuntimeError(f"no progress possible: {len(scheduler.waiting)} waiting, "
                                f"{self.pool.num_free} of {self.pool.num_total} blocks free")
-        sampled, logits = self._forward(plan)
+        sampled, logits = self._forward(plan, outputs)
         scheduler.advance(plan)
         if not sampled:
             return
-        requests = [SamplingRequest(s.params, s.prompt_token_ids, s.output_token_ids) for s in sampled]
+        requests = [SamplingRequest(s.params, s.prompt_token_ids, s.output_token_ids, 0, outputs[s.index].grammar)
+                    for s in sampled]
         result = self.sampler(logits, requests)
         for seq, token, logprobs in zip(sampled, result.token_ids, result.logprobs, strict=True):
             if self._append(seq, token, logprobs, outputs[seq.index]):
                 scheduler.finish(seq)
 
-    def _forward(self, plan: StepPlan) -> tuple[list[OfflineSequence], torch.Tensor]:
+    def _forward(self, plan: StepPlan, outputs: list[_Output]) -> tuple[list[OfflineSequence], torch.Tensor]:
         """Run the plan's decode and prefill batches; the sequences that sample and their logits rows."""
         rows, sampled = [], []
         if plan.decodes:
@@ -212,19 +226,33 @@ class LLM:
             rows.append(self.runner.decode(items))
             sampled += plan.decodes
         if plan.prefills:
-            chunks = [PrefillChunk(c.seq.all_token_ids[c.start:c.end], c.start, c.seq.block_ids, c.samples)
-                      for c in plan.prefills]
+            wanted = [self._wants_prompt_logprobs(c.seq, c.start, outputs[c.seq.index]) for c in plan.prefills]
+            chunks = [PrefillChunk(c.seq.all_token_ids[c.start:c.end], c.start, c.seq.block_ids, c.samples, all_rows)
+                      for c, all_rows in zip(plan.prefills, wanted, strict=True)]
             out = self.runner.prefill(chunks)
+            for i, all_logits in out.all_logits.items():
+                c = plan.prefills[i]
+                k = c.seq.params.prompt_logprobs or 0
+                outputs[c.seq.index].prompt_logprobs += chunk_entries(all_logits, c.seq.prompt_token_ids, c.start, k)
             rows.append(out.logits)
             sampled += [plan.prefills[i].seq for i in out.chunk_indices]
         return sampled, torch.cat(rows) if len(rows) > 1 else rows[0]
+
+    @staticmethod
+    def _wants_prompt_logprobs(seq: OfflineSequence, start: int, out: _Output) -> bool:
+        """The chunk continues the prompt logprobs collected so far (not a recompute after preemption)."""
+        return (seq.params.prompt_logprobs is not None and start < len(seq.prompt_token_ids)
+                and len(out.prompt_logprobs) == start + 1)
 
     def _append(self, seq: OfflineSequence, token: int, logprobs: TokenLogprobs | None, out: _Output) -> bool:
         """Record a sampled token; True when the sequence is finished."""
         seq.output_token_ids.append(token)
         out.logprobs.append(logprobs)
         params = seq.params
-        if token in params.stop_token_ids or (not params.ignore_eos and token in self.eos_token_ids):
+        grammar_ended = out.grammar is not None and (not out.grammar.accept_token(token)
+                                                     or out.grammar.is_terminated())
+        if (token in params.stop_token_ids or (not params.ignore_eos and token in self.eos_token_ids)
+                or grammar_ended):
             out.finish_reason = "stop"
             out.flush()
             return True
@@ -233,6 +261,7 @@ class LLM:
         if released is not None:
             out.text += released.text
             if released.stop is not None:
+                out.text += released.stop if params.include_stop_str_in_output else ""
                 out.finish_reason = "stop"
                 return True
         if len(seq.output_token_ids) >= params.max_tokens or seq.num_tokens >= self.config.max_model_len:
@@ -247,4 +276,5 @@ class LLM:
             token_ids=list(seq.output_token_ids), text=out.text, finish_reason=out.finish_reason,
             num_prompt_tokens=len(seq.prompt_token_ids), num_cached_tokens=seq.num_cached_tokens,
             logprobs=out.logprobs if seq.params.logprobs is not None else None,
+            prompt_logprobs=out.prompt_logprobs if seq.params.prompt_logprobs is not None else None,
         )

@@ -168,6 +168,8 @@ class OfflineScheduler:
             seq.num_computed = seq.num_cached_tokens = 0
         else:
             lookup = seq.prompt_hashes[: (seq.num_tokens - 1) // self.block_size]
+            if seq.params.prompt_logprobs is not None:
+                lookup = []  # a cached prefix has no logits (engine/prompt_logprobs.py)
             if not self.prefix_cache.can_allocate(lookup, needed):
                 return False
             blocks = self.prefix_cache.allocate(lookup, needed)

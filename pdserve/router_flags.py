@@ -67,6 +67,9 @@ def add_router_arguments(parser: argparse.ArgumentParser, internal_port: bool = 
     group.add_argument("--chat-template", default=None, metavar="FILE",
                        help="Jinja chat template for /v1/chat/completions: a file, or the template itself on one "
                             "line (default: the model's)")
+    group.add_argument("--tool-call-parser", default=defaults.tool_call_parser, choices=["hermes"],
+                       help="how tool calls are read from the output of tool_choice 'auto' (as vllm serve's flag; "
+                            "hermes: <tool_call>{...}</tool_call>, the default model's format)")
     group.add_argument("--disable-log-requests", action="store_true",
                        help="no INFO line per finished request (router/request_log.py formats them)")
     _add_http_arguments(parser, internal_port)
@@ -120,4 +123,5 @@ def router_config(args: argparse.Namespace, name: str, aliases: tuple[str, ...],
         max_body_bytes=args.max_body_size, max_inflight_requests=args.max_inflight_requests,
         prefill_policy=args.prefill_policy, decode_policy=args.decode_policy,
         cache_aware_max_imbalance=args.cache_aware_max_imbalance, log_requests=not args.disable_log_requests,
+        tool_call_parser=args.tool_call_parser,
     )

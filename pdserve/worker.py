@@ -43,6 +43,7 @@ from pdserve.decode_node.node import DecodeNode, DecodeNodeConfig
 from pdserve.decode_node.scheduler import Scheduler
 from pdserve.decode_node.service import DecodeService
 from pdserve.engine.config import CacheConfig, ModelConfig
+from pdserve.engine.grammar import GrammarBackend
 from pdserve.engine.kv_cache import gpu_kv_budget
 from pdserve.engine.model import ModelWeights, fuse_weights
 from pdserve.engine.output import OutputProcessor
@@ -185,6 +186,7 @@ class Worker:
         (pdserve/worker_control.py). Only a colocated worker on the `local` backend builds just its own."""
         secret = self.settings.server.secret
         built = self.settings.roles if self.settings.transfer.backend == "local" else ROLES
+        grammars = self._grammar_backend()
         decode_engine = None
         if "decode" in built:
             decode_engine = self._decode_engine()
@@ -192,7 +194,7 @@ class Worker:
             node_config = DecodeNodeConfig(self.config.max_model_len, self.config.vocab_size,
                                            self.cache_config.block_size, self.settings.scheduler.kv_lease_timeout_s,
                                            self.loaded.fingerprint)
-            self.roles.decode = DecodeNode(decode_engine, receiver, self.loaded.tokenizer, node_config)
+            self.roles.decode = DecodeNode(decode_engine, receiver, self.loaded.tokenizer, node_config, grammars)
         if "prefill" in built:
             if self.settings.transfer.backend == "local":
                 assert self.roles.decode is not None
@@ -213,7 +215,13 @@ class Worker:
                                             self.settings.transfer.backend, self.settings.scheduler.max_queued_requests)
             lookup = self.roles.decode.waiting_reservation if self.roles.decode is not None else None
             self.roles.prefill = PrefillNode(engine, node_config, self._output_processor(), self.loaded.tokenizer,
-                                             lookup)
+                                             lookup, grammars)
+
+    def _grammar_backend(self) -> GrammarBackend | None:
+        """Structured outputs: one grammar compiler (and cache) for both roles; none without a tokenizer."""
+        if self.loaded.tokenizer is None:
+            return None
+        return GrammarBackend(self.loaded.tokenizer, self.config.vocab_size, sorted(self._output_processor().eos_token_ids))
 
     def _output_processor(self) -> OutputProcessor:
         eos = tuple(self.config.eos_token_ids)

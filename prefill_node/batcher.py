@@ -11,7 +11,8 @@ One `schedule()` packs at most `max_num_batched_tokens` prompt tokens:
 Requests already PREFILLING go first (so a long prompt keeps moving), then queued ones in arrival order; the
 last one may get a partial chunk. A queued request whose blocks do not fit waits at the head of the queue
 (FIFO, no overtaking: a long prompt is never starved by short ones). Only the suffix after the cached prefix
-is computed; at least one token always is, since its logits give the first token. With a tiered cache, the
+is computed; at least one token always is, since its logits give the first token. A request that asks for prompt
+logprobs skips the cache and computes its whole prompt (engine/prompt_logprobs.py). With a tiered cache, the
 cached prefix is the device's hits followed by the blocks the node fetched from host RAM / Redis before queueing
 the request (`request.fetched`), copied into the first new blocks at admission.
 
@@ -56,7 +57,8 @@ class ScheduledChunk:
 
     def engine_chunk(self, block_size: int) -> PrefillChunk:
         table = self.request.block_ids[: blocks_needed(self.end, block_size)]
-        return PrefillChunk(self.request.prompt_token_ids[self.start:self.end], self.start, table, self.is_last)
+        return PrefillChunk(self.request.prompt_token_ids[self.start:self.end], self.start, table, self.is_last,
+                            all_logits=self.request.wants_prompt_logprobs)
 
 
 @dataclass
@@ -191,6 +193,8 @@ class Batcher:
     def _allocate(self, request: PrefillRequest, needed: int) -> bool:
         """Cached prefix + new blocks for the prompt, or False when they do not fit now."""
         lookup = request.block_hashes[: (request.num_prompt_tokens - 1) // self.block_size]
+        if request.wants_prompt_logprobs:
+            lookup = []  # a cached prefix has no logits: the whole prompt is computed
         if not self.cache.can_allocate(lookup, needed):
             return False
         if self.tiered is None:

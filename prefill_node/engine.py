@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pdserve.cache_store.block_pool import blocks_needed
+from pdserve.engine.prompt_logprobs import chunk_entries
 from pdserve.engine.runner import ModelRunner
 from pdserve.engine.sampling import Sampler, SamplingRequest, TokenLogprobs
 from pdserve.kv_transfer.base import ChunkSend, KVSender, KVTransferError
@@ -164,8 +165,10 @@ class PrefillEngine:
 
     async def _complete(self, request: PrefillRequest, result: PrefillResult) -> None:
         logprob = None if result.logprobs is None else result.logprobs.logprob
+        top = [] if result.logprobs is None else result.logprobs.top  # D's first delta carries them too
         try:
-            await self.sender.finish(request.request_id, result.first_token_id, logprob, request.num_carried_tokens)
+            await self.sender.finish(request.request_id, result.first_token_id, logprob, request.num_carried_tokens,
+                                     top)
         except KVTransferError as exc:
             self.stats.num_failed += 1
             self._sending_since.pop(request.request_id, None)
@@ -247,10 +250,17 @@ class PrefillEngine:
         chunks = [c.engine_chunk(self.block_size) for c in plan.chunks]
         with self.model_lock:
             output = self.runner.prefill(chunks, layer_done=layer_done)
+        for i, logits in output.all_logits.items():
+            scheduled = plan.chunks[i]
+            request = scheduled.request
+            assert request.prompt_logprobs is not None and request.sampling.prompt_logprobs is not None
+            request.prompt_logprobs += chunk_entries(logits, request.prompt_token_ids, scheduled.start,
+                                                     request.sampling.prompt_logprobs)
         last = [plan.chunks[i].request for i in output.chunk_indices]
         if not last:
             return {}
-        sampled = self.sampler(output.logits, [SamplingRequest(r.sampling, r.prompt_token_ids, []) for r in last])
+        sampled = self.sampler(output.logits, [SamplingRequest(r.sampling, r.prompt_token_ids, [], 0, r.grammar)
+                                               for r in last])
         return {r.request_id: (token, lp) for r, token, lp in zip(last, sampled.token_ids, sampled.logprobs, strict=True)}
 
     def _finish(self, request: PrefillRequest, token_id: int, logprobs: TokenLogprobs | None) -> None:

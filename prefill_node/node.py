@@ -17,6 +17,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from pdserve.cache_store.block_pool import blocks_needed
 from pdserve.cache_store.hashing import block_hashes
 from pdserve.engine.detokenizer import Decoder
+from pdserve.engine.grammar import GrammarBackend, GrammarError
 from pdserve.engine.output import NoTextDecoder, OutputProcessor, SequenceText, logprobs_to_wire
 from pdserve.engine.sampling import SamplingParams
 from pdserve.kv_transfer.base import KVTransferError
@@ -45,8 +46,10 @@ class PrefillNodeConfig:
 
 class PrefillNode:
     def __init__(self, engine: PrefillEngine, config: PrefillNodeConfig, output: OutputProcessor,
-                 decoder: Decoder | None = None, local_reservations: LocalReservations | None = None) -> None:
+                 decoder: Decoder | None = None, local_reservations: LocalReservations | None = None,
+                 grammars: GrammarBackend | None = None) -> None:
         self.engine = engine
+        self.grammars = grammars  # structured outputs (None: no tokenizer, such requests get 400)
         self.config = config
         self.output = output  # the first token's text and finish state, exactly as D computes them
         self.decoder: Decoder = decoder if decoder is not None else NoTextDecoder()
@@ -75,6 +78,7 @@ class PrefillNode:
         rid = message.request_id
         try:
             request = self._build(message)
+            await self._attach_grammar(request)
         except ValueError as exc:
             return PrefillFailed(rid, 400, str(exc))
         waiting = self.num_queued()
@@ -99,6 +103,15 @@ class PrefillNode:
             return self._answer(request, await future)
         except PrefillError as exc:
             return PrefillFailed(rid, exc.status, str(exc))
+
+    async def _attach_grammar(self, request: PrefillRequest) -> None:
+        """A constrained request's matcher; compiling (cached per worker) runs off the event loop."""
+        spec = request.sampling.structured
+        if spec is None:
+            return
+        if self.grammars is None:
+            raise GrammarError("structured outputs need the model's tokenizer; this worker has none")
+        request.grammar = await asyncio.to_thread(self.grammars.matcher, spec)
 
     async def _prepare(self, request: PrefillRequest, transfer: dict[str, Any] | None,
                        target: Awaitable[dict[str, Any] | None] | None) -> tuple[dict[str, Any] | None, bool]:
@@ -133,13 +146,14 @@ class PrefillNode:
 
     def _answer(self, request: PrefillRequest, result: PrefillResult) -> Prefilled:
         """The first token as D's first delta will carry it: same output processing, same text."""
-        seq = SequenceText.start(self.decoder, request.prompt_token_ids, request.sampling)
+        seq = SequenceText.start(self.decoder, request.prompt_token_ids, request.sampling, request.grammar)
         token = self.output.append_token(seq, result.first_token_id)
         logprobs = None
         if request.sampling.logprobs is not None and result.logprobs is not None:
             logprobs = [logprobs_to_wire(result.logprobs)]
         return Prefilled(request.request_id, result.first_token_id, token.text, token.finish_reason, logprobs,
-                         result.num_cached_tokens, result.num_computed_tokens, result.prefill_s)
+                         result.num_cached_tokens, result.num_computed_tokens, result.prefill_s,
+                         request.prompt_logprobs)
 
     def num_queued(self) -> int:
         """Requests held but not yet prefilling: queued, or being looked up in host RAM / Redis."""
@@ -157,7 +171,8 @@ class PrefillNode:
         Colocated requests took theirs with D's reservation."""
         tiered = self.batcher.tiered
         lookup = request.block_hashes[: (request.num_prompt_tokens - 1) // self.config.block_size]
-        if tiered is None or not tiered.has_lower_tiers or not lookup or self.config.transfer_backend == "local":
+        if (tiered is None or not tiered.has_lower_tiers or not lookup or self.config.transfer_backend == "local"
+                or request.wants_prompt_logprobs):
             return
         try:
             request.fetched = await tiered.fetch_async(lookup, request.cache_salt)

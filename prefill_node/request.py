@@ -8,11 +8,15 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from pdserve.cache_store.block_pool import blocks_needed
 from pdserve.cache_store.tiered import FetchedPrefix
 from pdserve.engine.sampling import SamplingParams
 from pdserve.kv_transfer.target import TransferTarget
+
+if TYPE_CHECKING:
+    from pdserve.engine.grammar import Matcher
 
 
 class PrefillState(enum.IntEnum):
@@ -49,6 +53,17 @@ class PrefillRequest:
     num_computed_tokens: int = 0  # cached + computed so far
     error: str | None = None
     arrival: float = field(default_factory=time.monotonic)
+    grammar: Matcher | None = None  # structured outputs: masks the first token
+    prompt_logprobs: list[dict[str, Any] | None] | None = None  # [None, entry(t1), ...], filled chunk by chunk
+
+    def __post_init__(self) -> None:
+        if self.sampling.prompt_logprobs is not None and self.prompt_logprobs is None:
+            self.prompt_logprobs = [None]  # the first prompt token has no logprob
+
+    @property
+    def wants_prompt_logprobs(self) -> bool:
+        """Every prompt token's logits are needed: the prefix cache is skipped (it holds no logits)."""
+        return self.sampling.prompt_logprobs is not None
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -37,6 +37,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "bytes": (bytes,), "bytes | None": (bytes, NoneType), "str": (str,), "str | None": (str, NoneType),
     "int": (int,), "float": (float, int), "bool": (bool,), "list[int]": (list,), "dict[str, Any]": (dict,),
     "dict[str, Any] | None": (dict, NoneType), "list[dict[str, Any]] | None": (list, NoneType),
+    "list[dict[str, Any] | None] | None": (list, NoneType),
 }
 _BY_KIND: dict[int, type] = {cls.KIND: cls for cls in MESSAGE_TYPES}
 _SCHEMAS: dict[type, list[tuple[str, tuple[type, ...], bool, bool]]] = {

@@ -150,7 +150,9 @@ class PrefillTarget:
 @dataclass(frozen=True, slots=True)
 class Prefilled:
     """P -> router: the first token, sampled on P, with the text and finish state D's first delta will have
-    (the same output processing), so the router can send it to the client from whichever side comes first."""
+    (the same output processing), so the router can send it to the client from whichever side comes first.
+    `prompt_logprobs`: [None, {token_id, logprob, rank, top}, ...] over the whole prompt, when asked for
+    (only P has them: the router relays P's first token for such a request, never D's)."""
 
     KIND: ClassVar[Kind] = Kind.PREFILLED
     request_id: str
@@ -161,6 +163,7 @@ class Prefilled:
     num_cached_tokens: int
     num_computed_tokens: int
     prefill_s: float
+    prompt_logprobs: list[dict[str, Any] | None] | None = None
 
 
 @dataclass(frozen=True, slots=True)

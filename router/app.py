@@ -7,7 +7,7 @@ held in `app.state.router`; nothing lives at module level, so tests can run seve
     POST /v1/completions, /v1/chat/completions   plan (validate, tokenize) ─▶ relay.start_all ─▶ SSE | JSON
         (the workers are reached over their data-plane links, router/worker_link.py; a client that leaves
          before its first token is noticed and its work aborted on P and D)
-    GET  /v1/models, /health, /metrics
+    GET  /v1/models, /health, /metrics; POST /tokenize, /detokenize, GET /version (router/tokenize_routes.py)
     /internal/workers/{register,heartbeat,deregister}, GET /internal/workers   (router/internal_routes.py)
     /admin/... behind a bearer token (router/admin.py)     GET /status, /status.json (router/status_page.py)
 """
@@ -40,9 +40,11 @@ from pdserve.router.prompts import TokenizerLike
 from pdserve.router.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
 from pdserve.router.registry import WorkerRegistry
 from pdserve.router.relay import Relay
+from pdserve.router.request_fields import FieldLog
 from pdserve.router.responses import ResponseWriter
 from pdserve.router.status_page import build_status_router
 from pdserve.router.streaming import CLIENT_CLOSED, Relayed, SSEResponse, collect
+from pdserve.router.tokenize_routes import build_tokenize_router
 from pdserve.router.worker_link import WorkerLinks
 
 
@@ -58,6 +60,7 @@ class RouterState:
     health: HealthMonitor
     started: int  # unix time, the models' `created`
     admin: AdminState
+    fields: FieldLog  # unknown request fields, logged once each
 
 
 def create_app(config: RouterConfig, tokenizer: TokenizerLike) -> FastAPI:
@@ -93,6 +96,7 @@ def create_app(config: RouterConfig, tokenizer: TokenizerLike) -> FastAPI:
     app.include_router(build_internal_router())
     app.include_router(build_admin_router())
     app.include_router(build_status_router())
+    app.include_router(build_tokenize_router())
     return app
 
 
@@ -112,7 +116,8 @@ def _build_state(config: RouterConfig, tokenizer: TokenizerLike, metrics: Router
     headers = {SECRET_HEADER: config.secret} if config.secret else {}
     health = HealthMonitor(registry, client, config, metrics, headers, links)
     admin = AdminState(config.prefill_policy, config.decode_policy)
-    return RouterState(config, tokenizer, registry, metrics, client, links, relay, health, int(time.time()), admin)
+    return RouterState(config, tokenizer, registry, metrics, client, links, relay, health, int(time.time()), admin,
+                       FieldLog())
 
 
 def _add_openai_routes(app: FastAPI) -> None:
@@ -120,6 +125,7 @@ def _add_openai_routes(app: FastAPI) -> None:
     async def completions(body: CompletionRequest, request: Request) -> Response:
         arrival = time.perf_counter()
         state: RouterState = request.app.state.router
+        state.fields.check(body)
         plan = await plan_completion(body, state.config, state.tokenizer)
         return await _serve(state, plan, request, arrival)
 
@@ -127,6 +133,7 @@ def _add_openai_routes(app: FastAPI) -> None:
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         arrival = time.perf_counter()
         state: RouterState = request.app.state.router
+        state.fields.check(body)
         plan = await plan_chat(body, state.config, state.tokenizer)
         return await _serve(state, plan, request, arrival)
 
@@ -141,7 +148,8 @@ def _add_openai_routes(app: FastAPI) -> None:
 async def _serve(state: RouterState, plan: GenerationPlan, request: Request, arrival: float) -> Response:
     sink = DeltaSink()
     channels = await _start(state, plan, sink, request)
-    relayed = Relayed(channels, sink, ResponseWriter(plan, state.tokenizer), state.metrics, arrival)
+    writer = ResponseWriter(plan, state.tokenizer, [c.prompt_logprobs for c in channels])  # P's, when asked
+    relayed = Relayed(channels, sink, writer, state.metrics, arrival)
     if plan.stream:
         return SSEResponse(relayed)
     return JSONResponse(await collect(relayed, request))

@@ -100,6 +100,8 @@ class Channel:
         self.prefill_answered = False
         self.first_from: str | None = None  # "prefill" | "decode"
         self._decode_tokens_seen = False
+        self.prompt_logprobs: list | None = None  # P's, when the request asked (router/responses.py shows them)
+        self._held: list[TokenDelta] = []  # D's deltas waiting for P's answer (prompt logprobs come only from P)
         self.finished = False  # the client has the last delta (or an error)
         self.decode_finished = False  # D sent its last delta: nothing to abort there
         self.decode_counted = False  # the relay counted this channel in the decode worker's `inflight`
@@ -155,9 +157,14 @@ class Channel:
         if self.first_from is not None:
             return
         self.first_from = "prefill"
+        self.prompt_logprobs = message.prompt_logprobs
         prompt = len(self.sub.prompt_token_ids)
         self._relay(TokenDelta(self.request_id, [message.first_token_id], message.text, message.finish_reason,
                                message.logprobs, prompt, 1, message.num_cached_tokens))
+        held, self._held = self._held, []
+        for delta in held:  # D's, which came first: its copy of the first token is dropped as usual
+            if self.decode_link is not None:
+                self.on_delta(self.decode_link, delta)
 
     def on_delta(self, link: WorkerLink, delta: TokenDelta) -> None:
         if link is not self.decode_link or self.finished:
@@ -167,6 +174,9 @@ class Channel:
         if delta.failed and self.first_from is None:
             self._fail(WorkerFailed(f"decode worker {self.decode.worker_id} ended {self.request_id} before its "
                                     f"first token ({delta.finish_reason}: {delta.error})", "prefill", "kv_failed"))
+            return
+        if self.first_from is None and self.sub.needs_prefill_answer:
+            self._held.append(delta)
             return
         if delta.token_ids and not self._decode_tokens_seen:
             self._decode_tokens_seen = True

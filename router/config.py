@@ -57,6 +57,7 @@ class RouterConfig:
     max_body_bytes: int = 32 << 20  # larger request bodies get 413
     max_inflight_requests: int = 1024  # completions being answered at once; more get 429 + Retry-After
     log_requests: bool = True
+    tool_call_parser: str = "hermes"  # how `tool_choice: auto` output is read (router/tool_parser.py)
 
     def __post_init__(self) -> None:
         if not self.model:
@@ -88,6 +89,8 @@ class RouterConfig:
             raise ValueError(f"admin_token must be at least 8 characters, got {len(self.admin_token)}")
         if self.cache_aware_max_imbalance < 0:
             raise ValueError(f"cache_aware_max_imbalance must be >= 0, got {self.cache_aware_max_imbalance}")
+        if self.tool_call_parser not in ("hermes",):
+            raise ValueError(f"unknown tool call parser {self.tool_call_parser!r}; choose one of ['hermes']")
         if self.retry_after_s < 0:
             raise ValueError(f"retry_after_s must be >= 0, got {self.retry_after_s}")
 

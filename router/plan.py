@@ -12,6 +12,7 @@ import uuid
 from dataclasses import dataclass
 
 from pdserve.engine.sampling_params import SamplingParams
+from pdserve.engine.structured_output import StructuredOutput
 from pdserve.router.config import RouterConfig
 from pdserve.router.errors import APIError, bad_request, context_length_exceeded, model_not_found
 from pdserve.router.prompts import (
@@ -23,6 +24,8 @@ from pdserve.router.prompts import (
     tokenize_prompt,
 )
 from pdserve.router.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+from pdserve.router.structured import structured_output
+from pdserve.router.tool_calls import ToolPlan, plan_tools, render_inputs
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,11 @@ class SubRequest:
     sampling: SamplingParams
     cache_salt: str | None
 
+    @property
+    def needs_prefill_answer(self) -> bool:
+        """Its prompt logprobs come only with P's PREFILLED: D's first delta cannot stand in for it."""
+        return self.sampling.prompt_logprobs is not None
+
 
 @dataclass(frozen=True)
 class GenerationPlan:
@@ -48,15 +56,26 @@ class GenerationPlan:
     logprobs: int | None  # None: no logprobs in the response
     prompt_lengths: list[int]  # per prompt (usage counts each prompt once, however large n is)
     subrequests: list[SubRequest]
+    echo: bool = False  # completions: the prompt's text (and, with logprobs, its tokens' logprobs) first
+    prompt_logprobs: int | None = None  # vLLM's `prompt_logprobs` field in the response (None: not asked)
+    tools: ToolPlan | None = None  # chat: tool calls parsed from the output
+    continuous_usage: bool = False  # usage in every streamed chunk (vLLM's continuous_usage_stats)
 
 
 async def plan_completion(req: CompletionRequest, config: RouterConfig, tokenizer: TokenizerLike) -> GenerationPlan:
     model = _check_common(req, config)
     _reject_completion_features(req)
+    if req.stream_options is not None and req.stream_options.continuous_usage_stats and not req.stream:
+        raise bad_request("'stream_options' needs 'stream': true", param="stream_options")
     prompts = normalize_prompts(req.prompt)
     token_lists = [await tokenize_prompt(tokenizer, p) for p in prompts]
     max_tokens = [_max_tokens(req.max_tokens, len(ids), config, chat=False) for ids in token_lists]
-    return _build_plan(f"cmpl-{uuid.uuid4().hex}", model, req, token_lists, max_tokens, req.logprobs, chat=False)
+    # echo with logprobs needs the prompt's own logprobs (top-k as many as the output's), computed on P
+    echoed = req.logprobs if req.echo and req.logprobs is not None else None
+    wanted = [k for k in (echoed, req.prompt_logprobs) if k is not None]
+    plan = _build_plan(f"cmpl-{uuid.uuid4().hex}", model, req, token_lists, max_tokens, req.logprobs, chat=False,
+                       structured=structured_output(req), prompt_logprobs=max(wanted) if wanted else None)
+    return dataclasses.replace(plan, echo=req.echo, prompt_logprobs=req.prompt_logprobs)
 
 
 async def plan_chat(req: ChatCompletionRequest, config: RouterConfig, tokenizer: TokenizerLike) -> GenerationPlan:
@@ -64,12 +83,24 @@ async def plan_chat(req: ChatCompletionRequest, config: RouterConfig, tokenizer:
     _reject_chat_features(req)
     if req.top_logprobs is not None and not req.logprobs:
         raise bad_request("'top_logprobs' needs 'logprobs': true", param="top_logprobs")
-    ids = await tokenize_chat(tokenizer, normalize_messages(req.messages))
+    tools = plan_tools(req, config.tool_call_parser)
+    structured = structured_output(req)
+    if tools is not None and tools.constraint() is not None:
+        if structured is not None:
+            raise bad_request(f"tool_choice {tools.choice!r} constrains the output already; drop the structured-"
+                              "output constraint", param="tool_choice")
+        structured = tools.constraint()
+    messages, variables = render_inputs(normalize_messages(req.messages), tools, tokenizer.chat_template or "")
+    ids = await tokenize_chat(tokenizer, messages, req.add_generation_prompt,
+                              {**(req.chat_template_kwargs or {}), **variables})
     requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     max_tokens = _max_tokens(requested, len(ids), config, chat=True, param=param)
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
-    return _build_plan(f"chatcmpl-{uuid.uuid4().hex}", model, req, [ids], [max_tokens], logprobs, chat=True)
+    plan = _build_plan(f"chatcmpl-{uuid.uuid4().hex}", model, req, [ids], [max_tokens], logprobs, chat=True,
+                       structured=structured, prompt_logprobs=req.prompt_logprobs)
+    return dataclasses.replace(plan, tools=tools if tools is not None and tools.parses_output else None,
+                               prompt_logprobs=req.prompt_logprobs)
 
 
 def _check_common(req: SamplingFields, config: RouterConfig) -> str:
@@ -84,8 +115,6 @@ def _check_common(req: SamplingFields, config: RouterConfig) -> str:
 
 
 def _reject_completion_features(req: CompletionRequest) -> None:
-    if req.echo:
-        raise bad_request("'echo' is not supported by this server", param="echo")
     if req.suffix:
         raise bad_request("'suffix' is not supported by this server", param="suffix")
     if req.best_of is not None and req.best_of != req.n:
@@ -94,11 +123,8 @@ def _reject_completion_features(req: CompletionRequest) -> None:
 
 
 def _reject_chat_features(req: ChatCompletionRequest) -> None:
-    if req.tools:
-        raise bad_request("'tools' are not supported by this server", param="tools")
-    kind = (req.response_format or {}).get("type", "text")
-    if kind != "text":
-        raise bad_request(f"response_format {kind!r} is not supported; only 'text'", param="response_format")
+    if req.stream_options is not None and req.stream_options.continuous_usage_stats and not req.stream:
+        raise bad_request("'stream_options' needs 'stream': true", param="stream_options")
 
 
 def _max_tokens(requested: int | None, prompt_len: int, config: RouterConfig, chat: bool,
@@ -114,7 +140,8 @@ def _max_tokens(requested: int | None, prompt_len: int, config: RouterConfig, ch
 
 
 def _build_plan(plan_id: str, model: str, req: SamplingFields, token_lists: list[list[int]],
-                max_tokens: list[int], logprobs: int | None, chat: bool) -> GenerationPlan:
+                max_tokens: list[int], logprobs: int | None, chat: bool, structured: StructuredOutput | None,
+                prompt_logprobs: int | None) -> GenerationPlan:
     stop = normalize_stop(req.stop)
     subrequests = []
     for prompt_index, ids in enumerate(token_lists):
@@ -122,9 +149,12 @@ def _build_plan(plan_id: str, model: str, req: SamplingFields, token_lists: list
             index = prompt_index * req.n + sample
             seed = None if req.seed is None else req.seed + index  # n samples must differ, reproducibly
             sampling = _sampling_params(req, max_tokens[prompt_index], stop, seed, logprobs)
+            sampling = dataclasses.replace(sampling, structured=structured, prompt_logprobs=prompt_logprobs,
+                                           include_stop_str_in_output=req.include_stop_str_in_output)
             subrequests.append(SubRequest(f"{plan_id}-{index}", index, prompt_index, ids, sampling, req.cache_salt))
-    return GenerationPlan(plan_id, model, int(time.time()), chat, req.stream, req.include_usage, logprobs,
-                          [len(ids) for ids in token_lists], subrequests)
+    continuous = req.stream_options is not None and req.stream_options.continuous_usage_stats
+    return GenerationPlan(plan_id, model, int(time.time()), chat, req.stream, req.include_usage or continuous,
+                          logprobs, [len(ids) for ids in token_lists], subrequests, continuous_usage=continuous)
 
 
 def _sampling_params(req: SamplingFields, max_tokens: int, stop: tuple[str, ...], seed: int | None,

@@ -28,7 +28,11 @@ class TokenizerLike(Protocol):
 
     def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str: ...
 
-    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str: ...
+    @property
+    def chat_template(self) -> str | None: ...
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                            **kwargs: Any) -> str: ...
 
 
 Prompt = str | list[int]
@@ -61,6 +65,10 @@ def normalize_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
         entry: dict[str, Any] = {"role": message.role, "content": _message_text(i, message.content)}
         if message.name is not None:
             entry["name"] = message.name
+        if message.tool_calls:  # router/tool_calls.py renders them for the template
+            entry["tool_calls"] = message.tool_calls
+        if message.tool_call_id is not None:
+            entry["tool_call_id"] = message.tool_call_id
         out.append(entry)
     return out
 
@@ -91,9 +99,12 @@ async def tokenize_prompt(tokenizer: TokenizerLike, prompt: Prompt) -> list[int]
     return list(prompt)
 
 
-async def tokenize_chat(tokenizer: TokenizerLike, messages: list[dict[str, Any]]) -> list[int]:
+async def tokenize_chat(tokenizer: TokenizerLike, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                        variables: dict[str, Any] | None = None) -> list[int]:
+    """`variables`: extra template variables (chat_template_kwargs, tools)."""
     try:
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
+                                             **(variables or {}))
     except ValueError as exc:  # this tokenizer has no chat template
         raise bad_request(f"cannot apply the chat template: {exc}", param="messages") from exc
     except TemplateError as exc:  # raise_exception() in the template, e.g. roles not alternating

@@ -2,7 +2,8 @@
 
 Fields that are unions in OpenAI's API (`prompt`, `stop`, message `content`) are typed `Any` here and
 normalised in router/prompts.py, so that a bad value gets one clear message instead of one per union member.
-Unknown fields are ignored, as OpenAI does.
+The two request bodies keep unknown fields (`model_extra`): router/request_fields.py logs each name once, as
+vLLM does, and refuses the known ones this server does not implement.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ class _Lenient(BaseModel):
 
 class StreamOptions(_Lenient):
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM: usage in every chunk (with include_usage)
 
 
 class SamplingFields(_Lenient):
@@ -42,6 +44,15 @@ class SamplingFields(_Lenient):
     logit_bias: dict[str, float] | None = None
     cache_salt: str | None = None
     user: str | None = None
+    # structured outputs (router/structured.py): OpenAI's, vLLM's older guided_* and newer structured_outputs
+    response_format: dict[str, Any] | None = None
+    guided_json: Any = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    structured_outputs: dict[str, Any] | None = None
+    prompt_logprobs: int | None = Field(None, ge=0, le=20)  # vLLM
+    include_stop_str_in_output: bool = False  # vLLM
 
     @property
     def include_usage(self) -> bool:
@@ -49,6 +60,7 @@ class SamplingFields(_Lenient):
 
 
 class CompletionRequest(SamplingFields):
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
     prompt: Any
     max_tokens: int | None = 16  # OpenAI's default for /v1/completions
     logprobs: int | None = Field(None, ge=0, le=20)
@@ -61,16 +73,22 @@ class ChatMessage(_Lenient):
     role: str
     content: Any = None
     name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # an assistant's earlier calls
+    tool_call_id: str | None = None  # a tool message: the call it answers
 
 
 class ChatCompletionRequest(SamplingFields):
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
-    tools: list[Any] | None = None
-    response_format: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None  # "none" | "auto" | "required" | {"type": "function", "function": {"name": ...}}
+    parallel_tool_calls: bool = True
+    chat_template_kwargs: dict[str, Any] | None = None  # vLLM: extra variables for the chat template
+    add_generation_prompt: bool = True  # vLLM
 
 
 class PromptTokensDetails(BaseModel):
@@ -89,6 +107,7 @@ class CompletionChoice(BaseModel):
     text: str
     logprobs: dict[str, Any] | None = None
     finish_reason: str | None = None
+    prompt_logprobs: list[dict[str, Any] | None] | None = None  # vLLM's shape (router/logprobs.py)
 
 
 class CompletionResponse(BaseModel):
@@ -101,9 +120,21 @@ class CompletionResponse(BaseModel):
     system_fingerprint: str | None = None
 
 
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class ToolCall(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[ToolCall] = Field(default_factory=list)
 
 
 class ChatChoice(BaseModel):
@@ -121,6 +152,7 @@ class ChatCompletionResponse(BaseModel):
     choices: list[ChatChoice]
     usage: Usage
     system_fingerprint: str | None = None
+    prompt_logprobs: list[dict[str, Any] | None] | None = None  # vLLM puts a chat's on the response
 
 
 class ModelCard(BaseModel):

@@ -123,7 +123,7 @@ class Relay:
                 if not channel.started.done():
                     lost = channel.prefill_lost.result()
                     others = [w for w in self._registry.candidates("prefill") if w is not channel.prefill]
-                    if others:
+                    if others or channel.sub.needs_prefill_answer:  # D cannot recompute P's prompt logprobs
                         raise WorkerFailed(lost)
                     log.warning("%s: %s and no other prefill worker is up; waiting for the decode worker's KV "
                                 "lease (recompute or error)", channel.request_id, lost)

@@ -31,10 +31,10 @@ from pdserve.kv_transfer.cuda_ipc.descriptor import PoolDescriptor, open_pools, 
 from pdserve.kv_transfer.target import TransferTarget
 from pdserve.kv_transfer.tcp_sender import TcpKVSender
 from pdserve.kv_transfer.wire import (
-    Done,
     FrameLimits,
     Pools,
     ProtocolError,
+    done_frame,
     dtype_name,
     encode_frame,
     read_header,
@@ -179,14 +179,15 @@ class CudaIpcKVSender(TcpKVSender):
         return future
 
     async def finish(
-        self, request_id: str, first_token_id: int, first_logprob: float | None, num_tokens: int
+        self, request_id: str, first_token_id: int, first_logprob: float | None, num_tokens: int,
+        first_top: Sequence[tuple[int, float]] = (),
     ) -> None:
         outgoing = self._pop(request_id)
         event = self._take_event(request_id)
         if event is not None:
             await asyncio.to_thread(event.synchronize)
         logprob = None if first_logprob is None else float(first_logprob)
-        await self._write(outgoing.target, encode_frame(Done(request_id, first_token_id, logprob, num_tokens)))
+        await self._write(outgoing.target, encode_frame(done_frame(request_id, first_token_id, logprob, num_tokens, first_top)))
 
     async def abort(self, request_id: str, reason: str) -> None:
         event = self._take_event(request_id)

@@ -42,11 +42,11 @@ from pdserve.kv_transfer.target import TransferTarget
 from pdserve.kv_transfer.tcp_sender import TcpKVSender, ids_on
 from pdserve.kv_transfer.wire import (
     BulkKVHeader,
-    Done,
     Error,
     FrameLimits,
     ProtocolError,
     Rendezvous,
+    done_frame,
     dtype_name,
     encode_frame,
     read_header,
@@ -109,7 +109,8 @@ class NcclKVSender(TcpKVSender):
             task.add_done_callback(lambda t: t.cancelled() or t.exception())  # a failure resurfaces on first use
 
     async def finish(
-        self, request_id: str, first_token_id: int, first_logprob: float | None, num_tokens: int
+        self, request_id: str, first_token_id: int, first_logprob: float | None, num_tokens: int,
+        first_top: Sequence[tuple[int, float]] = (),
     ) -> None:
         outgoing = self._pop(request_id)
         failures = [r for r in await asyncio.gather(*outgoing.sends, return_exceptions=True) if r is not None]
@@ -124,7 +125,7 @@ class NcclKVSender(TcpKVSender):
             await self._write_quietly(outgoing.target, Error(request_id, f"layer send failed: {failures[0]}"))
             raise KVTransferError(f"transfer of {request_id!r}: {len(failures)} layer sends failed") from failures[0]
         logprob = None if first_logprob is None else float(first_logprob)
-        await self._write(outgoing.target, encode_frame(Done(request_id, first_token_id, logprob, num_tokens)))
+        await self._write(outgoing.target, encode_frame(done_frame(request_id, first_token_id, logprob, num_tokens, first_top)))
 
     async def abort(self, request_id: str, reason: str) -> None:
         outgoing = self._transfers.get(request_id)

@@ -40,11 +40,14 @@ class Outcomes:
 
     completed: dict[str, tuple[int, float | None]] = field(default_factory=dict)
     failed: dict[str, str] = field(default_factory=dict)
+    tops: dict[str, list[tuple[int, float]]] = field(default_factory=dict)  # P's top-k of the first token
     changed: asyncio.Event = field(default_factory=asyncio.Event)
 
-    def on_complete(self, request_id: str, first_token_id: int, first_logprob: float | None) -> None:
+    def on_complete(self, request_id: str, first_token_id: int, first_logprob: float | None,
+                    first_top: list[tuple[int, float]] | None = None) -> None:
         assert request_id not in self.completed and request_id not in self.failed
         self.completed[request_id] = (first_token_id, first_logprob)
+        self.tops[request_id] = list(first_top or [])
         self.changed.set()
 
     def on_failure(self, request_id: str, reason: str) -> None:

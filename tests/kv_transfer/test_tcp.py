@@ -24,7 +24,7 @@ async def push(
     sender.begin(target)
     for layer in range(NUM_LAYERS):
         await sender.send_layer(target.request_id, layer, pools[layer], src, list(target.block_ids))
-    await sender.finish(target.request_id, 11, -1.5, num_tokens)
+    await sender.finish(target.request_id, 11, -1.5, num_tokens, [(11, -1.5), (4, -2.25)])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
@@ -39,7 +39,7 @@ async def test_round_trip_is_bit_exact(dtype: torch.dtype, outcomes: Outcomes) -
     finally:
         await sender.close()
         await receiver.close()
-    assert outcomes.completed == {"r1": (11, -1.5)}
+    assert outcomes.completed == {"r1": (11, -1.5)} and outcomes.tops["r1"] == [(11, -1.5), (4, -2.25)]
     for src, dst in zip(src_pools, receiver.pools):
         assert torch.equal(dst[:, [5, 2]].view(torch.uint8), src[:, [0, 3]].view(torch.uint8))
         untouched = [b for b in range(dst.shape[1]) if b not in (5, 2)]

@@ -20,6 +20,7 @@ from pdserve.kv_transfer.wire import (
     auth_mac,
     check_auth,
     decode_header,
+    done_frame,
     dtype_name,
     encode_frame,
     kv_frame,
@@ -144,3 +145,17 @@ def test_auth() -> None:
     for auth in (Auth(None), Auth(auth_mac("wrong", nonce)), Auth(auth_mac("s3cret", b"y" * 16))):
         with pytest.raises(ProtocolError, match="authentication failed"):
             check_auth("s3cret", nonce, auth)
+
+
+def test_done_frame_carries_the_first_tokens_top_logprobs() -> None:
+    """D's first delta must carry P's top-k: the "done" frame brings them; a frame without them (an older
+    sender) reads as empty lists."""
+    header = decode_header(header_bytes(encode_frame(done_frame("r", 7, -0.5, 20, [(7, -0.5), (3, -1)]))))
+    assert header == Done("r", 7, -0.5, 20, [7, 3], [-0.5, -1.0])
+    old = msgpack.packb({"version": 1, "kind": "done", "nbytes": 0, "request_id": "r", "first_token_id": 7,
+                         "first_logprob": None, "num_tokens": 20})
+    assert decode_header(old) == Done("r", 7, None, 20, [], [])
+    bad = msgpack.packb({"version": 1, "kind": "done", "nbytes": 0, "request_id": "r", "first_token_id": 7,
+                         "first_logprob": None, "num_tokens": 20, "top_token_ids": [1], "top_logprobs": [0]})
+    with pytest.raises(ProtocolError, match="only floats"):
+        decode_header(bad)

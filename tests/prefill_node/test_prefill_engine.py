@@ -42,7 +42,7 @@ async def test_chunked_prefix_reusing_prefill_lands_in_d_blocks(loaded_default, 
     runner = ModelRunner(config, cache_config, loaded_default.weights, "cpu", torch.float32, max_num_seqs=4)
     d_pools = allocate_kv_caches(config, cache_config, "cpu", torch.float32)
     completed: dict[str, int] = {}
-    receiver = TcpKVReceiver("127.0.0.1", 0, d_pools, lambda rid, tok, lp: completed.__setitem__(rid, tok),
+    receiver = TcpKVReceiver("127.0.0.1", 0, d_pools, lambda rid, tok, lp, top: completed.__setitem__(rid, tok),
                              lambda rid, reason: pytest.fail(f"{rid}: {reason}"))
     await receiver.start()
     pool = BlockPool(NUM_BLOCKS)

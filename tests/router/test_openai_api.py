@@ -135,7 +135,8 @@ def test_sampling_parameters_reach_the_workers(cluster) -> None:
     sampling = decode.requests[decode.reserved[-1]].sampling
     assert sampling == {"max_tokens": 2, "temperature": 0.5, "top_p": 0.9, "top_k": 20, "min_p": 0.1,
                         "presence_penalty": 0.5, "frequency_penalty": 0.25, "repetition_penalty": 1.1, "seed": 7,
-                        "stop": ["x", "y"], "stop_token_ids": [5], "ignore_eos": True, "logprobs": None}
+                        "stop": ["x", "y"], "stop_token_ids": [5], "ignore_eos": True, "logprobs": None,
+                        "prompt_logprobs": None, "structured": None, "include_stop_str_in_output": False}
 
 
 def test_completion_logprobs(cluster) -> None:
