@@ -26,6 +26,20 @@ case $stage in
     timeout $((580 - (SECONDS - t0))) python3 benchmarks/serving_gpu.py --tokenizer .bench_data/tokenizer \
       --sharegpt .bench_data/sharegpt_v3_sample2k.json.gz --out "$OUT/serving_gpu_h200.json" "$@" 2>&1 \
       | tee "$OUT/serving_gpu_h200.log" ;;
+  final)  # the GPU tests of the last changes, the structured-output step cost (issue 17), then the serving run
+    for f in tests/decode_node/test_decode_engine_cuda.py tests/kv_transfer/test_cuda_ipc.py \
+             tests/engine/test_cuda_graphs.py tests/engine/test_model_forward.py tests/engine/test_sampling.py; do
+      (timeout 200 python3 -m pytest -q -p no:cacheprovider -o addopts="" -rs "$f" >"/tmp/$(basename "$f").log" 2>&1;
+       echo "exit $?" >>"/tmp/$(basename "$f").log") &
+    done
+    wait
+    for f in /tmp/test_*.log; do echo "== $f"; tail -15 "$f"; done >"$OUT/gpu_tests.log"
+    grep -h -E "passed|failed|^exit" /tmp/test_*.log
+    timeout 120 python3 benchmarks/structured_outputs.py --device cuda --load-format dummy --model-preset llama3-8b \
+      --repeats 30 --out "$OUT/structured_outputs_h200.json" 2>&1 | tail -12
+    timeout $((585 - (SECONDS - t0))) python3 benchmarks/serving_gpu.py --tokenizer .bench_data/tokenizer \
+      --sharegpt .bench_data/sharegpt_v3_sample2k.json.gz --out "$OUT/serving_gpu_h200.json" --py-spy "$OUT/spy" "$@" \
+      2>&1 | tee "$OUT/serving_gpu_h200.log" ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
 echo "total: $((SECONDS - t0)) s"

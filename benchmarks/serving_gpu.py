@@ -14,8 +14,8 @@ Dummy weights have no tokenizer. --tokenizer (the default model's) counts and en
 sent as token ids; the deployments detokenize with a word-level tokenizer over the model's whole vocabulary
 (benchmarks/full_vocab_tokenizer.py), so every generated token is text and an event, as with real weights.
 Recorded per case: `pdserve bench`'s metrics (vLLM's names), the decode worker's step phases, each process's
-CPU seconds, and the ratio to the engine-bound figure. --py-spy DIR records the router and the decode worker
-for the first 20 s of the sharegpt case (raw format, `py-spy record --format raw`).
+CPU seconds, and the ratio to the engine-bound figure. --py-spy DIR records the router and every worker of the
+first deployment for the first 20 s of its sharegpt case (raw format, `py-spy record --format raw`).
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def _py_spy(dep: Deployment, out: Path) -> list[subprocess.Popen]:
     for child in psutil.Process(dep.process.pid).children(recursive=True):
         argv = child.cmdline()
         name = argv[argv.index("--worker-id") + 1] if "--worker-id" in argv else "router"
-        if name == "router" or name.startswith(("decode", "colocated")):
+        if name == "router" or name.startswith(("prefill", "decode", "colocated")):
             processes.append(subprocess.Popen(["py-spy", "record", "--format", "raw", "--duration", "20", "--pid",
                                                str(child.pid), "-o", str(out / f"{name}.txt")],
                                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
@@ -93,7 +93,7 @@ def run_deployment(name: str, args: argparse.Namespace, cases: dict[str, tuple[l
                                   progress=False))
         for case, (convs, load) in cases.items():
             spy = None
-            if args.py_spy is not None and case == "sharegpt":
+            if args.py_spy is not None and case == "sharegpt" and name == args.deployments[0]:
                 spy = args.py_spy / name
                 spy.mkdir(parents=True, exist_ok=True)
             out[case] = result = run_case(dep, convs, load, spy)

@@ -97,6 +97,8 @@ def main() -> int:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 64])
     parser.add_argument("--load-format", default="auto")
     parser.add_argument("--model-preset", default=None)
+    parser.add_argument("--tokenizer", default=None,
+                        help="the grammar's tokenizer directory (default: the default model's, fetched if needed)")
     parser.add_argument("--out", default="benchmarks/results/structured_outputs_cpu.json")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -104,7 +106,8 @@ def main() -> int:
     dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
     model = args.model_preset if args.load_format == "dummy" else DEFAULT_MODEL
     loaded = load_model(ModelSpec(model, args.load_format), dtype, args.device, default_cache_dir())
-    tokenizer = loaded.tokenizer or Tokenizer.from_dir(fetch_default_model(default_cache_dir(), progress=False))
+    tokenizer = loaded.tokenizer or Tokenizer.from_dir(args.tokenizer or fetch_default_model(default_cache_dir(),
+                                                                                             progress=False))
     backend = GrammarBackend(tokenizer, loaded.config.vocab_size, list(tokenizer.eos_token_ids))
     num_blocks = max(args.batches) * -(-CONTEXT // 16) + 16
     runner = ModelRunner(loaded.config, CacheConfig(num_blocks, 16), loaded.weights, device, dtype,
