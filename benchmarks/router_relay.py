@@ -137,7 +137,8 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="router_relay_"))
     base_env = {**os.environ, "PYTHONUNBUFFERED": "1", "PDSERVE_SECRET": "relay-benchmark-secret"}
     report: dict = {"date": time.strftime("%Y-%m-%d %H:%M"), "machine": f"{os.cpu_count()} cores, router on one",
-                    "command": " ".join(sys.argv), "load_before": os.getloadavg()[0], "paths": {}}
+                    "command": " ".join(sys.argv), "baseline_rev": args.baseline_rev, "load_before": os.getloadavg()[0],
+                    "paths": {}}
     paths = {"data_plane": base_env, "data_plane_paced": base_env}
     if args.baseline_rev:
         paths["http"] = {**base_env, "PYTHONPATH": str(baseline_tree(args.baseline_rev, work))}

@@ -135,26 +135,55 @@ def _engine_gpu_parity(data: dict[str, Any]) -> PerfSource:
 
 
 def _serving_gpu(data: dict[str, Any]) -> PerfSource:
-    """1P+1D sharing one GPU (cuda_ipc) against one colocated worker (benchmarks/serving_gpu.py)."""
-    w, deps = data["workload"], data["deployments"]
-    rows = []
-    for rate in w["rates"]:
-        key = f"poisson_{rate:g}"
-        cells = {name: deps[name][key]["metrics"] for name in ("disaggregated", "colocated") if name in deps}
-        rows.append(PerfRow(f"serving 1P+1D on one GPU, {w['num_prompts']} requests, ~{w['input_len'].split()[0]} → "
-                            f"{w['output_len']} tokens, Poisson {rate:g} req/s: TTFT p50 / p99, TPOT p50 / p99",
-                            _gpu_serving_cell(cells["disaggregated"]),
-                            f"one colocated worker: {_gpu_serving_cell(cells['colocated'])}" if "colocated" in cells
-                            else ""))
-    rates = " ".join(f"{r:g}" for r in w["rates"])
+    """1P+1D sharing one GPU (cuda_ipc) against one colocated worker, beside the engine-bound figure
+    (benchmarks/serving_gpu.py)."""
+    w, deps, bound = data["workload"], data["deployments"], data["engine_bound"]
+    poisson = f"poisson_{w['rate']:g}"
+
+    def throughput(name: str) -> str:
+        case = deps[name]["sharegpt"]
+        m = case["metrics"]
+        return (f"{m['output_throughput']:,.0f} tokens/s = {case['ratio_to_engine_bound']:.2f} of the engine-bound "
+                f"{bound['output_tok_s']:,.0f}; TTFT p50 {m['median_ttft_ms'] / 1000:.1f} s; {m['failed']} failed")
+
+    def latency(name: str) -> str:
+        case = deps[name][poisson]
+        m = case["metrics"]
+        return (f"TTFT {m['median_ttft_ms']:.0f} / {m['p99_ttft_ms']:.0f} ms, TPOT {m['median_tpot_ms']:.2f} ms "
+                f"({case['tpot_over_graph_step']:.2f}× the graph step at batch {case['decode_steps']['mean_batch']:.0f}), "
+                f"ITL {m['median_itl_ms']:.2f} ms")
+
+    rows = (PerfRow(f"serving, ShareGPT, {w['sharegpt_prompts']:,} requests at once (~{w['mean_prompt_tokens']:.0f} → "
+                    f"{w['mean_output_tokens']:.0f} tokens): 1P+1D on one GPU", throughput("disaggregated"),
+                    f"one colocated worker: {throughput('colocated')}"),
+            PerfRow(f"serving, ShareGPT at Poisson {w['rate']:g} req/s, 1P+1D: p50 / p99", latency("disaggregated"),
+                    f"one colocated worker: {latency('colocated')}"))
+    command = re.sub(r" --(out|py-spy) \S+", "", data["command"]).replace(".bench_data/tokenizer", "DIR")
+    command = command.replace(".bench_data/", "../shared/data/")  # the device call's copy of the shared sample
     return PerfSource("serving_gpu_h200.json", "NVIDIA H200, dummy llama3-8b bf16", data["date"][:10],
-                      f"python benchmarks/serving_gpu.py --tokenizer DIR --rate {rates} --out {{out}}", tuple(rows),
-                      "`pdserve bench` metrics; both deployments in one run, default flags (KV by cuda_ipc).")
+                      command + " --out {out}", rows,
+                      "`pdserve bench` metrics; both deployments in one run, default flags (KV by cuda_ipc); the "
+                      "engine-bound figure replays the same lengths over the engine's own step times, measured in "
+                      "that run (benchmarks/engine_bound.py).")
 
 
-def _gpu_serving_cell(m: dict[str, Any]) -> str:
-    return (f"{m['median_ttft_ms']:.0f} / {m['p99_ttft_ms']:.0f} ms, {m['median_tpot_ms']:.2f} / "
-            f"{m['p99_tpot_ms']:.2f} ms")
+def _router_relay(data: dict[str, Any]) -> PerfSource:
+    """The router's relay ceiling on one core (benchmarks/router_relay.py)."""
+    paths = data["paths"]
+
+    def cell(name: str) -> str:
+        path = paths[name]
+        return f"{path['relay_tokens_per_s']:,.0f} tokens/s ({path['router_cpu_share']:.2f} of its core)"
+
+    http = f"the per-request HTTP router of {data['baseline_rev']}: {cell('http')}" if "http" in paths else ""
+    rows = (PerfRow(f"router relay, {paths['data_plane']['streams']} streams, workers as fast as it reads",
+                    cell("data_plane"), http),
+            PerfRow("router relay, the same at a decode worker's pace (a step every 8 ms)", cell("data_plane_paced"),
+                    ""))
+    return PerfSource("router_relay_cpu.json", f"CPU, {data['machine']}", data["date"][:10],
+                      "python benchmarks/router_relay.py --out {out}", rows,
+                      "Tokens the streaming clients received in the measured window; FAKE workers and clients on "
+                      "the other core.")
 
 
 def _offline_cpu(data: dict[str, Any]) -> PerfSource:
@@ -268,6 +297,7 @@ EXTRACTORS: dict[str, Callable[[dict[str, Any]], PerfSource]] = {
     "engine_gpu_h200.json": _engine_gpu_h200,
     "engine_gpu_parity_h200.json": _engine_gpu_parity,
     "serving_gpu_h200.json": _serving_gpu,
+    "router_relay_cpu.json": _router_relay,
     "engine_cuda_h200.json": _engine_cuda_h200,
     "offline_cpu.json": _offline_cpu,
     "serving_cpu.json": _serving_cpu,
