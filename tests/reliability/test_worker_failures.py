@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 
 import httpx
-from cluster import AUTH, Cluster, Proc, metric, wait_until
+from cluster import AUTH, MODEL, Cluster, Proc, metric, wait_until
 from streams import StreamResult, stream_completion
 
 STREAMS = 6
@@ -187,3 +187,19 @@ def test_prefill_worker_killed_mid_prefill(healthy: Cluster) -> None:
           f"{NEW_REQUESTS}/{NEW_REQUESTS} requests sent 0.1 s after the kill succeeded (first token by "
           f"{first_s:.2f} s, last by {done_s:.2f} s); restarted and registered again {back_s:.1f} s after the "
           f"kill, took work in round {rounds}; every pool idle")
+
+
+def test_router_killed_is_restarted_on_its_port_and_the_workers_register_again(healthy: Cluster) -> None:
+    cluster = healthy
+    router, url = cluster.router, cluster.url
+    old_pid = router.pid
+    killed_at = time.monotonic()
+    router.kill()
+    cluster.wait_deployment()  # the launcher restarted it, and every worker registered with the new process
+    back_s = time.monotonic() - killed_at
+    assert cluster.router.pid != old_pid and cluster.url == url
+    reply = httpx.post(f"{url}/v1/completions", headers=AUTH, timeout=60,
+                       json={"model": MODEL, "prompt": "After the router restart:", "max_tokens": 4})
+    assert reply.status_code == 200, reply.text
+    print(f"\nRELIABILITY router_kill: restarted by the launcher on its port, every worker registered again "
+          f"{back_s:.1f} s after the kill; requests served again")
