@@ -100,8 +100,7 @@ def tier_metrics(tiered: TieredKVCache) -> Iterator[Metric]:
                        ("redis_timeouts", "Redis lookups that reached the request's deadline"),
                        ("redis_skipped", "Redis calls not tried while it was backing off after an error"),
                        ("redis_corrupt_values", "Redis values that failed validation (deleted, missed)"),
-                       ("redis_auth_failures", "Redis values whose HMAC seal failed: forged or moved (deleted, "
-                        "missed)"),
+                       ("redis_auth_failures", "Redis values whose HMAC seal failed (deleted, missed)"),
                        ("redis_written_blocks", "blocks written to Redis"),
                        ("host_written_blocks", "blocks written to host RAM"),
                        ("writes_dropped_blocks", "copies to host/Redis dropped: the writer queue was full"),
