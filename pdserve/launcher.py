@@ -78,7 +78,8 @@ class ChildSpec:
         return replace(self, argv=argv, health_url=f"http://{host}:{port}/health")
 
 
-def free_port(host: str) -> int:
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on now (every deployment, test and benchmark takes its ports from here)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]
