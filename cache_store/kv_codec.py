@@ -99,6 +99,12 @@ def _raw(block: torch.Tensor) -> memoryview:
 
 def encode_block(layout: BlockLayout, block_hash: bytes, block: torch.Tensor) -> bytes:
     """block: [layers, 2, block_size, Hkv, D] on the CPU → header + raw bytes."""
+    return b"".join(encode_block_parts(layout, block_hash, block))
+
+
+def encode_block_parts(layout: BlockLayout, block_hash: bytes, block: torch.Tensor) -> tuple[bytes, memoryview]:
+    """The header and the raw bytes of `encode_block`'s value, not yet joined (the Redis tier seals both, then
+    joins them with the seal in one copy)."""
     if tuple(block.shape) != layout.shape or block.dtype != layout.dtype:
         raise ValueError(f"block {tuple(block.shape)} {block.dtype} does not match layout {layout.shape} {layout.dtype}")
     raw = _raw(block)
@@ -107,10 +113,10 @@ def encode_block(layout: BlockLayout, block_hash: bytes, block: torch.Tensor) ->
         "dtype": DTYPE_NAMES[layout.dtype], "shape": list(layout.shape), "layers": layout.num_layers,
         "nbytes": raw.nbytes, "checksum": zlib.crc32(raw),
     }
-    return b"".join((msgpack.packb(header, use_bin_type=True), raw))
+    return msgpack.packb(header, use_bin_type=True), raw
 
 
-def _read_header(value: bytes) -> tuple[dict, int]:
+def _read_header(value: bytes | memoryview) -> tuple[dict, int]:
     unpacker = msgpack.Unpacker(raw=False, max_buffer_size=MAX_HEADER_BYTES, max_str_len=512, max_bin_len=64,
                                 max_array_len=8, max_map_len=16, strict_map_key=True)
     unpacker.feed(value[:MAX_HEADER_BYTES])
@@ -142,7 +148,7 @@ def _check_header(layout: BlockLayout, block_hash: bytes, header: dict) -> None:
         raise CorruptValueError(f"checksum {header.get('checksum')!r} is not an integer")
 
 
-def decode_block(layout: BlockLayout, block_hash: bytes, value: bytes, out: torch.Tensor) -> None:
+def decode_block(layout: BlockLayout, block_hash: bytes, value: bytes | memoryview, out: torch.Tensor) -> None:
     """Check `value` completely, then copy its block into `out` ([layers, 2, block_size, Hkv, D], CPU)."""
     header, offset = _read_header(value)
     _check_header(layout, block_hash, header)

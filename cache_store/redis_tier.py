@@ -1,11 +1,12 @@
 """The Redis tier: one key per KV block, read and written in pipelined batches, never on the model thread.
 
-    key    pdserve:{model fingerprint}:{block size}:{cache salt}:{block hash hex}
-    value  msgpack header + raw block bytes (kv_codec.encode_block)
+    key    pdserve:{namespace}:{block id}        keyed digests of the model fingerprint and block size, then of
+                                                 the salt and block hash (cache_store/redis_auth.py)
+    value  msgpack header + raw block bytes (kv_codec.encode_block) + a 32-byte HMAC over key and value
 
-The block hash already chains the fingerprint, the salt and every earlier token, so the key's other parts
-only make keys readable and let an operator drop one model's or one tenant's blocks (`SCAN MATCH
-pdserve:{fp}:*`); the fingerprint and salt are percent-quoted so a ':' or '*' in them cannot blur that.
+Every value read is checked in that order: its seal (HMAC with the deployment's secret; a failure is a miss,
+counted as `redis_auth_failures`, and the value is deleted), then everything kv_codec checks (a failure is a
+miss counted as `redis_corrupt_values`, deleted too). Only then is a byte copied.
 
 Granularity: one block per value, `batch_blocks` (16) blocks pipelined per round trip. Measured with
 `python benchmarks/redis_granularity.py` (redis-py + hiredis, loopback redis-server 7.0, 64-block prefix,
@@ -49,7 +50,8 @@ from redis.cluster import ClusterNode, RedisCluster
 from redis.retry import Retry
 from redis.sentinel import Sentinel
 
-from pdserve.cache_store.kv_codec import BlockLayout, CorruptValueError, decode_block, encode_block
+from pdserve.cache_store.kv_codec import BlockLayout, CorruptValueError, decode_block, encode_block_parts
+from pdserve.cache_store.redis_auth import ForgedValueError, RedisAuth
 from pdserve.cache_store.tier_stats import TieredCacheStats
 
 _ERRORS = (redis.RedisError, OSError)
@@ -138,9 +140,11 @@ class PrefixSink:
 
 
 class RedisTier:
-    def __init__(self, client: Any, layout: BlockLayout, stats: TieredCacheStats, retry_interval_s: float = 1.0,
-                 batch_blocks: int = 16, pin_memory: bool = False, name: str = "Redis") -> None:
-        """`name`: how log lines call this server (its URL, redacted)."""
+    def __init__(self, client: Any, layout: BlockLayout, stats: TieredCacheStats, secret: str | None,
+                 retry_interval_s: float = 1.0, batch_blocks: int = 16, pin_memory: bool = False,
+                 name: str = "Redis") -> None:
+        """`secret`: the deployment's shared secret, which names and seals every value (None: unauthenticated,
+        warned about). `name`: how log lines call this server (its URL, redacted)."""
         self.client = client
         self.name = name
         self.reachable: bool | None = None  # None: not tried yet
@@ -149,12 +153,14 @@ class RedisTier:
         self.stats = stats
         self.retry_interval_s = retry_interval_s
         self.batch_blocks = batch_blocks
-        self._prefix = (f"pdserve:{urllib.parse.quote(layout.model_fingerprint, safe='')}:"
-                        f"{layout.block_size}:")
+        self.auth = RedisAuth(secret, layout.model_fingerprint, layout.block_size)
         self._down_until = 0.0
+        if not self.auth.authenticated:
+            logger.warning("%s: no shared secret (PDSERVE_SECRET), so Redis values are checked for damage only: "
+                           "anyone who can write to this Redis can make this worker use KV of their choosing", name)
 
     def key(self, block_hash: bytes, salt: str | None) -> str:
-        return f"{self._prefix}{urllib.parse.quote(salt or '', safe='')}:{block_hash.hex()}"
+        return self.auth.key(block_hash, salt)
 
     @property
     def backing_off(self) -> bool:
@@ -249,7 +255,11 @@ class RedisTier:
         out = self.layout.empty(count, pin_memory=self.pin_memory and count > 0)
         for i in range(count):
             try:
-                decode_block(self.layout, hashes[i], values[i], out[i])
+                decode_block(self.layout, hashes[i], self.auth.open(keys[i], values[i]), out[i])
+            except ForgedValueError:
+                self.stats.count(redis_auth_failures=1)
+                self._delete([keys[i]])
+                return out[:i]
             except CorruptValueError:
                 self.stats.count(redis_corrupt_values=1)
                 self._delete([keys[i]])
@@ -301,7 +311,8 @@ class RedisTier:
         pipe = self.client.pipeline(transaction=False)
         size = 0
         for key, block_hash, block in items:
-            value = encode_block(self.layout, block_hash, block)
+            header, raw = encode_block_parts(self.layout, block_hash, block)
+            value = b"".join((header, raw, self.auth.seal(key, header, raw)))
             size += len(value)
             pipe.set(key, value, ex=ttl_s)
         pipe.execute()

@@ -44,6 +44,7 @@ class TieredCacheStats:
     redis_timeouts: int = 0  # the subset that hit a lookup's deadline
     redis_skipped: int = 0  # calls not tried while Redis was backing off after an error
     redis_corrupt_values: int = 0  # detected, treated as misses and deleted
+    redis_auth_failures: int = 0  # values whose seal (HMAC) failed: forged, or moved; misses, deleted
     writes_dropped_blocks: int = 0  # write-through/back copies dropped: the writer queue was full
     load_seconds_sum: float = 0.0
     load_seconds_count: int = 0

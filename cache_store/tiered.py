@@ -91,7 +91,9 @@ class FetchedPrefix:
 
 class TieredKVCache:
     def __init__(self, prefix_cache: PrefixCache, kv_caches: list[torch.Tensor], model_fingerprint: str,
-                 config: TierConfig, policy: CachePolicy, lock: threading.RLock | None = None) -> None:
+                 config: TierConfig, policy: CachePolicy, lock: threading.RLock | None = None,
+                 secret: str | None = None) -> None:
+        """`secret`: the deployment's shared secret, which names and seals Redis values (cache_store/redis_auth.py)."""
         self.prefix_cache = prefix_cache
         self.pool = prefix_cache.pool
         self.kv_caches = kv_caches
@@ -104,7 +106,7 @@ class TieredKVCache:
         self.stats = TieredCacheStats()
         self._policy = policy
         self.host = HostTier(self.layout, config.host_capacity_bytes, policy.host_eviction, config.pin_host_memory)
-        self.redis = self._connect(config)
+        self.redis = self._connect(config, secret)
         self._io = ThreadPoolExecutor(config.redis_io_threads, thread_name_prefix="kv-redis-io")
         self._writer = TierWriter(self._process, self.stats, config.max_pending_write_bytes)
         self._hits = HitCounter(4 * (self.pool.num_total + self.host.num_slots) + 1024)
@@ -114,12 +116,12 @@ class TieredKVCache:
             self.pool.set_eviction(policy.device_eviction)
             self.pool.on_evict = self._on_device_evict
 
-    def _connect(self, config: TierConfig) -> RedisTier | None:
+    def _connect(self, config: TierConfig, secret: str | None) -> RedisTier | None:
         if config.redis_url is None:
             return None
         client = connect_redis(config.redis_url, config.redis_socket_timeout_s, 4 * config.redis_io_threads)
-        tier = RedisTier(client, self.layout, self.stats, config.redis_retry_interval_s, config.redis_batch_blocks,
-                         config.pin_host_memory, name=f"Redis {redacted_url(config.redis_url)}")
+        tier = RedisTier(client, self.layout, self.stats, secret, config.redis_retry_interval_s,
+                         config.redis_batch_blocks, config.pin_host_memory, name=f"Redis {redacted_url(config.redis_url)}")
         tier.probe()  # the console says at start whether the tier works (a refused connection answers at once)
         return tier
 
@@ -368,6 +370,7 @@ class TieredKVCache:
         return {"policy": self._policy.to_dict(), "host_blocks_used": self.host.num_used,
                 "host_blocks_total": self.host.num_slots, "redis": self.redis is not None,
                 "redis_backing_off": self.redis is not None and self.redis.backing_off,
+                "redis_namespace": self.redis.auth.namespace if self.redis is not None else None,
                 "stats": self.stats.snapshot()}
 
     def held_hashes(self, limit: int = DEFAULT_SUMMARY_BLOCKS) -> list[bytes]:

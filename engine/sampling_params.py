@@ -11,7 +11,12 @@ from typing import Any
 
 from pdserve.engine.structured_output import StructuredOutput
 
-MAX_STOP_STRINGS = 4
+MAX_STOP_STRINGS = 4  # OpenAI's documented limit ("up to 4 sequences")
+# OpenAI documents no length: 256 characters holds any stop marker in use ("\n\nUser:", "</answer>", ...) and
+# bounds what a request copies into each of its n sub-requests and what D compares every step (a 100 kB stop
+# string was accepted and copied n x 2 times before)
+MAX_STOP_CHARS = 256
+MAX_STOP_TOKEN_IDS = 1024
 MAX_LOGPROBS = 20
 _GREEDY_EPS = 1e-5  # temperatures below this are greedy (as in vLLM): dividing by them overflows
 
@@ -77,6 +82,10 @@ class SamplingParams:
             (len(self.stop) <= MAX_STOP_STRINGS,
              f"at most {MAX_STOP_STRINGS} stop strings are allowed, got {len(self.stop)}"),
             (all(self.stop), f"stop strings must not be empty, got {list(self.stop)}"),
+            (all(len(s) <= MAX_STOP_CHARS for s in self.stop),
+             f"stop strings must be at most {MAX_STOP_CHARS} characters each, got {max(map(len, self.stop), default=0)}"),
+            (len(self.stop_token_ids) <= MAX_STOP_TOKEN_IDS,
+             f"at most {MAX_STOP_TOKEN_IDS} stop_token_ids are allowed, got {len(self.stop_token_ids)}"),
             (all(t >= 0 for t in self.stop_token_ids),
              f"stop_token_ids must be >= 0, got {list(self.stop_token_ids)}"),
             (self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS,

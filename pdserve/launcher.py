@@ -1,4 +1,4 @@
-"""Local launcher for `pdserve serve`: a router plus prefill and decode workers, each its own process.
+"""Local launcher for `pdserve serve`: a router plus prefill and decode workers, each its own process, supervised.
 
     pdserve serve ─┬─ pdserve router  --port 8000                       (started first)
                    ├─ pdserve prefill --router http://127.0.0.1:8000 --port <free> --worker-id prefill-0
@@ -9,10 +9,25 @@
                     --router http://127.0.0.1:8000,http://127.0.0.1:<free>, as a headless Service does in
                     Kubernetes, deploy/k8s)
 
-Every child is a `pdserve <role>` command line, so `ps` shows the roles. No child outlives the launcher:
+Every child is a `pdserve <role>` command line, so `ps` shows the roles. Readiness: each router answers
+`/health` at all (it listens), then every child's `/health` says 200 (a router: it has a prefill and a decode
+worker; a worker: it is registered). None of these needs the API key.
+
+Supervision, once the deployment is ready (a child that exits before that fails `pdserve serve`: a wrong
+flag or a missing model would only fail again):
+- a child that exits is restarted after a backoff (pdserve/supervision.py: 0.5 s, doubling, at most
+  `--max-restarts` per minute, then given up with a log line); the others keep serving meanwhile. The router
+  sees a dead worker at once (its data-plane connection breaks: the worker is skipped until it registers
+  again), and a restarted worker registers under the same worker id, on fresh ports (its old ones may have
+  been taken meanwhile), so the router replaces its link and routes to it again;
+- a router is restarted too, on its own port (clients and workers know it): its registry is rebuilt from
+  the workers' heartbeats (answered 404, they register again), so it costs the requests it held and keeps
+  every worker's loaded model. Restarting it beats exiting, which would take every worker down with it;
+- when a router is given up, or every worker of a role, nothing can serve any more: everything is stopped and
+  `pdserve serve` exits 1, for systemd or Docker's restart policy to see.
+No child outlives the launcher:
 - SIGINT / SIGTERM to the launcher: SIGTERM to every child, SIGKILL to any still alive after `grace_s`;
-- a child that exits on its own takes the whole deployment down (exit status 1), rather than leaving a router
-  without workers;
+  a restart still waiting for its backoff is not made;
 - the launcher killed outright (SIGKILL): each child was started with PR_SET_PDEATHSIG, so the kernel sends it
   SIGTERM when the launcher dies (Linux; elsewhere the first two still hold).
 The children share the launcher's process group, so Ctrl-C in a terminal reaches all of them at once too.
@@ -28,13 +43,19 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 
 from pdserve.settings import LaunchSettings
+from pdserve.supervision import Child, RestartHistory, describe_exit
 
 _PR_SET_PDEATHSIG = 1
+_POLL_S = 0.2  # how often the launcher looks at its children (a dead worker is routed around at once anyway)
+_PORT_FLAGS = ("--port", "--transfer-port")  # the ports a worker gets afresh when it is restarted
 
 
 @dataclass(frozen=True)
@@ -42,10 +63,23 @@ class ChildSpec:
     name: str
     argv: list[str]
     health_url: str  # 200 once it can serve (the router: once it has a prefill and a decode worker)
-    up_url: str | None = None  # 200 once it listens (workers are started after the router is up)
+    up_url: str | None = None  # answers at all once it listens (workers are started after the router is up)
+    role: str = "router"  # router | prefill | decode | both
+
+    def with_fresh_ports(self, host: str) -> ChildSpec:
+        """A worker's spec for its restart: new --port and --transfer-port. A router keeps its own."""
+        if self.role == "router":
+            return self
+        argv = list(self.argv)
+        for flag in _PORT_FLAGS:
+            if flag in argv:
+                argv[argv.index(flag) + 1] = str(free_port(host))
+        port = argv[argv.index("--port") + 1]
+        return replace(self, argv=argv, health_url=f"http://{host}:{port}/health")
 
 
-def free_port(host: str) -> int:
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on now (every deployment, test and benchmark takes its ports from here)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]
@@ -81,7 +115,8 @@ def plan_children(settings: LaunchSettings, python: str = sys.executable,
                 "--port", str(port), "--worker-id", name]
         if role != "prefill":
             argv += ["--transfer-port", str(free_port(settings.host))]
-        children.append(ChildSpec(name, argv + extra + placement, f"http://{settings.host}:{port}/health"))
+        children.append(ChildSpec(name, argv + extra + placement, f"http://{settings.host}:{port}/health",
+                                  role=role))
     return children
 
 
@@ -98,7 +133,7 @@ def router_children(settings: LaunchSettings, base: list[str]) -> list[ChildSpec
             url = f"http://127.0.0.1:{internal}"
             argv += ["--internal-port", str(internal)]
         children.append(ChildSpec("router" if index == 0 else f"router-{index}", argv, f"{url}/health",
-                                  f"{url}/v1/models"))
+                                  f"{url}/health"))
     return children
 
 
@@ -142,47 +177,84 @@ def _cuda_device_count() -> int:
     return torch.cuda.device_count()
 
 
-def _die_with_parent() -> None:
-    """preexec_fn: ask the kernel for SIGTERM when the launcher dies (no effect where prctl is missing)."""
+def _load_prctl() -> Callable[[int, int], int] | None:
+    """libc's prctl, looked up now: the child between fork and exec only calls it (no dlopen there, which
+    could deadlock when another thread of the parent held the loader's lock)."""
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        return ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):
-        pass
+        return None
+
+
+_PRCTL = _load_prctl() if sys.platform == "linux" else None
+
+
+def _die_with_parent() -> None:
+    """preexec_fn: ask the kernel for SIGTERM when the launcher dies (no effect where prctl is missing). The
+    kernel sends it when the *thread* that started the child ends: the launcher starts every child from the
+    thread that supervises them (run_launcher's main thread)."""
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def spawn(spec: ChildSpec, env: dict[str, str] | None, log_path: Path | None = None) -> subprocess.Popen:
+    """Start one child; with `log_path` its stdout and stderr go there (appended: a restart adds to it)."""
+    preexec = _die_with_parent if sys.platform == "linux" else None
+    if log_path is None:
+        return subprocess.Popen(spec.argv, preexec_fn=preexec, env=env)  # noqa: PLW1509
+    with log_path.open("ab") as log:
+        return subprocess.Popen(spec.argv, preexec_fn=preexec, env=env, stdout=log,  # noqa: PLW1509
+                                stderr=subprocess.STDOUT)
+
+
+def _print(line: str) -> None:
+    print(line, flush=True)
+
+
+class DeploymentLost(Exception):
+    """Nothing can serve any more: a router or every worker of a role was given up."""
 
 
 class Launcher:
-    def __init__(self, settings: LaunchSettings, grace_s: float = 10.0, log=print,
-                 env: dict[str, str] | None = None) -> None:
+    def __init__(self, settings: LaunchSettings, grace_s: float = 10.0, log: Callable[[str], None] = _print,
+                 env: dict[str, str] | None = None, log_dir: Path | None = None) -> None:
         """`env`: the children's whole environment (None: the launcher's own); `pdserve serve` passes its
-        own plus the internal API's shared secret, so the secret never appears on a command line."""
+        own plus the internal API's shared secret, so the secret never appears on a command line.
+        `log_dir`: each child's output to <log_dir>/<name>.log (None: the launcher's own stdout/stderr)."""
         self.settings = settings
         self.grace_s = grace_s
         self.log = log
         self.env = env
-        self.children: list[tuple[ChildSpec, subprocess.Popen]] = []
+        self.log_dir = log_dir
+        self.children: list[Child] = []
         self._stop = threading.Event()
+        self._client: httpx.Client | None = None
+
+    def child(self, name: str) -> Child:
+        return next(child for child in self.children if child.name == name)
+
+    def log_path(self, name: str) -> Path | None:
+        return None if self.log_dir is None else self.log_dir / f"{name}.log"
 
     def start(self) -> None:
         for spec in plan_children(self.settings):
             if self._stop.is_set():
                 raise InterruptedError("stopping before the deployment was started")
-            # preexec_fn is safe here: the launcher runs a single thread
-            preexec = _die_with_parent if sys.platform == "linux" else None
-            process = subprocess.Popen(spec.argv, preexec_fn=preexec, env=self.env)  # noqa: PLW1509
-            self.children.append((spec, process))
+            process = spawn(spec, self.env, self.log_path(spec.name))
+            self.children.append(Child(spec, process, RestartHistory(self.settings.restart)))
             self.log(f"started {spec.name} (pid {process.pid}): {' '.join(spec.argv[3:])}")
             if spec.up_url is not None:
-                self._wait_for([spec.up_url], [spec.name], self.settings.ready_timeout_s)
+                self._wait_for([spec.up_url], [spec.name], self.settings.ready_timeout_s, listening=True)
 
     def wait_ready(self) -> None:
-        specs = [spec for spec, _ in self.children]
+        specs = [child.spec for child in self.children]
         self._wait_for([s.health_url for s in specs], [s.name for s in specs], self.settings.ready_timeout_s)
         scheme = "https" if self.settings.router_tls else "http"
         self.log(f"pdserve ready: {scheme}://{self.settings.host}:{self.settings.port}/v1 "
-                 f"({', '.join(spec.name for spec, _ in self.children)})")
+                 f"({', '.join(child.name for child in self.children)})")
 
-    def _wait_for(self, urls: list[str], names: list[str], timeout_s: float) -> None:
+    def _wait_for(self, urls: list[str], names: list[str], timeout_s: float, listening: bool = False) -> None:
+        """Until each URL answers 200 (`listening`: answers at all)."""
         deadline = time.monotonic() + timeout_s
         pending = dict(zip(urls, names, strict=True))
         with httpx.Client(timeout=2.0, trust_env=False) as client:
@@ -192,49 +264,108 @@ class Launcher:
                 self._check_alive()
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"not ready after {timeout_s:g} s: {sorted(pending.values())}")
-                pending = {url: name for url, name in pending.items() if not _healthy(client, url)}
+                pending = {url: name for url, name in pending.items() if not _answers(client, url, listening)}
                 if pending:
                     self._stop.wait(0.2)
 
     def _check_alive(self) -> None:
-        for spec, process in self.children:
-            code = process.poll()
+        for child in self.children:
+            code = child.process.poll()
             if code is not None:
-                raise ChildProcessError(f"{spec.name} (pid {process.pid}) exited with status {code}")
+                raise ChildProcessError(f"{child.name} (pid {child.process.pid}) exited with {describe_exit(code)}")
 
     def wait(self) -> int:
-        """Block until a stop is requested (0) or a child exits on its own (1)."""
-        while not self._stop.wait(0.5):
-            try:
-                self._check_alive()
-            except ChildProcessError as exc:
-                self.log(f"{exc}; stopping everything")
-                return 1
-        return 0
+        """Supervise until a stop is requested (0) or nothing can serve any more (1)."""
+        self._client = httpx.Client(timeout=0.5, trust_env=False)
+        try:
+            while not self._stop.wait(_POLL_S):
+                try:
+                    self.supervise(time.monotonic())
+                except DeploymentLost as exc:
+                    self.log(f"pdserve serve: {exc}; stopping everything")
+                    return 1
+            return 0
+        finally:
+            self._client.close()
+
+    def supervise(self, now: float) -> None:
+        """One look at every child: note exits, make the restarts that are due, log the ones back."""
+        for child in self.children:
+            if child.given_up:
+                continue
+            if child.restart_at is not None:
+                if now >= child.restart_at:
+                    self._restart(child, now)
+                continue
+            code = child.process.poll()
+            if code is not None:
+                self._exited(child, code, now)
+            elif child.restarted_at is not None and self._client is not None \
+                    and _answers(self._client, child.spec.health_url):
+                self.log(f"{child.name} is back (pid {child.process.pid}), {now - child.restarted_at:.1f} s "
+                         f"after its restart")
+                child.restarted_at = None
+        self._check_serving()
+
+    def _exited(self, child: Child, code: int, now: float) -> None:
+        pid, policy = child.process.pid, self.settings.restart
+        delay = child.history.delay(now)
+        if delay is None:
+            child.given_up = True
+            self.log(f"{child.name} (pid {pid}) exited with {describe_exit(code)}; it was restarted "
+                     f"{child.history.recent(now)} times within {policy.window_s:g} s (--max-restarts "
+                     f"{policy.max_restarts}): giving it up, the others keep serving")
+            return
+        child.restart_at = now + delay
+        self.log(f"{child.name} (pid {pid}) exited with {describe_exit(code)}; restarting it in {delay:g} s "
+                 f"(restart {child.history.recent(now) + 1} of at most {policy.max_restarts} within "
+                 f"{policy.window_s:g} s); the others keep serving")
+
+    def _restart(self, child: Child, now: float) -> None:
+        child.spec = child.spec.with_fresh_ports(self.settings.host)
+        child.process = spawn(child.spec, self.env, self.log_path(child.name))
+        child.history.restarted(now)
+        child.restart_at, child.restarted_at = None, now
+        child.restarts += 1
+        port = urlsplit(child.spec.health_url).port
+        self.log(f"restarted {child.name} (pid {child.process.pid}, port {port})")
+
+    def _check_serving(self) -> None:
+        for child in self.children:
+            if child.given_up and child.spec.role == "router":
+                raise DeploymentLost(f"{child.name} was given up")
+        workers = [child for child in self.children if child.spec.role != "router"]
+        for role in ("prefill", "decode"):
+            serving = [c for c in workers if c.spec.role in (role, "both")]
+            if serving and all(c.given_up for c in serving):
+                raise DeploymentLost(f"every {role} worker was given up ({', '.join(c.name for c in serving)})")
 
     def request_stop(self) -> None:
         self._stop.set()
 
     def stop(self) -> None:
         """SIGTERM every child (workers first, the router last), SIGKILL what outlives the grace period."""
-        for _, process in reversed(self.children):
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
+        for child in reversed(self.children):
+            if child.process.poll() is None:
+                child.process.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + self.grace_s
-        for spec, process in self.children:
+        for child in self.children:
+            process = child.process
             try:
                 process.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                self.log(f"{spec.name} (pid {process.pid}) ignored SIGTERM for {self.grace_s:g} s: SIGKILL")
+                self.log(f"{child.name} (pid {process.pid}) ignored SIGTERM for {self.grace_s:g} s: SIGKILL")
                 process.kill()
                 process.wait()
 
 
-def _healthy(client: httpx.Client, url: str) -> bool:
+def _answers(client: httpx.Client, url: str, listening: bool = False) -> bool:
+    """200 from `url` (`listening`: any HTTP answer, e.g. a router's 503 before its workers registered)."""
     try:
-        return client.get(url).status_code == 200
+        status = client.get(url).status_code
     except httpx.HTTPError:
         return False
+    return listening or status == 200
 
 
 def run_launcher(settings: LaunchSettings, env: dict[str, str] | None = None) -> int:

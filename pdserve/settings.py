@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from pdserve.cache_store.policy import CachePolicy, TierConfig
+from pdserve.supervision import RestartPolicy
 
 if TYPE_CHECKING:
     from pdserve.engine.weights.hub import HubOptions
@@ -271,6 +272,7 @@ class LaunchSettings:
     transfer_backend: str = "auto"
     # the router answers https (router_args carry --ssl-*); the workers reach it on a plain loopback listener
     router_tls: bool = False
+    restart: RestartPolicy = field(default_factory=RestartPolicy)  # children that exit (pdserve/supervision.py)
 
     def __post_init__(self) -> None:
         if self.transfer_backend not in TRANSFER_BACKENDS or self.transfer_backend == "local":

@@ -138,7 +138,7 @@ class Worker:
         self.prefix_cache = PrefixCache(self.pool, self.cache_config.block_size, settings.cache.enable_prefix_caching)
         self.state_lock = threading.RLock()
         self.tiered = build_tiered(self.prefix_cache, self.runner.kv_caches, self.loaded.fingerprint, settings.tiers,
-                                   settings.cache_policy, self.device, self.state_lock)
+                                   settings.cache_policy, self.device, self.state_lock, settings.server.secret)
         self.summary = SummaryReporter(self.tiered)
         self.model_lock = threading.Lock()
         self.roles = Roles()

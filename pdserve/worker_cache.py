@@ -35,11 +35,12 @@ from pdserve.cache_store.tiered import TieredKVCache
 
 
 def build_tiered(prefix_cache: PrefixCache, kv_caches: list[torch.Tensor], fingerprint: str, tiers: TierConfig,
-                 policy: CachePolicy, device: str, lock: threading.RLock) -> TieredKVCache:
-    """The worker's cache over its pool; host RAM is pinned when the pool is on a GPU (DMA, no bounce)."""
+                 policy: CachePolicy, device: str, lock: threading.RLock, secret: str | None) -> TieredKVCache:
+    """The worker's cache over its pool; host RAM is pinned when the pool is on a GPU (DMA, no bounce). `secret`:
+    the deployment's shared secret (ServerSettings.secret), which names and seals what goes to Redis."""
     if torch.device(device).type == "cuda" and not tiers.pin_host_memory:
         tiers = dataclasses.replace(tiers, pin_host_memory=True)
-    return TieredKVCache(prefix_cache, kv_caches, fingerprint, tiers, policy, lock=lock)
+    return TieredKVCache(prefix_cache, kv_caches, fingerprint, tiers, policy, lock=lock, secret=secret)
 
 
 def cache_policy_applier(tiered: TieredKVCache) -> Callable[[CachePolicy], list[str]]:
@@ -99,6 +100,7 @@ def tier_metrics(tiered: TieredKVCache) -> Iterator[Metric]:
                        ("redis_timeouts", "Redis lookups that reached the request's deadline"),
                        ("redis_skipped", "Redis calls not tried while it was backing off after an error"),
                        ("redis_corrupt_values", "Redis values that failed validation (deleted, missed)"),
+                       ("redis_auth_failures", "Redis values whose HMAC seal failed (deleted, missed)"),
                        ("redis_written_blocks", "blocks written to Redis"),
                        ("host_written_blocks", "blocks written to host RAM"),
                        ("writes_dropped_blocks", "copies to host/Redis dropped: the writer queue was full"),

@@ -50,6 +50,10 @@ class RouterConfig:
     max_connections: int = 1024
     retry_after_s: int = 1
     max_n: int = 128
+    # what n multiplies, summed over a request's choices (n x every prompt): prompt tokens to prefill and
+    # completion tokens to decode; the default is 128 choices of 2,048 tokens each. No flag: set in RouterConfig
+    max_request_prompt_tokens: int = 262_144
+    max_request_completion_tokens: int = 262_144
     extra_models: tuple[str, ...] = field(default_factory=tuple)  # aliases accepted as `model`
     admin_token: str | None = None
     status_window_s: float = 300.0
@@ -63,7 +67,7 @@ class RouterConfig:
         if not self.model:
             raise ValueError("RouterConfig.model must name the served model, got an empty string")
         for name in ("max_model_len", "block_size", "max_connections", "max_n", "max_body_bytes",
-                     "max_inflight_requests"):
+                     "max_inflight_requests", "max_request_prompt_tokens", "max_request_completion_tokens"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"RouterConfig.{name} must be positive, got {getattr(self, name)}")
         for name in ("heartbeat_interval_s", "poll_interval_s", "connect_timeout_s", "control_timeout_s",

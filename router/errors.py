@@ -1,7 +1,9 @@
 """OpenAI-style errors: `{"error": {"message", "type", "param", "code"}}` with the right HTTP status.
 
 Every error a client can see goes through `APIError`, including FastAPI's own validation errors (OpenAI
-answers 400 where FastAPI would say 422) and unknown routes.
+answers 400 where FastAPI would say 422) and unknown routes. An unexpected exception is a 500 answered by
+`AnswerUnexpected`, which does not raise it on: Starlette's own handler for it re-raises, and uvicorn then
+closes the connection, so the client's next keep-alive request failed too.
 """
 
 from __future__ import annotations
@@ -15,6 +17,9 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from pdserve.router.protocol import INVALID_TEXT
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +41,8 @@ class APIError(Exception):
         self.headers = headers or {}
 
     def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+        return {"error": {"message": _printable(self.message), "type": self.type, "param": _printable(self.param),
+                          "code": self.code}}
 
     def to_response(self) -> JSONResponse:
         return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
@@ -44,6 +50,14 @@ class APIError(Exception):
     def sse_event(self) -> bytes:
         """The error as one server-sent event, for failures after a stream has started."""
         return b"data: " + json.dumps(self.body()).encode() + b"\n\n"
+
+
+def _printable(text: str | None) -> str | None:
+    """Client text quoted in an error (a model name, a field path) with anything UTF-8 cannot carry escaped:
+    the error must be answerable whatever the request held."""
+    if text is None or text.isascii():
+        return text
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
@@ -80,6 +94,9 @@ def validation_error(exc: RequestValidationError) -> APIError:
     if not errors:
         return bad_request("invalid request")
     first = errors[0]
+    if first.get("type") == INVALID_TEXT:
+        path = first["ctx"]["path"]
+        return bad_request(f"Invalid value for '{path}': {first['msg']}.", param=path, code="invalid_text")
     if first.get("type") == "json_invalid":
         detail = first.get("ctx", {}).get("error", "")
         return bad_request(f"We could not parse the JSON body of your request ({detail}). The body must be valid "
@@ -103,6 +120,36 @@ def _describe(error: dict[str, Any]) -> str:
     return f"Invalid value for '{path}': {error.get('msg')} (got {error.get('input')!r})."
 
 
+class AnswerUnexpected:
+    """ASGI middleware: an exception out of a route becomes a 500 OpenAI-style error, and the connection stays
+    open for the client's next request. Nothing is added per message sent (the token streams pass untouched):
+    when the response had started already, sending the 500 raises, and the exception goes on to the server,
+    which closes the connection (the only way left to tell the client)."""
+
+    def __init__(self, app: ASGIApp, on_error: Callable[[int, str], None] | None = None) -> None:
+        self.app = app
+        self.on_error = on_error
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        try:
+            await self.app(scope, receive, send)
+        except Exception as exc:
+            try:
+                await internal_error(exc).to_response()(scope, receive, send)
+            except Exception:  # noqa: BLE001 (the response had started: let the server close the connection)
+                raise exc from None
+            log.exception("unhandled error in the router", exc_info=exc)
+            if self.on_error is not None:
+                self.on_error(500, scope.get("path", ""))
+
+
+def internal_error(exc: BaseException) -> APIError:
+    return APIError(500, f"internal router error: {type(exc).__name__}: {exc}")
+
+
 def install_error_handlers(app: FastAPI, on_error: Callable[[int, str], None] | None = None) -> None:
     """Answer every error as OpenAI-style JSON; `on_error(status, path)` is told about each (for metrics)."""
 
@@ -124,11 +171,12 @@ def install_error_handlers(app: FastAPI, on_error: Callable[[int, str], None] | 
         code = "not_found" if exc.status_code == 404 else None
         return answer(request, APIError(exc.status_code, str(exc.detail), code=code, headers=dict(exc.headers or {})))
 
-    async def internal_error(request: Request, exc: Exception) -> JSONResponse:
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:  # raised outside AnswerUnexpected
         log.exception("unhandled error in the router", exc_info=exc)
-        return answer(request, APIError(500, f"internal router error: {type(exc).__name__}: {exc}"))
+        return answer(request, internal_error(exc))
 
     app.add_exception_handler(APIError, api_error)
     app.add_exception_handler(RequestValidationError, invalid_request)
     app.add_exception_handler(StarletteHTTPException, http_error)
-    app.add_exception_handler(Exception, internal_error)
+    app.add_exception_handler(Exception, unexpected)
+    app.add_middleware(AnswerUnexpected, on_error=on_error)

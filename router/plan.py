@@ -70,6 +70,7 @@ async def plan_completion(req: CompletionRequest, config: RouterConfig, tokenize
     prompts = normalize_prompts(req.prompt)
     token_lists = [await tokenize_prompt(tokenizer, p) for p in prompts]
     max_tokens = [_max_tokens(req.max_tokens, len(ids), config, chat=False) for ids in token_lists]
+    _check_totals(req.n, token_lists, max_tokens, config)
     # echo with logprobs needs the prompt's own logprobs (top-k as many as the output's), computed on P
     echoed = req.logprobs if req.echo and req.logprobs is not None else None
     wanted = [k for k in (echoed, req.prompt_logprobs) if k is not None]
@@ -96,6 +97,7 @@ async def plan_chat(req: ChatCompletionRequest, config: RouterConfig, tokenizer:
     requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     max_tokens = _max_tokens(requested, len(ids), config, chat=True, param=param)
+    _check_totals(req.n, [ids], [max_tokens], config)
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     plan = _build_plan(f"chatcmpl-{uuid.uuid4().hex}", model, req, [ids], [max_tokens], logprobs, chat=True,
                        structured=structured, prompt_logprobs=req.prompt_logprobs)
@@ -137,6 +139,21 @@ def _max_tokens(requested: int | None, prompt_len: int, config: RouterConfig, ch
     if prompt_len + completion > config.max_model_len:
         raise context_length_exceeded(config.max_model_len, prompt_len, completion, chat)
     return completion
+
+
+def _check_totals(n: int, token_lists: list[list[int]], max_tokens: list[int], config: RouterConfig) -> None:
+    """What n multiplies: every choice is prefilled and decoded on its own, so a request costs n x its prompts'
+    tokens and n x their completion budgets; each sum has its cap."""
+    prompt = n * sum(len(ids) for ids in token_lists)
+    if prompt > config.max_request_prompt_tokens:
+        raise bad_request(f"n x prompt tokens is {n} x {prompt // n} = {prompt}, over this server's limit of "
+                          f"{config.max_request_prompt_tokens} per request; lower n or shorten the prompt",
+                          param="n", code="request_too_large")
+    completion = n * sum(max_tokens)
+    if completion > config.max_request_completion_tokens:
+        raise bad_request(f"n x max_tokens is {n} x {completion // n} = {completion} completion tokens, over this "
+                          f"server's limit of {config.max_request_completion_tokens} per request; lower n or "
+                          f"max_tokens (unset, it fills the context)", param="n", code="request_too_large")
 
 
 def _build_plan(plan_id: str, model: str, req: SamplingFields, token_lists: list[list[int]],

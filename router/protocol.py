@@ -3,19 +3,56 @@
 Fields that are unions in OpenAI's API (`prompt`, `stop`, message `content`) are typed `Any` here and
 normalised in router/prompts.py, so that a bad value gets one clear message instead of one per union member.
 The two request bodies keep unknown fields (`model_extra`): router/request_fields.py logs each name once, as
-vLLM does, and refuses the known ones this server does not implement.
+vLLM does, and refuses the known ones this server does not implement. Every known field's text (strings, and the
+strings and keys inside lists and objects) must be encodable as UTF-8: JSON may carry a lone UTF-16 surrogate
+("\\ud800"), which no tokenizer, hash or msgpack frame can take; it is refused with a 400 naming the field
+(`invalid_text`, router/errors.py), before anything else looks at the request.
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic_core import PydanticCustomError
+
+INVALID_TEXT = "invalid_text"  # the pydantic error type of text that cannot be encoded
+
+
+def check_text(value: Any, path: str) -> None:
+    """Raise `invalid_text` when a string in `value` (or a key or string nested in it) cannot be UTF-8 encoded."""
+    if isinstance(value, str):
+        if value.isascii():
+            return
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise PydanticCustomError(INVALID_TEXT, "text that cannot be encoded as UTF-8 (a lone surrogate "
+                                      "U+{code} at character {at}); send valid Unicode text",
+                                      {"path": path, "code": f"{ord(value[exc.start]):04X}", "at": exc.start}) from None
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            if not isinstance(item, int):  # token ids: most of a long list
+                check_text(item, f"{path}.{index}")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            check_text(key, path)
+            check_text(item, f"{path}.{key}")
 
 
 class _Lenient(BaseModel):
     # NaN and ±Infinity (which Python's JSON parser accepts) are refused in every float field: 400
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _encodable_text(cls, data: Any) -> Any:
+        """Every known field's text, before any field is validated: the outermost model names the whole path."""
+        if isinstance(data, dict):
+            for name in cls.model_fields:
+                if name in data:
+                    check_text(data[name], name)
+        return data
 
 
 class StreamOptions(_Lenient):

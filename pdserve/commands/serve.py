@@ -4,7 +4,8 @@ With no arguments: the router on http://127.0.0.1:8000, one prefill and one deco
 `--colocated` runs one `--role both` worker instead (one block pool, `local` transfer: the baseline).
 Model, KV-cache, batching and cache-tier flags (`--redis-url`, `--host-cache-gb`, ...) are passed to every
 worker (and the model flags to the router, which needs the tokenizer); the router flags (policies, tokens,
-CORS, TLS, ...) to the router. Ctrl-C or SIGTERM stops every process.
+CORS, TLS, ...) to the router. A child that exits is restarted (--max-restarts per minute; pdserve/launcher.py);
+Ctrl-C or SIGTERM stops every process.
 Every process binds 127.0.0.1 unless --host says otherwise, and the internal API and KV transfer ports need the
 shared secret PDSERVE_SECRET, generated here when unset and handed to the children by environment, as are
 --api-key and --admin-token (PDSERVE_API_KEY, PDSERVE_ADMIN_TOKEN: `ps` shows command lines, not environments).
@@ -19,6 +20,7 @@ import secrets
 from pdserve.cache_store.policy import add_cache_arguments, cache_argv
 from pdserve.router_flags import SECRET_FLAGS, add_router_arguments, parse_list
 from pdserve.settings import TRANSFER_BACKENDS, LaunchSettings
+from pdserve.supervision import RestartPolicy
 from pdserve.worker_flags import add_engine_arguments, add_log_arguments, add_model_arguments
 
 # what the router needs of the model (it loads the tokenizer and config), and the log level: to every process
@@ -57,6 +59,10 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
                              "registers with each, and their prefix indexes stay in step")
     parser.add_argument("--ready-timeout", type=float, default=600.0,
                         help="seconds to wait for every process to answer /health")
+    parser.add_argument("--max-restarts", type=int, default=RestartPolicy.max_restarts,
+                        help="restarts of one child (a worker or a router that exited) within a minute, each after "
+                             "a backoff (0.5 s, doubling); past it the child is given up, and with no router or no "
+                             "worker of a role left, serve exits 1; 0: never restart")
     parser.add_argument("--transfer-backend", default="auto",
                         choices=[b for b in TRANSFER_BACKENDS if b != "local"],
                         help="how KV moves from prefill to decode workers: auto is cuda_ipc when they run on this "
@@ -133,4 +139,5 @@ def _settings(args: argparse.Namespace) -> LaunchSettings:
         worker_args=tuple(model_flags + forwarded_flags(args, _WORKER_ONLY_FLAGS) + cache_argv(args)),
         router_args=tuple(model_flags + forwarded_flags(args, _ROUTER_ONLY_FLAGS)),
         transfer_backend=args.transfer_backend, router_tls=args.ssl_certfile is not None,
+        restart=RestartPolicy(max_restarts=args.max_restarts),
     )

@@ -13,7 +13,7 @@ from pdserve.cache_store.block_pool import BlockPool, assert_no_leak
 from pdserve.cache_store.policy import CachePolicy, TierConfig
 from pdserve.cache_store.prefix_cache import PrefixCache
 from pdserve.cache_store.tiered import TieredKVCache
-from tests.cache_store.kv_helpers import BS, DIM, FP, HEADS, LAYERS, NUM_BLOCKS, Worker
+from tests.cache_store.kv_helpers import BS, DIM, FP, HEADS, LAYERS, NUM_BLOCKS, SECRET, Worker
 
 
 @pytest.fixture
@@ -22,11 +22,13 @@ def make_worker() -> Iterator[Callable[..., Worker]]:
     workers: list[Worker] = []
 
     def make(config: TierConfig | None = None, policy: CachePolicy | None = None, num_blocks: int = NUM_BLOCKS,
-             dtype: torch.dtype = torch.float32, fingerprint: str = FP, device: str = "cpu") -> Worker:
+             dtype: torch.dtype = torch.float32, fingerprint: str = FP, device: str = "cpu",
+             secret: str | None = SECRET) -> Worker:
         pool = BlockPool(num_blocks)
         prefix_cache = PrefixCache(pool, BS)
         kv_caches = [torch.zeros((2, num_blocks, BS, HEADS, DIM), dtype=dtype, device=device) for _ in range(LAYERS)]
-        cache = TieredKVCache(prefix_cache, kv_caches, fingerprint, config or TierConfig(), policy or CachePolicy())
+        cache = TieredKVCache(prefix_cache, kv_caches, fingerprint, config or TierConfig(), policy or CachePolicy(),
+                              secret=secret)
         workers.append(Worker(pool, prefix_cache, kv_caches, cache))
         return workers[-1]
 

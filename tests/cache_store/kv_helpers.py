@@ -15,6 +15,7 @@ from pdserve.cache_store.tiered import TieredKVCache
 
 LAYERS, BS, HEADS, DIM = 3, 4, 2, 8
 FP = "test-model:fp32"
+SECRET = "cache-test-secret"  # the deployment's shared secret: names and seals Redis values
 NUM_BLOCKS = 16
 
 

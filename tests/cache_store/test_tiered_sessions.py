@@ -67,8 +67,11 @@ def test_different_salts_share_no_blocks_in_any_tier(make_worker: Callable[..., 
     stats = worker.cache.stats
     assert stats.device_hit_blocks == stats.host_hit_blocks == stats.redis_hit_blocks == 0
     assert worker.cache.flush()
-    keys = sorted(k.decode() for k in redis_client.keys("pdserve:*"))
-    assert len(keys) == 12 and sum(":tenant-a:" in k for k in keys) == 6 and sum(":tenant-b:" in k for k in keys) == 6
+    keys = {k.decode() for k in redis_client.keys("pdserve:*")}
+    redis = worker.cache.redis
+    hashes = {salt: worker.cache.sequence_hashes(PROMPT, salt) for salt in ("tenant-a", "tenant-b")}
+    assert keys == {redis.key(h, salt) for salt, chain in hashes.items() for h in chain}  # 6 + 6, none shared
+    assert len(keys) == 12 and not any("tenant" in k for k in keys)  # names hash the salt
     other = make_worker(config)
     assert prefill(other, PROMPT, salt="tenant-b")[0] == 24 and prefill(other, PROMPT)[0] == 0
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,7 +25,7 @@ import httpx
 import pytest
 
 from pdserve.cache_store.summary import decode_summary
-from pdserve.launcher import ChildSpec, Launcher
+from pdserve.launcher import ChildSpec, Launcher, spawn
 from pdserve.settings import LaunchSettings
 from tests.deploy.kustomize import adapter_series
 
@@ -54,7 +53,7 @@ class TwoRouters:
         return self
 
     def spec(self, name: str) -> ChildSpec:
-        return next(spec for spec, _ in self.launcher.children if spec.name == name)
+        return self.launcher.child(name).spec
 
     def url(self, name: str) -> str:
         return self.spec(name).health_url.removesuffix("/health")
@@ -64,15 +63,14 @@ class TwoRouters:
         return [self.url("router"), self.url("router-1")]
 
     def workers(self, prefix: str) -> list[str]:
-        return [spec.health_url.removesuffix("/health") for spec, _ in self.launcher.children
-                if spec.name.startswith(prefix)]
+        return [child.spec.health_url.removesuffix("/health") for child in self.launcher.children
+                if child.name.startswith(prefix)]
 
     def restart(self, name: str) -> None:
-        index = next(i for i, (spec, _) in enumerate(self.launcher.children) if spec.name == name)
-        spec, process = self.launcher.children[index]
-        process.send_signal(signal.SIGTERM)
-        process.wait(timeout=30)
-        self.launcher.children[index] = (spec, subprocess.Popen(spec.argv, env=self.launcher.env))
+        child = self.launcher.child(name)  # by hand: this test does not run the launcher's supervision
+        child.process.send_signal(signal.SIGTERM)
+        child.process.wait(timeout=30)
+        child.process = spawn(child.spec, self.launcher.env)
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+from pdserve.launcher import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = REPO / "compose.yaml"
@@ -61,12 +62,6 @@ def compose_config(profile: str | None, variables: dict[str, str] | None = None)
     if result.returncode != 0:
         raise RuntimeError(f"{' '.join(argv)} failed ({result.returncode}):\n{result.stderr}")
     return json.loads(result.stdout)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @dataclass

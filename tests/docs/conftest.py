@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from pdserve.launcher import free_port
 from tests.docs.markdown_blocks import REPO
 
 ADMIN_TOKEN = "docs-test-admin-token"
@@ -56,12 +56,6 @@ class DocsServer:
             time.sleep(0.2)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def docs_env(cache_dir: Path) -> dict[str, str]:
     """What a reader's shell would hold: the admin token they exported, the model cache."""
     return {**os.environ, "PDSERVE_ADMIN_TOKEN": ADMIN_TOKEN, "PDSERVE_CACHE_DIR": str(cache_dir),
@@ -72,7 +66,7 @@ def docs_env(cache_dir: Path) -> dict[str, str]:
 def docs_server_process(tmp_path_factory: pytest.TempPathFactory, model_cache_dir: Path,
                         default_model_dir: Path) -> Iterator[DocsServer]:
     """`default_model_dir` makes sure the model is fetched before three processes load it."""
-    port = _free_port()
+    port = free_port()
     log_path = tmp_path_factory.mktemp("docs") / "serve.log"
     argv = [sys.executable, "-m", "pdserve.cli", "serve", "--port", str(port), *SERVE_FLAGS]
     with log_path.open("wb") as log:

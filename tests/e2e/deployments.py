@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,8 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import httpx
+
+from pdserve.launcher import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = "smollm2-135m-instruct"
@@ -29,12 +30,6 @@ WORKER_FLAGS = ["--num-blocks", "512", "--max-num-seqs", "48", "--max-num-batche
 # The internal API's shared secret: `pdserve serve` would generate one; the tests give theirs, to call /internal/*.
 SECRET = "e2e-internal-secret"
 INTERNAL = {"X-PDServe-Secret": SECRET}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @dataclass

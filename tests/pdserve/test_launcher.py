@@ -28,7 +28,7 @@ def test_default_plan_is_router_then_one_prefill_and_one_decode() -> None:
     for argv in (prefill, decode):
         assert argv[argv.index("--router") + 1] == "http://127.0.0.1:8000"
         assert "--torch-threads" in argv  # the cores are split between the workers
-    assert children[0].up_url == "http://127.0.0.1:8000/v1/models"
+    assert children[0].up_url == children[0].health_url == "http://127.0.0.1:8000/health"  # no API key needed
 
 
 def test_colocated_and_pool_sizes() -> None:
@@ -42,7 +42,7 @@ def test_several_routers_and_every_worker_registers_with_each() -> None:
     children = plan_children(LaunchSettings(num_routers=2), python="py", num_gpus=0)
     assert [c.name for c in children] == ["router", "router-1", "prefill-0", "decode-0"]
     second = children[1].argv[children[1].argv.index("--port") + 1]
-    assert children[1].up_url == f"http://127.0.0.1:{second}/v1/models" and second != "8000"
+    assert children[1].up_url == f"http://127.0.0.1:{second}/health" and second != "8000"
     for worker in children[2:]:
         assert worker.argv[worker.argv.index("--router") + 1] == f"http://127.0.0.1:8000,http://127.0.0.1:{second}"
     with pytest.raises(ValueError, match="at least one router"):

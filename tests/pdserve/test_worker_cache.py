@@ -29,7 +29,7 @@ def tiered() -> Iterator[TieredKVCache]:
     pool = BlockPool(16)
     kv_caches = [torch.zeros((2, 16, BS, 1, 4))]
     cache = build_tiered(PrefixCache(pool, BS), kv_caches, "fp", TierConfig(host_capacity_gb=8 * 128 / (1 << 30)),
-                         CachePolicy(), "cpu", threading.RLock())
+                         CachePolicy(), "cpu", threading.RLock(), secret="test-secret")
     yield cache
     cache.close()
     pool.evict_all_cached()

@@ -1,12 +1,12 @@
-"""Reliability tests on real processes: one router + 2 prefill + 2 decode workers for the session (each its own
-`pdserve` process, under the pickle guard), healed between tests that kill workers; an offline reference
-engine in the test process. Modules run in MODULE_ORDER: the security module last, since it checks the pickle
+"""Reliability tests on real processes: one deployment for the session, started as `pdserve serve --num-prefill 2
+--num-decode 2` starts it (its launcher, each process under the pickle guard), whose supervision restarts
+what a test kills (`healthy` waits for that); a static decode worker beside it; an offline reference engine in
+the test process. Modules run in MODULE_ORDER: the security module last, since it checks the pickle
 log of everything that ran before.
 """
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,7 +15,6 @@ from cluster import MAX_INFLIGHT, MODEL, WORKER_FLAGS, Cluster
 
 MODULE_ORDER = ("test_hostile_input.py", "test_kv_failures.py", "test_worker_failures.py", "test_redis_outage.py",
                 "test_overload.py", "test_soak.py", "test_security.py")
-_names = itertools.count(1)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -32,23 +31,19 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, model_cache_dir: Path,
     tmp = tmp_path_factory.mktemp("reliability")
     cluster = Cluster(tmp, model_cache_dir, tmp / "pickle_guard.log")
     try:
-        router = cluster.start_router("--max-inflight-requests", str(MAX_INFLIGHT))
-        workers = [cluster.start_worker(role, f"{role}-{i}", *WORKER_FLAGS) for role in ("prefill", "decode")
-                   for i in range(2)]
+        cluster.launch("--max-inflight-requests", str(MAX_INFLIGHT))
         fail_d = cluster.start_worker("decode", "decode-fail", *WORKER_FLAGS, "--kv-lease-timeout", "1",
                                       "--kv-load-failure-policy", "fail", register=False)
-        cluster.wait_ready(router, *workers, fail_d)
+        cluster.supervise()
+        cluster.wait_ready(fail_d)
         yield cluster
     finally:
         cluster.stop()
 
 
 def heal(cluster: Cluster) -> None:
-    """Two prefill and two decode workers registered and idle, replacing the ones a test killed."""
-    started = [cluster.start_worker(role, f"{role}-r{next(_names)}", *WORKER_FLAGS)
-               for role in ("prefill", "decode") for _ in range(2 - len(cluster.live(role)))]
-    if started:
-        cluster.wait_ready(*started)
+    """Every process of the deployment running and registered (the launcher restarted what a test killed), idle."""
+    cluster.wait_deployment()
     cluster.wait_idle()
 
 

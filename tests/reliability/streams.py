@@ -19,7 +19,9 @@ class StreamResult:
     error: dict[str, Any] | None = None
     completion_tokens: int | None = None
     events: int = 0
-    ended_at: float = 0.0  # time.monotonic() of the last byte
+    sent_at: float = 0.0  # time.monotonic() when the request was sent
+    first_at: float | None = None  # ... when its first text arrived
+    ended_at: float = 0.0  # ... of the last byte
     headers: dict[str, str] = field(default_factory=dict)
 
 
@@ -28,8 +30,9 @@ async def stream_completion(client: httpx.AsyncClient, prompt: list[int] | str, 
     """POST /v1/completions with stream=true; `cancel_after` events: hang up then (a client cancel)."""
     body = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "stream": True,
             "stream_options": {"include_usage": True}, **extra}
+    sent_at = time.monotonic()
     async with client.stream("POST", "/v1/completions", json=body) as response:
-        result = StreamResult(response.status_code, headers=dict(response.headers))
+        result = StreamResult(response.status_code, headers=dict(response.headers), sent_at=sent_at)
         if response.status_code != 200:
             await response.aread()
             result.error = response.json().get("error")
@@ -43,6 +46,8 @@ async def stream_completion(client: httpx.AsyncClient, prompt: list[int] | str, 
             if "error" in event:
                 result.error = event["error"]
             for choice in event.get("choices") or []:
+                if choice.get("text") and result.first_at is None:
+                    result.first_at = time.monotonic()
                 result.text += choice.get("text") or ""
                 result.finish_reason = choice.get("finish_reason") or result.finish_reason
             if event.get("usage"):

@@ -96,15 +96,30 @@ def test_bad_bodies_get_4xx(cluster: Cluster) -> None:
         "prompt a number": b'{"model": "%s", "prompt": 12}' % MODEL.encode(),
         "token id out of range": b'{"model": "%s", "prompt": [1, 99999999]}' % MODEL.encode(),
         "array body": b'[1, 2, 3]',
+        "100 kB stop string": b'{"model": "%s", "prompt": "hi", "stop": "%s"}' % (MODEL.encode(), b"x" * 100_000),
+    }
+    surrogates = {  # valid JSON, text no tokenizer can take: each a 400 naming the field, on one connection
+        "prompt": b'{"model": "%s", "prompt": "\\ud800"}' % MODEL.encode(),
+        "stop": b'{"model": "%s", "prompt": "hi", "stop": ["\\udfff"]}' % MODEL.encode(),
+        "model": b'{"model": "x\\ud800", "prompt": "hi"}',
+        "cache_salt": b'{"model": "%s", "prompt": "hi", "cache_salt": "\\ud800"}' % MODEL.encode(),
     }
     for name, body in cases.items():
         reply = _post(url, body)
         assert reply.status_code == 400 and "error" in reply.json(), (name, reply.status_code, reply.text)
+    with httpx.Client(base_url=url, headers={**AUTH, "content-type": "application/json"}, timeout=60) as client:
+        ports = set()
+        for field, body in surrogates.items():
+            reply = client.post("/v1/completions", content=body)
+            assert reply.status_code == 400 and reply.json()["error"]["param"].startswith(field), reply.text
+            ports.add(reply.extensions["network_stream"].get_extra_info("client_addr")[1])
+        assert len(ports) == 1, f"the router closed the connection: {len(ports)} were used"
     unknown = _post(url, b'{"model": "%s", "prompt": "hi", "max_tokens": 2, "frobnicate": {"x": [1]}}'
                     % MODEL.encode())
     assert unknown.status_code == 200, unknown.text  # ignored, as vLLM does
     print(f"\nRELIABILITY bad_bodies: 33 MiB body -> 413 (declared and chunked); {len(cases)} malformed bodies -> "
-          f"400; an unknown field is ignored (200)")
+          f"400; {len(surrogates)} lone surrogates (prompt, stop, model, cache_salt) -> 400 naming the field, all on "
+          f"one keep-alive connection; an unknown field is ignored (200)")
 
 
 # ---- the KV transfer port -----------------------------------------------------------------------------

@@ -1,5 +1,7 @@
 """Redis slowed (DEBUG SLEEP) or killed under a prefill worker started with --redis-url: every request still
-succeeds, by recompute, with the same greedy output, and no lookup waits longer than --cache-timeout.
+succeeds, by recompute, with the same greedy output, and no lookup waits longer than --cache-timeout. Values
+forged in Redis (another block's bytes with a right CRC-32, their seal kept or not) are never used: the output
+stays the same and the worker counts them.
 
 The session's prefill workers are drained (admin API, exit false) for the test, so every prompt goes through
 the Redis-backed prefill worker; they are resumed after it."""
@@ -9,8 +11,10 @@ from __future__ import annotations
 import concurrent.futures
 import threading
 import time
+import zlib
 
 import httpx
+import msgpack
 import redis
 from cluster import AUTH, INTERNAL, MODEL, WORKER_FLAGS, Cluster, Proc, metric
 
@@ -73,6 +77,14 @@ def run_phases(cluster: Cluster, cached: Proc, server) -> dict[str, float]:
     assert texts == reference
     assert metric(cached, 'pdserve_kv_cache_hit_blocks_total{tier="redis"}') > hits_before  # Redis was used
 
+    forged = forge_every_value(server)
+    clear_device(cached)
+    texts, forged_s = complete(cluster, PROMPTS)
+    assert texts == reference
+    assert metric(cached, "pdserve_kv_cache_redis_auth_failures_total") >= len(PROMPTS)  # each prompt's first block
+    assert metric(cached, "pdserve_kv_cache_redis_corrupt_values_total") == 0
+    wait_for_writes(cached, 6 * 3 + metric(cached, "pdserve_kv_cache_redis_auth_failures_total"))
+
     clear_device(cached)
     sleeper = threading.Thread(target=lambda: redis.Redis(port=server.port).execute_command("DEBUG", "SLEEP", 4))
     sleeper.start()
@@ -93,8 +105,27 @@ def run_phases(cluster: Cluster, cached: Proc, server) -> dict[str, float]:
     for phase, seconds in (("slowed", slowed), ("killed", killed)):
         assert max(seconds) < bound, f"{phase}: {max(seconds):.2f} s > {bound:.2f} s"
     assert slow_lookups(cached) == 0
-    return {"baseline": max(baseline), "redis hits": max(warm), "DEBUG SLEEP 4": max(slowed),
-            "redis-server killed": max(killed)}
+    return {"baseline": max(baseline), "redis hits": max(warm), f"{forged} values forged (each missed)": max(forged_s),
+            "DEBUG SLEEP 4": max(slowed), "redis-server killed": max(killed)}
+
+
+def forge_every_value(server) -> int:
+    """Replace every block in Redis with a valid-looking one: the KV bytes changed, the CRC-32 recomputed, so
+    only the seal (HMAC with the deployment's secret) can tell; half keep the old seal, half carry none."""
+    client = redis.Redis(port=server.port)
+    keys = client.keys("pdserve:*")
+    for index, key in enumerate(keys):
+        value = client.get(key)
+        body, seal = value[:-32], value[-32:]
+        unpacker = msgpack.Unpacker(raw=False)
+        unpacker.feed(body)
+        header = unpacker.unpack()
+        raw = bytearray(body[unpacker.tell():])
+        raw[:64] = bytes(64)  # the first 16 floats of layer 0's keys: zeros
+        header["checksum"] = zlib.crc32(raw)
+        client.set(key, msgpack.packb(header, use_bin_type=True) + bytes(raw) + (seal if index % 2 else b""))
+    client.close()
+    return len(keys)
 
 
 def wait_for_writes(proc: Proc, blocks: int, timeout_s: float = 20.0) -> None:

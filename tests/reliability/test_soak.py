@@ -1,6 +1,6 @@
 """Soak: 2,000 requests of random lengths (prompts of 1-64 tokens, max_tokens 1-16) from 32 concurrent clients,
 streaming or not, greedy or seeded sampling, some cancelled by their client mid-way, while one decode worker is
-killed and a new one registers. Every request finishes or is cleanly cancelled (a client retries what the
+killed (the launcher restarts it and it registers again). Every request finishes or is cleanly cancelled (a client retries what the
 killed worker cut, and what was refused with 429/503 + Retry-After, as a real client would); every greedy
 output equals the offline engine's (pdserve.llm.LLM in this process); every pool ends at its initial free count.
 
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import httpx
 import pytest
-from cluster import AUTH, MODEL, REPO, WORKER_FLAGS, Cluster, Proc, cpu_seconds
+from cluster import AUTH, MODEL, REPO, Cluster, Proc, cpu_seconds
 from streams import stream_completion
 
 from pdserve.engine.detokenizer import IncrementalDetokenizer
@@ -158,14 +158,14 @@ async def soak(cluster: Cluster, specs: list[Spec], prompts: list[list[int]]) ->
 
 
 def kill_and_replace(cluster: Cluster, restart: dict) -> None:
-    """SIGKILL the busiest decode worker, start a new one; it registers and takes work."""
+    """SIGKILL the busiest decode worker; the launcher restarts it, it registers again and takes work."""
     victim: Proc = max(cluster.live("decode"), key=lambda p: cluster.status(p)["num_running"])
     restart["killed"] = victim.name
     restart["running_on_victim"] = cluster.status(victim)["num_running"]
+    restart["old_pid"] = victim.pid
     started = time.monotonic()
     cluster.retire(victim)
-    replacement = cluster.start_worker("decode", "decode-soak", *WORKER_FLAGS)
-    cluster.wait_ready(replacement)
+    cluster.wait_deployment()
     restart["replacement_ready_s"] = time.monotonic() - started
 
 
@@ -212,7 +212,7 @@ def test_soak(healthy: Cluster, reference_llm, pytestconfig: pytest.Config) -> N
             assert o.finish_reason in ("stop", "length") and 1 <= o.completion_tokens <= o.spec.max_tokens
     assert not mismatched, mismatched[:3]
     statuses = cluster.wait_idle()
-    assert len(cluster.live("decode")) == 2 and "decode-soak" in statuses
+    assert len(cluster.live("decode")) == 2 and cluster.workers[restart["killed"]].pid != restart["old_pid"]
     assert {w["worker_id"] for w in cluster.registry()} == set(statuses)
     greedy = sum(o.kind == "finished" and o.spec.greedy for o in outcomes)
     print(f"\nRELIABILITY soak: offline reference of {NUM_PROMPTS} prompts in {reference_s:.0f} s; "
@@ -220,7 +220,7 @@ def test_soak(healthy: Cluster, reference_llm, pytestconfig: pytest.Config) -> N
           f"{CONCURRENCY} clients): {kinds['finished']} finished, {kinds['cancelled']} cancelled by their client, "
           f"0 failed; {greedy} greedy outputs equal to the offline engine's; decode worker {restart['killed']} "
           f"killed with {restart['running_on_victim']} running ({sum(o.cut for o in outcomes)} attempts cut, "
-          f"retried), a new one ready {restart['replacement_ready_s']:.1f} s later; "
+          f"retried), restarted by the launcher and registered {restart['replacement_ready_s']:.1f} s later; "
           f"{sum(o.backoffs for o in outcomes)} 429/503 answers waited out; every pool at its initial free count; "
           f"{cpu:.0f} CPU-s in all ({1000 * cpu / num_requests:.0f} ms per request: "
           + ", ".join(f"{role} {1000 * value / num_requests:.0f}" for role, value in by_role.most_common())
