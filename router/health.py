@@ -42,7 +42,8 @@ class HealthMonitor:
                         self._config.worker_timeout_s)
             self._metrics.forget_worker(worker.worker_id)
             if self._links is not None:
-                self._links.forget(worker.worker_id)
+                self._links.forget(worker.worker_id, f"dropped: no heartbeat for "
+                                                     f"{self._config.worker_timeout_s:g} s (--heartbeat-timeout)")
         await asyncio.gather(*(self._poll(w) for w in self._registry.static_workers()))
         for role in ROLES:
             self._metrics.workers.labels(role).set(len(self._registry.candidates(role)))

@@ -123,7 +123,7 @@ def build_internal_router() -> APIRouter:
         if worker is None:
             raise APIError(404, f"worker {body.worker_id} is not registered", code="worker_not_found")
         state.metrics.forget_worker(worker.worker_id)
-        state.links.forget(worker.worker_id)
+        state.links.forget(worker.worker_id, "it deregistered (drained)")
         log.info("worker %s (%s) left", worker.worker_id, worker.url)
         return {"worker_id": worker.worker_id}
 

@@ -56,7 +56,7 @@ class WorkerLink:
         self._connecting: asyncio.Task[Connection] | None = None
         self._reader: asyncio.Task[None] | None = None
         self._watchdog: asyncio.Task[None] | None = None
-        self._stall_reason: str | None = None
+        self._close_reason: str | None = None
         self.last_heard = 0.0  # loop time of the last message from the worker
         self.subscribers: dict[str, Subscriber] = {}
         self.closed = False
@@ -152,7 +152,7 @@ class WorkerLink:
             await asyncio.sleep(self.stall_timeout_s / 4)
             silent_s = loop.time() - self.last_heard
             if silent_s > self.stall_timeout_s:
-                self._stall_reason = (f"stalled: nothing from it for {silent_s:.1f} s "
+                self._close_reason = (f"stalled: nothing from it for {silent_s:.1f} s "
                                       f"(--stream-stall-timeout {self.stall_timeout_s:g})")
                 connection.close()  # the reader ends, _lost tells every channel why
                 return
@@ -163,7 +163,7 @@ class WorkerLink:
                 return
 
     def _lost(self, connection: Connection, reason: str) -> None:
-        reason, self._stall_reason = self._stall_reason or reason, None
+        reason, self._close_reason = self._close_reason or reason, None
         if self._watchdog is not None:
             self._watchdog.cancel()
         connection.close()
@@ -176,9 +176,11 @@ class WorkerLink:
         for subscriber in set(subscribers.values()):
             subscriber.on_link_lost(self, reason)
 
-    def close(self) -> None:
+    def close(self, reason: str = "closed by the router") -> None:
+        """Close for good: requests on the link fail with `reason`."""
         self.closed = True
         if self._connection is not None:
+            self._close_reason = self._close_reason or reason
             self._connection.close()
 
 
@@ -202,7 +204,7 @@ class WorkerLinks:
         address = (urlsplit(worker.url).hostname or "127.0.0.1", worker.data_port)
         link = self._links.get(worker.worker_id)
         if link is not None and (link.address != address or link.closed):
-            link.close()  # it registered again elsewhere (a restart): requests on the old one fail now
+            link.close("it registered again at another address")  # a restart: requests on the old one fail now
             link = None
         if link is None:
             link = self._links[worker.worker_id] = WorkerLink(
@@ -211,10 +213,10 @@ class WorkerLinks:
         link.worker = worker  # a re-registration with the same address made a new Worker object
         return link
 
-    def forget(self, worker_id: str) -> None:
+    def forget(self, worker_id: str, reason: str) -> None:
         link = self._links.pop(worker_id, None)
         if link is not None:
-            link.close()
+            link.close(reason)
 
     def close(self) -> None:
         for link in self._links.values():

@@ -43,8 +43,11 @@ def worker_pid(deployment: Deployment, worker_id: str) -> int:
 
 
 def stream(deployment: Deployment, max_tokens: int, prompt: str = "Tell me a story") -> dict:
-    """One streaming completion: tokens seen, an error event's message, when it ended."""
-    body = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "stream": True, "ignore_eos": True}
+    """One streaming completion: its completion tokens (the usage chunk's count; a cut stream has none, so
+    its events are counted: the router may merge deltas that queue behind a slow client into one event), an
+    error event's message, when it ended."""
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "stream": True, "ignore_eos": True,
+            "stream_options": {"include_usage": True}}
     tokens, error = 0, None
     with httpx.stream("POST", f"{deployment.url}/v1/completions", json=body, timeout=120) as reply:
         for line in reply.iter_lines():
@@ -53,6 +56,8 @@ def stream(deployment: Deployment, max_tokens: int, prompt: str = "Tell me a sto
             event = json.loads(line[6:])
             if "error" in event:
                 error = event["error"]["message"]
+            elif event.get("usage"):
+                tokens = event["usage"]["completion_tokens"]
             elif event["choices"]:
                 tokens += 1
     return {"tokens": tokens, "error": error, "ended": time.monotonic()}
@@ -89,7 +94,7 @@ def test_a_frozen_decode_worker_ends_its_streams_and_is_gone_around(pools: Deplo
     assert new["ended"] - frozen < STALL_S + 4.0
     print(f"\nRELIABILITY frozen D: {len(failed)} streams ended with an error "
           f"{max(r['ended'] - frozen for r in failed):.1f} s after SIGSTOP, {len(done)} finished every token, "
-          f"a new request answered {new['ended'] - frozen:.1f} s after it")
+          f"a new request answered {new['ended'] - frozen:.1f} s after it; first error: {failed[0]['error'][:160]}")
     rejoined(pools, "decode-0")
 
 
