@@ -36,6 +36,8 @@ from pdserve.router.plan import SubRequest
 from pdserve.router.registry import Worker
 from pdserve.router.worker_link import LinkDown, WorkerLink
 
+LAST_DELTA_WAIT_S = 1.0  # longest a finished response waits for P's numbers (Channel._hold_last)
+
 
 class WorkerFailed(Exception):
     """A worker could not do its part (refused, failed, link lost); the message names it.
@@ -102,6 +104,8 @@ class Channel:
         self._decode_tokens_seen = False
         self.prompt_logprobs: list | None = None  # P's, when the request asked (router/responses.py shows them)
         self._held: list[TokenDelta] = []  # D's deltas waiting for P's answer (prompt logprobs come only from P)
+        self._last_held: TokenDelta | None = None  # D's last delta, waiting for P's numbers (cached tokens)
+        self._last_timer: asyncio.TimerHandle | None = None
         self.finished = False  # the client has the last delta (or an error)
         self.decode_finished = False  # D sent its last delta: nothing to abort there
         self.decode_counted = False  # the relay counted this channel in the decode worker's `inflight`
@@ -143,7 +147,9 @@ class Channel:
             self._on_prefilled(message)
         elif isinstance(message, PrefillFailed):
             self.prefill_answered = True
-            if message.status == 400:
+            if self._last_held is not None:  # D finished with P's KV already: P's late failure changes nothing
+                self._release_last()
+            elif message.status == 400:
                 self._fail(WorkerFailed(f"prefill worker refused the request: {message.message}", "client",
                                         "bad_request"))
             else:
@@ -155,6 +161,7 @@ class Channel:
                                               message.prefill_s)
         self._on_prefilled_numbers(self.prefill_numbers)
         if self.first_from is not None:
+            self._release_last()
             return
         self.first_from = "prefill"
         self.prompt_logprobs = message.prompt_logprobs
@@ -187,6 +194,31 @@ class Channel:
                                    delta.completion_tokens, delta.cached_tokens, delta.error)
             else:
                 self.first_from = "decode"
+        if delta.finish_reason is not None and not self.prefill_answered:
+            self._hold_last(delta)
+            return
+        self._relay(delta)
+
+    def _hold_last(self, delta: TokenDelta) -> None:
+        """D's last delta came before P's PREFILLED (a short completion: D ends a step after the KV landed): the
+        usage it closes needs P's numbers (the prompt tokens P found cached; D, which got them as KV, cannot
+        tell), and P sends them as it sends the KV's last frame, so they are due at once. Wait for them, at
+        most LAST_DELTA_WAIT_S (a P lost meanwhile releases it too)."""
+        self._last_held = delta
+        self._last_timer = asyncio.get_running_loop().call_later(LAST_DELTA_WAIT_S, self._release_last)
+
+    def _release_last(self) -> None:
+        delta, self._last_held = self._last_held, None
+        if self._last_timer is not None:
+            self._last_timer.cancel()
+            self._last_timer = None
+        if delta is None or self.finished:
+            return
+        numbers = self.prefill_numbers
+        if numbers is not None and numbers.num_cached_tokens > delta.cached_tokens:
+            delta = TokenDelta(delta.request_id, delta.token_ids, delta.text, delta.finish_reason, delta.logprobs,
+                               delta.prompt_tokens, delta.completion_tokens, numbers.num_cached_tokens,
+                               delta.error)
         self._relay(delta)
 
     def on_link_lost(self, link: WorkerLink, reason: str) -> None:
@@ -205,6 +237,9 @@ class Channel:
             self.prefill_answered = True
             if not self.prefill_lost.done():
                 self.prefill_lost.set_result(f"prefill worker {link.worker_id} lost: {reason}")
+        elif link is self.prefill_link:
+            self.prefill_answered = True
+            self._release_last()
 
     # ---- to the response ------------------------------------------------------------------------
 

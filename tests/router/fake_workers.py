@@ -224,6 +224,8 @@ class FakePrefillWorker(_FakeWorker):
         self.fail = False
         self.hang_s = 0.0  # wait this long before handing the KV off (a stalled prefill worker)
         self.answer_first = False  # answer the router with the first token before handing it to D
+        self.answer_after_s = 0.01  # otherwise answer this long after handing it to D
+        self.cached_tokens = 0  # the prompt tokens P reports found in its prefix cache
         self.prefilled: list[str] = []
         self.aborted: list[str] = []
         self.queue_len = 0
@@ -262,14 +264,14 @@ class FakePrefillWorker(_FakeWorker):
             if self.hang_s:
                 await asyncio.sleep(self.hang_s)
             answer = Prefilled(rid, FIRST_TOKEN_ID, token_text(message.sampling["seed"], 0),
-                               "length" if message.sampling["max_tokens"] == 1 else None, None, 0,
-                               len(message.prompt_token_ids), 0.001)
+                               "length" if message.sampling["max_tokens"] == 1 else None, None, self.cached_tokens,
+                               len(message.prompt_token_ids) - self.cached_tokens, 0.001)
             if self.answer_first:
                 connection.send(answer)
                 await asyncio.sleep(0.05)
             self.decoders[transfer["worker_id"]].kv_done(rid, FIRST_TOKEN_ID)
             if not self.answer_first:
-                await asyncio.sleep(0.01)
+                await asyncio.sleep(self.answer_after_s)
                 connection.send(answer)
         finally:
             self._tasks.pop(rid, None)

@@ -120,6 +120,26 @@ def test_first_token_from_the_prefill_worker_when_it_answers_first(make_cluster)
     assert "".join(c.choices[0].text for c in chunks) == expected_text(3, 4)
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_usage_has_p_cached_tokens_when_d_finishes_before_p_answers(make_cluster, stream: bool) -> None:
+    """A one-token completion: D ends it as soon as the KV landed, 0.3 s before P's PREFILLED carries the
+    prompt tokens P found cached; the usage still counts them (D cannot: it got them as KV)."""
+    cluster = make_cluster()
+    cluster.prefill[0].answer_after_s = 0.3
+    cluster.prefill[0].cached_tokens = 16
+    client = cluster.client()
+    if stream:
+        chunks = list(client.completions.create(model=MODEL, prompt="Hi", max_tokens=1, seed=3, stream=True,
+                                                stream_options={"include_usage": True}))
+        usage = chunks[-1].usage
+        assert "".join(c.choices[0].text for c in chunks if c.choices) == expected_text(3, 1)
+    else:
+        out = client.completions.create(model=MODEL, prompt="Hi", max_tokens=1, seed=3)
+        usage = out.usage
+        assert out.choices[0].text == expected_text(3, 1)
+    assert usage.prompt_tokens_details.cached_tokens == 16 and usage.completion_tokens == 1
+
+
 def test_n_is_all_or_nothing(make_cluster) -> None:
     cluster = make_cluster()
     cluster.prefill[0].fail = True
