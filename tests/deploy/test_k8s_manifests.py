@@ -104,8 +104,8 @@ def _check_worker(rendered: Rendered, container: dict[str, Any], settings: Any) 
     server = settings.server
     assert server.drain_on_sigterm and server.secret and settings.tiers.redis_url
     assert (server.worker_id, server.advertise_host) == ("pdserve-prefill-5d8f7c9b4-x2x7q", "10.244.1.17")
-    assert (server.port, settings.transfer.port) == (_port(container, "http"), _port(container, "kv"))
-    assert _port(container, "data") == 8101  # declared for the data plane (issue 15); no flag yet
+    assert (server.port, server.data_port, settings.transfer.port) == (
+        _port(container, "http"), _port(container, "data"), _port(container, "kv"))
     assert settings.cache_policy.redis_ttl_s == 86400  # read from the mounted cache-policy ConfigMap
     [router_url] = server.router_urls
     host, port = urlsplit(router_url).hostname, urlsplit(router_url).port
