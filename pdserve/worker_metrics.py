@@ -14,8 +14,9 @@
 
 The compact form, one list per family: [name, type, help, samples], a sample being [suffix, value] or
 [suffix, value, labels] (suffix: what the sample's name adds to the family's, e.g. "_total", "_bucket").
-Everything is read at call time under the worker's state lock, as the nodes' collectors do; building it all
-takes ~0.3 ms (a heartbeat a second: 0.03 % of a core).
+Everything is read at call time under the worker's state lock, as the nodes' collectors do. `compact()` takes
+~0.5 ms and ~7 KB of JSON for the default model's worker on the 2-core CPU test machine (57 families, 84
+samples; timed over 200 calls on a `Worker` built in-process): at a heartbeat a second, 0.05 % of a core.
 """
 
 from __future__ import annotations

@@ -9,6 +9,10 @@
     a stats line per pool          every --log-stats-interval (10 s) while any pool has work, from the
                                    workers' last heartbeats: their running and waiting requests and KV usage, and what
                                    their token counters moved since the last lines; off with --disable-log-stats.
+
+A request line costs ~18 µs (formatting, and one write to stderr; 5,000 lines logged to a file on the 2-core CPU
+test machine): at the 200 requests a second of 256-token streams that make the relay's ~50k tokens/s
+(benchmarks/router_relay.py), 0.4 % of the router's core.
 """
 
 from __future__ import annotations
