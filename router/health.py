@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
 import httpx
 
@@ -101,5 +102,5 @@ _COUNTS = ("requests_running", "requests_waiting", "prompt_tokens_computed", "ge
            "prefix_queried_tokens", "prefix_hit_tokens")
 
 
-def _optional_int(value: object) -> int | None:
-    return None if value is None else int(value)  # type: ignore[call-overload]
+def _optional_int(value: Any) -> int | None:
+    return None if value is None else int(value)
