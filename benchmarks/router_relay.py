@@ -85,8 +85,9 @@ def run_path(mode: str, args: argparse.Namespace, env: dict[str, str], logs: Pat
     fake = pinned([sys.executable, str(REPO / "benchmarks/relay_fakes.py"), "--mode",
                    "http" if mode == "http" else "data", "--port", str(fake_port), "--secret", env["PDSERVE_SECRET"],
                    "--max-tokens", str(args.max_tokens), *pace], load_cpu, env, logs / f"{mode}-fake.log")
+    extra = [] if mode == "http" else args.router_args.split()  # the baseline may not know today's flags
     router = pinned([sys.executable, "-m", "pdserve.cli", "router", "--port", str(router_port), "--prefill", fake_url,
-                     "--decode", fake_url], router_cpu, env, logs / f"{mode}-router.log")
+                     "--decode", fake_url, *extra], router_cpu, env, logs / f"{mode}-router.log")
     try:
         wait_healthy(f"{fake_url}/internal/status", fake, logs / f"{mode}-fake.log")
         wait_healthy(f"{router_url}/health", router, logs / f"{mode}-router.log")
@@ -133,6 +134,8 @@ def main() -> int:
                         "plane); empty: measure this checkout only")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks/results/router_relay_cpu.json")
     parser.add_argument("--py-spy", type=Path, default=None, help="a folder: record each router with py-spy")
+    parser.add_argument("--router-args", default="", help="more flags for this checkout's router, e.g. "
+                        "'--disable-log-requests' (no console line per finished request)")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="router_relay_"))
     base_env = {**os.environ, "PYTHONUNBUFFERED": "1", "PDSERVE_SECRET": "relay-benchmark-secret"}

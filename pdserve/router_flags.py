@@ -2,7 +2,8 @@
 `pdserve serve`, which passes them on to the router it starts; and the RouterConfig they build.
 
 Names as `vllm serve`'s where the two mean the same: --api-key, --allowed-origins, --allowed-methods,
---allowed-headers, --allow-credentials, --ssl-keyfile, --ssl-certfile, --chat-template, --disable-log-requests.
+--allowed-headers, --allow-credentials, --ssl-keyfile, --ssl-certfile, --chat-template, --disable-log-requests,
+--disable-log-stats.
 """
 
 from __future__ import annotations
@@ -71,7 +72,13 @@ def add_router_arguments(parser: argparse.ArgumentParser, internal_port: bool = 
                        help="how tool calls are read from the output of tool_choice 'auto' (as vllm serve's flag; "
                             "hermes: <tool_call>{...}</tool_call>, the default model's format)")
     group.add_argument("--disable-log-requests", action="store_true",
-                       help="no INFO line per finished request (router/request_log.py formats them)")
+                       help="no INFO line per finished request (id, prompt / output / cached tokens, TTFT, E2E, "
+                            "status)")
+    group.add_argument("--disable-log-stats", action="store_true",
+                       help="no stats line per pool (throughput, running, waiting, KV usage, prefix hit rate) every "
+                            "--log-stats-interval while busy")
+    group.add_argument("--log-stats-interval", type=float, default=defaults.log_stats_interval_s,
+                       help="seconds between the stats lines (vLLM's VLLM_LOG_STATS_INTERVAL)")
     _add_http_arguments(parser, internal_port)
 
 
@@ -123,5 +130,6 @@ def router_config(args: argparse.Namespace, name: str, aliases: tuple[str, ...],
         max_body_bytes=args.max_body_size, max_inflight_requests=args.max_inflight_requests,
         prefill_policy=args.prefill_policy, decode_policy=args.decode_policy,
         cache_aware_max_imbalance=args.cache_aware_max_imbalance, log_requests=not args.disable_log_requests,
+        log_stats=not args.disable_log_stats, log_stats_interval_s=args.log_stats_interval,
         tool_call_parser=args.tool_call_parser,
     )

@@ -33,7 +33,6 @@ import torch
 import uvicorn
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
-from prometheus_client import CollectorRegistry, generate_latest
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from pdserve.cache_store.block_pool import BlockPool
@@ -72,7 +71,6 @@ from pdserve.worker_cache import (
     build_tiered,
     cache_policy_applier,
     prefix_publisher,
-    tier_metrics,
 )
 from pdserve.worker_control import (
     DrainOnSigterm,
@@ -81,7 +79,7 @@ from pdserve.worker_control import (
     nodes_idle,
 )
 from pdserve.worker_data_plane import WorkerDataPlane
-from pdserve.worker_metrics import scaling_metrics
+from pdserve.worker_metrics import WorkerMetrics
 
 logger = logging.getLogger("pdserve.worker")
 
@@ -143,6 +141,8 @@ class Worker:
         self.model_lock = threading.Lock()
         self.roles = Roles()
         self._build_roles()
+        self.metrics = WorkerMetrics(self.model_name, self.roles.prefill, self.roles.decode, self.pool, self.tiered,
+                                     self.state_lock)
         self.links = RouterLinks(RouterLinkSettings.of(settings.server, self.worker_id), self,
                                  prefix_publisher(self.tiered), lambda: self.control.left)
         self.control = WorkerControl(settings.roles, settings.transfer.backend != "local", self._idle,
@@ -271,7 +271,9 @@ class Worker:
         return all(engine.alive for engine in engines)
 
     def status(self) -> dict[str, Any]:
-        """The heartbeat fields. Colocated: queue_len counts both queues, num_running is the decode batch."""
+        """The heartbeat fields. Colocated: queue_len counts both queues, num_running is the decode batch.
+        `metrics`: every Prometheus sample of this worker, compact (pdserve/worker_metrics.py), which the
+        router's /metrics carries."""
         parts = [node.status() for node in (self.roles.prefill, self.roles.decode) if node is not None]
         running = self.roles.decode.status() if self.roles.decode is not None else parts[0]
         status = {"worker_id": self.worker_id, "data_port": self.data_server.port, **self.control.status_fields(),
@@ -284,7 +286,7 @@ class Worker:
         if self.roles.prefill is not None and self.roles.prefill.engine.copies_kv:
             stats = self.roles.prefill.engine.stats
             status |= {"transfer_bytes_total": stats.transfer_bytes, "transfer_seconds_total": stats.transfer_seconds}
-        return status
+        return status | self.metrics.console_counts() | {"metrics": self.metrics.compact()}
 
     def registration(self) -> dict[str, Any]:
         transfer = self.settings.transfer
@@ -329,11 +331,6 @@ class InternalSecret:
         await self.app(scope, receive, send)
 
 
-class _Collector:
-    def __init__(self, collect: Any) -> None:
-        self.collect = collect
-
-
 def create_app(worker: Worker) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -360,14 +357,7 @@ def create_app(worker: Worker) -> FastAPI:
 
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:
-        registry = CollectorRegistry(auto_describe=False)
-        for node in (worker.roles.prefill, worker.roles.decode):
-            if node is not None:
-                registry.register(_Collector(node.collect))
-        registry.register(_Collector(lambda: tier_metrics(worker.tiered)))
-        registry.register(_Collector(lambda: scaling_metrics(worker.roles.prefill, worker.roles.decode,
-                                                             worker.state_lock)))
-        return PlainTextResponse(generate_latest(registry).decode(), media_type="text/plain; version=0.0.4")
+        return PlainTextResponse(worker.metrics.render().decode(), media_type="text/plain; version=0.0.4")
 
     app.include_router(build_control_router(worker.control))
     app.include_router(build_cache_router(worker.tiered))

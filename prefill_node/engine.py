@@ -66,6 +66,7 @@ class PrefillStats:
     num_forwards: int = 0
     num_computed_tokens: int = 0
     num_cached_tokens: int = 0
+    num_prompt_tokens: int = 0  # of prefills done: looked up in the prefix cache (vLLM's prefix cache queries)
     num_completed: int = 0
     num_failed: int = 0
     forward_seconds: float = 0.0
@@ -265,6 +266,7 @@ class PrefillEngine:
 
     def _finish(self, request: PrefillRequest, token_id: int, logprobs: TokenLogprobs | None) -> None:
         self.stats.num_cached_tokens += request.num_cached_tokens
+        self.stats.num_prompt_tokens += request.num_prompt_tokens
         result = PrefillResult(request.request_id, token_id, logprobs, request.num_cached_tokens,
                                request.num_prompt_tokens - request.num_cached_tokens,
                                time.monotonic() - request.arrival)

@@ -29,6 +29,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from pdserve.router.admin import AdminState, build_admin_router
 from pdserve.router.channel import Channel, DeltaSink
 from pdserve.router.config import RouterConfig
+from pdserve.router.console import Console
 from pdserve.router.errors import APIError, install_error_handlers
 from pdserve.router.front_door import FrontDoor
 from pdserve.router.health import HealthMonitor
@@ -61,24 +62,27 @@ class RouterState:
     started: int  # unix time, the models' `created`
     admin: AdminState
     fields: FieldLog  # unknown request fields, logged once each
+    console: Console  # the request and stats lines
 
 
 def create_app(config: RouterConfig, tokenizer: TokenizerLike) -> FastAPI:
     """The router app. `tokenizer` needs encode / decode / apply_chat_template / vocab_size
     (engine.tokenizer.Tokenizer has them)."""
-    metrics = RouterMetrics(config.status_window_s)  # outside the lifespan so error handlers can count before startup finishes
+    # outside the lifespan so error handlers can count before startup finishes
+    metrics = RouterMetrics(config.status_window_s, model_name=config.model)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         state = _build_state(config, tokenizer, metrics)
         app.state.router = state
         await state.health.tick()  # static workers' first status, before the first request
-        monitor = asyncio.create_task(state.health.run())
+        tasks = [asyncio.create_task(state.health.run()), asyncio.create_task(state.console.run())]
         try:
             yield
         finally:
-            monitor.cancel()
-            await asyncio.gather(monitor, return_exceptions=True)
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
             state.links.close()
             await state.client.aclose()
 
@@ -105,6 +109,7 @@ def _build_state(config: RouterConfig, tokenizer: TokenizerLike, metrics: Router
     client = httpx.AsyncClient(timeout=httpx.Timeout(config.control_timeout_s, connect=config.connect_timeout_s),
                                limits=limits, trust_env=False)
     registry = WorkerRegistry(config.worker_timeout_s)
+    metrics.attach(registry)
     for url in config.prefill_urls:
         registry.add_static(url, "prefill")
     for url in config.decode_urls:
@@ -117,7 +122,7 @@ def _build_state(config: RouterConfig, tokenizer: TokenizerLike, metrics: Router
     health = HealthMonitor(registry, client, config, metrics, headers, links)
     admin = AdminState(config.prefill_policy, config.decode_policy)
     return RouterState(config, tokenizer, registry, metrics, client, links, relay, health, int(time.time()), admin,
-                       FieldLog())
+                       FieldLog(), Console(config, registry))
 
 
 def _add_openai_routes(app: FastAPI) -> None:
@@ -147,9 +152,13 @@ def _add_openai_routes(app: FastAPI) -> None:
 
 async def _serve(state: RouterState, plan: GenerationPlan, request: Request, arrival: float) -> Response:
     sink = DeltaSink()
-    channels = await _start(state, plan, sink, request)
+    try:
+        channels = await _start(state, plan, sink, request)
+    except APIError as exc:
+        state.console.failed(plan, exc, arrival)
+        raise
     writer = ResponseWriter(plan, state.tokenizer, [c.prompt_logprobs for c in channels])  # P's, when asked
-    relayed = Relayed(channels, sink, writer, state.metrics, arrival)
+    relayed = Relayed(channels, sink, writer, state.metrics, arrival, state.console.ended)
     if plan.stream:
         return SSEResponse(relayed)
     return JSONResponse(await collect(relayed, request))

@@ -19,7 +19,9 @@ class RouterConfig:
         admin API is off (every call gets 403).
     api_key / max_body_bytes / max_inflight_requests: the front door of /v1/* (router/front_door.py).
     status_window_s: the latency percentiles of /status cover finished requests of this many last seconds.
-    log_requests: one INFO line per finished request (router/request_log.py; off: --disable-log-requests).
+    log_requests: one INFO line per finished request (router/console.py; off: --disable-log-requests).
+    log_stats / log_stats_interval_s: a stats line per pool every this many seconds while busy (off:
+        --disable-log-stats).
     """
 
     model: str
@@ -61,6 +63,8 @@ class RouterConfig:
     max_body_bytes: int = 32 << 20  # larger request bodies get 413
     max_inflight_requests: int = 1024  # completions being answered at once; more get 429 + Retry-After
     log_requests: bool = True
+    log_stats: bool = True
+    log_stats_interval_s: float = 10.0  # vLLM's interval (its VLLM_LOG_STATS_INTERVAL)
     tool_call_parser: str = "hermes"  # how `tool_choice: auto` output is read (router/tool_parser.py)
 
     def __post_init__(self) -> None:
@@ -72,7 +76,7 @@ class RouterConfig:
                 raise ValueError(f"RouterConfig.{name} must be positive, got {getattr(self, name)}")
         for name in ("heartbeat_interval_s", "poll_interval_s", "connect_timeout_s", "control_timeout_s",
                      "reserve_timeout_s", "stream_stall_timeout_s", "prefill_timeout_s", "stream_idle_timeout_s",
-                     "status_window_s"):
+                     "status_window_s", "log_stats_interval_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"RouterConfig.{name} must be positive, got {getattr(self, name)}")
         if self.heartbeat_timeout_s is not None and self.heartbeat_timeout_s <= self.heartbeat_interval_s:

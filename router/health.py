@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
 import httpx
 
@@ -62,6 +63,8 @@ class HealthMonitor:
             return
         self._registry.heartbeat(worker.worker_id, load)
         _take_cache_summary(worker, data)
+        if isinstance(data.get("metrics"), list):
+            worker.series = data["metrics"]
         self._metrics.observe_worker(worker)
 
 
@@ -92,4 +95,13 @@ def load_from_dict(data: dict) -> WorkerLoad:
         transfer_bytes_total=data.get("transfer_bytes_total"),
         transfer_seconds_total=data.get("transfer_seconds_total"),
         prefix_hit_rate=data.get("prefix_hit_rate"),
+        **{name: _optional_int(data.get(name)) for name in _COUNTS},
     )
+
+
+_COUNTS = ("requests_running", "requests_waiting", "prompt_tokens_computed", "generation_tokens",
+           "prefix_queried_tokens", "prefix_hit_tokens")
+
+
+def _optional_int(value: Any) -> int | None:
+    return None if value is None else int(value)

@@ -51,6 +51,14 @@ class Heartbeat(BaseModel):
     cached_blocks: str | None = None  # base64 summary of the prefix blocks it holds (cache_store/summary.py)
     prefix_snapshot: dict[str, Any] | None = None  # or its block-hash events (cache_store/prefix_events.py)
     prefix_events: dict[str, Any] | None = None
+    requests_running: int | None = Field(default=None, ge=0)  # the console's numbers (router/console.py)
+    requests_waiting: int | None = Field(default=None, ge=0)
+    prompt_tokens_computed: int | None = Field(default=None, ge=0)
+    generation_tokens: int | None = Field(default=None, ge=0)
+    prefix_queried_tokens: int | None = Field(default=None, ge=0)
+    prefix_hit_tokens: int | None = Field(default=None, ge=0)
+    # its Prometheus samples, compact (pdserve/worker_metrics.py); kept as sent, decoded when /metrics is scraped
+    metrics: list[Any] | None = None
 
 
 class Deregistration(BaseModel):
@@ -98,11 +106,13 @@ def build_internal_router() -> APIRouter:
     @api.post("/workers/heartbeat")
     async def heartbeat(body: Heartbeat, request: Request) -> dict[str, Any]:
         state = request.app.state.router
-        worker = state.registry.heartbeat(body.worker_id, load_from_dict(body.model_dump()))
+        worker = state.registry.heartbeat(body.worker_id, load_from_dict(body.model_dump(exclude={"metrics"})))
         if worker is None:
             raise APIError(404, f"worker {body.worker_id} is not registered; register again",
                            code="worker_not_found")
         answer: dict[str, Any] = {}
+        if body.metrics is not None:
+            worker.series = body.metrics
         try:
             if body.roles and body.roles_version is not None:
                 state.registry.take_roles(worker, tuple(body.roles), body.roles_version)

@@ -37,6 +37,14 @@ class WorkerLoad:
     transfer_bytes_total: int | None = None  # optional: KV bytes this worker sent or received so far
     transfer_seconds_total: float | None = None
     prefix_hit_rate: float | None = None  # optional: the worker's device prefix cache, blocks hit / looked up
+    # optional, for the console's stats lines (router/console.py): vLLM's running / waiting (every queue of
+    # the worker, KV transfers awaited included), and cumulative token counters since the worker started
+    requests_running: int | None = None
+    requests_waiting: int | None = None
+    prompt_tokens_computed: int | None = None
+    generation_tokens: int | None = None
+    prefix_queried_tokens: int | None = None
+    prefix_hit_tokens: int | None = None
 
     @property
     def used_blocks(self) -> int:
@@ -65,6 +73,14 @@ class Worker:
     fingerprint: str | None = None  # the model fingerprint its block hashes are chained with (registration)
     data_port: int | None = None  # where its data plane listens (registration, or a static worker's status)
     prefixes: CachedPrefixes = field(default_factory=CachedPrefixes)  # cache_aware's view of its prefix cache
+    # its Prometheus samples as its last heartbeat / status carried them (pdserve/worker_metrics.py's compact
+    # form), decoded only when /metrics is scraped (router/worker_series.py)
+    series: list[Any] = field(default_factory=list)
+
+    @property
+    def pool(self) -> str:
+        """prefill | decode | colocated (both roles): its pool in the console's lines and its `role` label."""
+        return "colocated" if len(self.roles) > 1 else self.roles[0]
 
     def kv_usage(self) -> float:
         """Fraction of KV blocks in use, counting reservations made since the last report."""
@@ -74,7 +90,7 @@ class Worker:
         return min(1.0, (self.load.used_blocks + self.pending_blocks) / total)
 
     def to_dict(self) -> dict[str, Any]:
-        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "prefixes"}
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("prefixes", "series")}
         out |= {"load": asdict(self.load), "transfer": dict(self.transfer), "roles": list(self.roles),
                 "kv_usage": self.kv_usage(), "cached_blocks": len(self.prefixes.reported)}
         return out

@@ -6,14 +6,17 @@
         Running: 1 reqs, Waiting: 0 reqs, KV cache usage: 3.1%, Prefix cache hit rate: 62.5%
     decode pool (1 worker): Avg prompt throughput: 0.0 tokens/s, Avg generation throughput: 410.7 tokens/s, ...
 
-Pure formatting and arithmetic over numbers handed in (`FinishedRequest`, `PoolSnapshot`): nothing here touches
-a request, a worker or a clock of its own, so the relay and the health monitor stay free to call it where their
-numbers are (not wired yet: the router <-> worker data path that would call it is being rewritten).
+Pure formatting and arithmetic over numbers handed in (`FinishedRequest`, `WorkerSnapshot`): nothing here touches
+a request, a worker or a clock of its own; router/console.py calls it where the numbers are (the relay's end of a
+response, the registry's last heartbeats).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+POOLS = ("prefill", "decode", "colocated")
+_ERROR_CHARS = 300  # an error message longer than this is cut in the request line
 
 
 @dataclass(frozen=True)
@@ -27,82 +30,115 @@ class FinishedRequest:
     cached_tokens: int = 0
     ttft_s: float | None = None  # None: no token was sent
     e2e_s: float = 0.0
-    finish_reason: str | None = None  # stop, length, abort, ...
+    finish_reason: str | None = None  # stop, length, abort, ... (several choices: "stop,length")
+    error: str | None = None  # the error the client got, if any
 
 
 def request_line(done: FinishedRequest) -> str:
     reason = f" {done.finish_reason}" if done.finish_reason else ""
     ttft = f"{done.ttft_s:.3f} s" if done.ttft_s is not None else "-"
-    return (f"Finished request {done.request_id}: {done.status}{reason}, prompt {done.prompt_tokens} tokens "
+    line = (f"Finished request {done.request_id}: {done.status}{reason}, prompt {done.prompt_tokens} tokens "
             f"({done.cached_tokens} cached), output {done.output_tokens} tokens, TTFT {ttft}, E2E {done.e2e_s:.2f} s")
+    if done.error:
+        error = done.error if len(done.error) <= _ERROR_CHARS else done.error[:_ERROR_CHARS] + "..."
+        line += f", error: {error}"
+    return line
 
 
 @dataclass(frozen=True)
-class PoolSnapshot:
-    """One pool's state at a stats line: summed over its workers' last heartbeats; the prefix counters are
-    cumulative (tokens looked up and found since each worker started)."""
+class WorkerSnapshot:
+    """One worker at a stats line, from its last heartbeat. The token counters are cumulative since the worker
+    started (prompt tokens computed, tokens generated, prompt tokens looked up in / found in its prefix cache)."""
 
+    worker_id: str
     pool: str  # "prefill" | "decode" | "colocated"
-    workers: int
     running: int
     waiting: int
     kv_used_blocks: int
     kv_total_blocks: int
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
     prefix_queried_tokens: int = 0
     prefix_hit_tokens: int = 0
+
+
+_COUNTERS = ("prompt_tokens", "generation_tokens", "prefix_queried_tokens", "prefix_hit_tokens")
+
+
+@dataclass
+class PoolStats:
+    """A pool over one stats interval: its workers' state now, and what their counters moved since the last
+    lines."""
+
+    pool: str
+    workers: int = 0
+    running: int = 0
+    waiting: int = 0
+    kv_used_blocks: int = 0
+    kv_total_blocks: int = 0
+    moved: dict[str, int] = field(default_factory=lambda: dict.fromkeys(_COUNTERS, 0))
 
     @property
     def kv_usage(self) -> float:
         return self.kv_used_blocks / self.kv_total_blocks if self.kv_total_blocks else 0.0
 
+    @property
+    def busy(self) -> bool:
+        return bool(self.running or self.waiting or self.moved["prompt_tokens"] or self.moved["generation_tokens"])
 
-@dataclass
-class _Counts:
-    prompt_tokens: int = 0
-    generation_tokens: int = 0
+    def line(self, elapsed_s: float) -> str:
+        queried, hit = self.moved["prefix_queried_tokens"], self.moved["prefix_hit_tokens"]
+        hit_rate = hit / queried if queried > 0 else 0.0
+        workers = f"{self.workers} worker{'s' if self.workers != 1 else ''}"
+        return (f"{self.pool} pool ({workers}): "
+                f"Avg prompt throughput: {self.moved['prompt_tokens'] / elapsed_s:.1f} tokens/s, "
+                f"Avg generation throughput: {self.moved['generation_tokens'] / elapsed_s:.1f} tokens/s, "
+                f"Running: {self.running} reqs, Waiting: {self.waiting} reqs, "
+                f"KV cache usage: {100 * self.kv_usage:.1f}%, Prefix cache hit rate: {100 * hit_rate:.1f}%")
 
 
 @dataclass
 class StatsLines:
-    """Accumulates finished requests' tokens; `lines(now, pools)` gives the stats lines once `interval_s` has
-    passed since the last ones, and only while busy (tokens moved, or requests running or waiting).
+    """`lines(now, workers)` gives one line per pool once `interval_s` has passed since the last ones, and only
+    while busy (a pool ran or queued requests, or its workers computed or generated tokens).
 
-    Prompt tokens count for the prefill pool and generated tokens for the decode pool (a colocated pool gets
-    both); throughput is tokens / seconds since the last lines; the prefix hit rate is over the lookups made
-    since then (the difference of the cumulative counters)."""
+    Throughput is what the workers' cumulative counters moved since the last lines, over the seconds since then;
+    the prefix hit rate is over the lookups made since then. A worker seen for the first time is a baseline
+    (its counters may hold a life before this router); a counter that went down is a restarted worker, counted
+    from zero, as Prometheus' rate() counts a reset."""
 
     interval_s: float = 10.0
     _since: float | None = None
-    _counts: _Counts = field(default_factory=_Counts)
-    _last_prefix: dict[str, tuple[int, int]] = field(default_factory=dict)
+    _last: dict[str, WorkerSnapshot] = field(default_factory=dict)
 
-    def observe(self, done: FinishedRequest) -> None:
-        self._counts.prompt_tokens += done.prompt_tokens - done.cached_tokens
-        self._counts.generation_tokens += done.output_tokens
-
-    def lines(self, now: float, pools: list[PoolSnapshot]) -> list[str]:
+    def lines(self, now: float, workers: list[WorkerSnapshot]) -> list[str]:
         if self._since is None:
-            self._since = now
+            self._since, self._last = now, {w.worker_id: w for w in workers}
             return []
         elapsed = now - self._since
-        if elapsed < self.interval_s:
+        if elapsed < self.interval_s * 0.999:  # a sleep of interval_s may wake a hair early
             return []
-        busy = self._counts.prompt_tokens or self._counts.generation_tokens or any(p.running or p.waiting
-                                                                                   for p in pools)
-        out = [self._pool_line(p, elapsed) for p in pools] if busy else []
-        for pool in pools:
-            self._last_prefix[pool.pool] = (pool.prefix_queried_tokens, pool.prefix_hit_tokens)
-        self._since, self._counts = now, _Counts()
-        return out
+        pools = self.pools(workers)
+        self._since, self._last = now, {w.worker_id: w for w in workers}
+        return [p.line(elapsed) for p in pools] if any(p.busy for p in pools) else []
 
-    def _pool_line(self, pool: PoolSnapshot, elapsed: float) -> str:
-        prompt = self._counts.prompt_tokens if pool.pool in ("prefill", "colocated") else 0
-        generated = self._counts.generation_tokens if pool.pool in ("decode", "colocated") else 0
-        queried0, hit0 = self._last_prefix.get(pool.pool, (0, 0))
-        queried, hit = pool.prefix_queried_tokens - queried0, pool.prefix_hit_tokens - hit0
-        hit_rate = hit / queried if queried > 0 else 0.0
-        workers = f"{pool.workers} worker{'s' if pool.workers != 1 else ''}"
-        return (f"{pool.pool} pool ({workers}): Avg prompt throughput: {prompt / elapsed:.1f} tokens/s, "
-                f"Avg generation throughput: {generated / elapsed:.1f} tokens/s, Running: {pool.running} reqs, "
-                f"Waiting: {pool.waiting} reqs, KV cache usage: {100 * pool.kv_usage:.1f}%, "
-                f"Prefix cache hit rate: {100 * hit_rate:.1f}%")
+    def pools(self, workers: list[WorkerSnapshot]) -> list[PoolStats]:
+        """The pools present, in POOLS order, with the counters' moves since the last lines."""
+        by_pool: dict[str, PoolStats] = {}
+        for worker in workers:
+            pool = by_pool.setdefault(worker.pool, PoolStats(worker.pool))
+            pool.workers += 1
+            pool.running += worker.running
+            pool.waiting += worker.waiting
+            pool.kv_used_blocks += worker.kv_used_blocks
+            pool.kv_total_blocks += worker.kv_total_blocks
+            last = self._last.get(worker.worker_id)
+            for name in _COUNTERS:
+                pool.moved[name] += _moved(getattr(worker, name), None if last is None else getattr(last, name))
+        return [by_pool[name] for name in POOLS if name in by_pool]
+
+
+def _moved(now: int, before: int | None) -> int:
+    if before is None:
+        return 0
+    return now - before if now >= before else now

@@ -14,12 +14,14 @@ token by token while the client keeps up, and catches up in one event per choice
 
 Whatever ends the relay (last delta, a worker failure, the client gone) closes every channel, which sends
 ABORT to the workers still holding the request; a disconnect is noticed while waiting, not at the next write.
+Then `Relayed.end` tells `on_end` (the console's request line, router/console.py) how it ended.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -45,13 +47,15 @@ class Relayed:
     """The channels of one response, their sink and timers; `deltas()` yields merged batches."""
 
     def __init__(self, channels: list[Channel], sink: DeltaSink, writer: ResponseWriter, metrics: RouterMetrics,
-                 arrival: float) -> None:
+                 arrival: float, on_end: Callable[[Relayed, int, str | None], None] | None = None) -> None:
         self.channels = channels
         self.sink = sink
         self.writer = writer
         self.metrics = metrics
-        self._timers = [StreamTimer(metrics, arrival) for _ in channels]
+        self.arrival = arrival
+        self.timers = [StreamTimer(metrics, arrival) for _ in channels]
         self._open = len(channels)
+        self._on_end = on_end
 
     @property
     def done(self) -> bool:
@@ -70,7 +74,7 @@ class Relayed:
                     break
                 self._raise(position, item)
             assert isinstance(item, TokenDelta)
-            self._timers[position].on_frame(now)
+            self.timers[position].on_frame(now)
             if merge:
                 previous = merged.get(position)
                 merged[position] = item if previous is None else _merge(previous, item)
@@ -99,12 +103,21 @@ class Relayed:
         numbers = channel.prefill_numbers
         if numbers is not None:  # D may not know how much of the prompt P found cached: P's count
             choice.cached_tokens = max(choice.cached_tokens, numbers.num_cached_tokens)
-        self._timers[position].on_finish(choice.completion_tokens, len(channel.sub.prompt_token_ids),
-                                         choice.cached_tokens)
+        self.timers[position].on_finish(choice.completion_tokens, len(channel.sub.prompt_token_ids),
+                                        choice.cached_tokens, choice.finish_reason)
 
     def close(self, reason: str) -> None:
         for channel in self.channels:
             channel.close(reason)
+
+    def end(self, status: int, error: str | None = None) -> None:
+        """The client has its last byte (`status`, `error`: what it got); choices left unfinished count as
+        aborted."""
+        for choice in self.writer.choices:
+            if choice.finish_reason is None:
+                self.metrics.finished_choices.labels("abort").inc()
+        if self._on_end is not None:
+            self._on_end(self, status, error)
 
 
 def _merge(a: TokenDelta, b: TokenDelta) -> TokenDelta:
@@ -120,6 +133,7 @@ class SSEResponse(Response):
         self.relayed = relayed
         self.status_code = 200
         self.background = None
+        self.error: str | None = None  # the error event's message, when the stream ended with one
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         relayed, status = self.relayed, CLIENT_CLOSED
@@ -131,6 +145,7 @@ class SSEResponse(Response):
             watcher.cancel()
             relayed.close("the client went away" if status == CLIENT_CLOSED else "the response ended")
             relayed.metrics.count_request(status)
+            relayed.end(status, self.error)
 
     async def _events(self, send: Send) -> int:
         relayed, writer = self.relayed, self.relayed.writer
@@ -149,7 +164,7 @@ class SSEResponse(Response):
         except _ClientGone:
             return CLIENT_CLOSED
         except APIError as exc:
-            status, tail = exc.status, body + exc.sse_event() + DONE_EVENT
+            status, tail, self.error = exc.status, body + exc.sse_event() + DONE_EVENT, exc.message
         await send({"type": "http.response.body", "body": tail, "more_body": False})
         return status
 
@@ -167,9 +182,14 @@ async def collect(relayed: Relayed, request: Request) -> dict:
         while not relayed.done:
             await relayed.next_batch()
     except _ClientGone:
+        relayed.end(CLIENT_CLOSED)
         raise APIError(CLIENT_CLOSED, "client closed the request") from None
+    except APIError as exc:  # counted by the error handler that answers it
+        relayed.end(exc.status, exc.message)
+        raise
     finally:
         watcher.cancel()
         relayed.close("the response ended")
     relayed.metrics.count_request(200)
+    relayed.end(200)
     return relayed.writer.final_body()

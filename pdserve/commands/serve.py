@@ -33,7 +33,7 @@ _WORKER_ONLY_FLAGS = ("device", "dtype", "seed", "torch_threads", "enforce_eager
 _ROUTER_ONLY_FLAGS = ("prefill_policy", "cache_aware_max_imbalance", "decode_policy", "heartbeat_interval",
                       "heartbeat_timeout", "reserve_timeout", "stream_stall_timeout", "status_window",
                       "max_body_size", "max_inflight_requests", "chat_template", "tool_call_parser",
-                      "disable_log_requests", "allowed_origins", "allowed_methods",
+                      "disable_log_requests", "disable_log_stats", "log_stats_interval", "allowed_origins", "allowed_methods",
                       "allowed_headers", "allow_credentials", "ssl_keyfile", "ssl_certfile")
 
 

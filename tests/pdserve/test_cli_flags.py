@@ -16,7 +16,7 @@ from pdserve.commands.serve import _settings, child_environment
 from pdserve.config_doc import iter_commands
 from pdserve.env_flags import apply_env_defaults
 from pdserve.router.cors import CorsSettings
-from pdserve.router_flags import add_router_arguments, parse_list, read_chat_template
+from pdserve.router_flags import add_router_arguments, parse_list, read_chat_template, router_config
 from pdserve.router_server import ListenSettings
 from pdserve.worker_flags import add_worker_arguments, worker_settings_from_args
 
@@ -62,13 +62,14 @@ def test_every_router_flag_is_reachable_from_serve_and_reaches_the_router(parser
     assert router_flags - serve_flags == SERVE_OWNS
     args = parser.parse_args(["serve", "org/name", "--served-model-name", "a", "b", "--prefill-policy",
                               "round_robin", "--allowed-origins", '["https://app.example"]', "--ssl-keyfile", "k",
-                              "--ssl-certfile", "c", "--disable-log-requests", "--admin-token", "admin-secret",
+                              "--ssl-certfile", "c", "--disable-log-requests", "--disable-log-stats",
+                              "--log-stats-interval", "2.5", "--admin-token", "admin-secret",
                               "--api-key", "key-secret", "--no-enable-prefix-caching", "--log-level", "debug"])
     settings = _settings(args)
     router = " ".join(settings.router_args)
     for words in ("--model org/name", "--served-model-name a b", "--prefill-policy round_robin",
                   "--allowed-origins https://app.example", "--ssl-keyfile k --ssl-certfile c",
-                  "--disable-log-requests", "--log-level debug"):
+                  "--disable-log-requests", "--disable-log-stats", "--log-stats-interval 2.5", "--log-level debug"):
         assert words in router, router
     workers = " ".join(settings.worker_args)
     assert "--served-model-name a b" in workers and "--no-enable-prefix-caching" in workers
@@ -78,6 +79,8 @@ def test_every_router_flag_is_reachable_from_serve_and_reaches_the_router(parser
     assert env["PDSERVE_ADMIN_TOKEN"] == "admin-secret" and env["PDSERVE_API_KEY"] == "key-secret"
     reparsed = parser.parse_args(["router", *settings.router_args])
     assert reparsed.served_model_name == ["a", "b"] and reparsed.allowed_origins == ["https://app.example"]
+    config = router_config(reparsed, "a", (), 2048, None)
+    assert not config.log_requests and not config.log_stats and config.log_stats_interval_s == 2.5
     with pytest.raises(ValueError, match="--ssl-keyfile and --ssl-certfile"):
         _settings(parser.parse_args(["serve", "--ssl-certfile", "c"]))
 

@@ -68,11 +68,12 @@ class _FakeWorker:
         self.data = DataPlaneServer(self, None, worker_id)
         self.loop: asyncio.AbstractEventLoop | None = None
         self.app = self._build_app()
+        self.extra_status: dict[str, Any] = {}  # more status fields (counters, metrics), as a test sets them
 
     def status(self) -> dict[str, Any]:
         return {"worker_id": self.worker_id, "roles": [self.role], "queue_len": 0, "num_running": 0,
                 "num_waiting": 0, "free_blocks": 100, "total_blocks": 100, "draining": False,
-                "data_port": self.data.port}
+                "data_port": self.data.port, **self.extra_status}
 
     def _build_app(self) -> FastAPI:
         @contextlib.asynccontextmanager
