@@ -25,7 +25,7 @@ import httpx
 import pytest
 
 from pdserve.cache_store.summary import decode_summary
-from pdserve.launcher import ChildSpec, Launcher, spawn
+from pdserve.launcher import ChildSpec, Launcher, free_port, spawn
 from pdserve.settings import LaunchSettings
 from tests.deploy.kustomize import adapter_series
 
@@ -42,8 +42,8 @@ class TwoRouters:
     """The launcher's children, started by the launcher; a router can be restarted on its own port."""
 
     def __init__(self, cache_dir: Path) -> None:
-        settings = LaunchSettings(num_routers=2, num_prefill=2, num_decode=1, worker_args=WORKER_FLAGS,
-                                  ready_timeout_s=300)
+        settings = LaunchSettings(port=free_port(), num_routers=2, num_prefill=2, num_decode=1,
+                                  worker_args=WORKER_FLAGS, ready_timeout_s=300)
         env = {**os.environ, "PDSERVE_CACHE_DIR": str(cache_dir), "PDSERVE_SECRET": SECRET}
         self.launcher = Launcher(settings, grace_s=15, env=env)
 

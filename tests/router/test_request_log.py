@@ -1,5 +1,5 @@
 """router/request_log.py on its own: vLLM-like request and stats lines from numbers handed in (the router's
-console, router/console.py, calls it; tests/router/test_console.py and tests/e2e/test_console.py read its lines
+console, router/console.py, calls it; tests/router/test_router_console.py and tests/e2e/test_console.py read its lines
 from real routers)."""
 
 from __future__ import annotations
