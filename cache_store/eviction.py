@@ -22,9 +22,10 @@ from collections import OrderedDict
 from collections.abc import Hashable, Iterator
 from typing import Literal, TypeVar
 
+from pdserve.protocol.cache_policy import EVICTION_KINDS  # the names a CachePolicy may give
+
 K = TypeVar("K", bound=Hashable)
 EvictionKind = Literal["lru", "lfu"]
-EVICTION_KINDS: tuple[str, ...] = ("lru", "lfu")
 
 
 class Evictor(ABC):

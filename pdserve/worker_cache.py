@@ -5,9 +5,9 @@ as Prometheus metrics, summarised for the router's cache-aware prefill policy, c
     POST /internal/cache/clear            {"device": true, "host": true}: forget cached blocks (Redis, shared by
                                           every worker, is left alone); benchmarks and operators use it
     GET /internal/status                  `cached_blocks`: base64 keys of the prefix blocks held on the device or
-                                          in host RAM (cache_store/summary.py)
+                                          in host RAM (protocol/prefix_summary.py)
     heartbeats                            the same keys as numbered events (prefix_publisher,
-                                          cache_store/prefix_events.py): to each router the events after the
+                                          protocol/prefix_events.py): to each router the events after the
                                           last it acknowledged, or a snapshot when it holds none of them
 
 The router's `PUT /admin/cache-policy` reaches `WorkerControl.set_cache_policy`, which applies it through
@@ -28,10 +28,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 
 from pdserve.cache_store.policy import CachePolicy, TierConfig
 from pdserve.cache_store.prefix_cache import PrefixCache
-from pdserve.cache_store.prefix_events import PrefixPublisher
-from pdserve.cache_store.summary import DEFAULT_SUMMARY_BLOCKS, encode_summary, summary_key
 from pdserve.cache_store.tier_stats import LOAD_BUCKETS_S, TIERS
 from pdserve.cache_store.tiered import TieredKVCache
+from pdserve.protocol.prefix_events import PrefixPublisher
+from pdserve.protocol.prefix_summary import DEFAULT_SUMMARY_BLOCKS, encode_summary, summary_key
 
 
 def build_tiered(prefix_cache: PrefixCache, kv_caches: list[torch.Tensor], fingerprint: str, tiers: TierConfig,

@@ -31,7 +31,7 @@ import httpx
 from fastapi import APIRouter, Body, Depends, Request
 from pydantic import BaseModel, ConfigDict
 
-from pdserve.cache_store.policy import CachePolicy
+from pdserve.protocol.cache_policy import CachePolicy
 from pdserve.router.errors import APIError, bad_request
 from pdserve.router.internal_routes import SECRET_HEADER
 from pdserve.router.policies import (
