@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from pdserve.protocol.messages import (
     Abort,
@@ -100,7 +101,8 @@ class Channel:
         self.prefill_answered = False
         self.first_from: str | None = None  # "prefill" | "decode"
         self._decode_tokens_seen = False
-        self.prompt_logprobs: list | None = None  # P's, when the request asked (router/responses.py shows them)
+        # P's, when the request asked (router/responses.py shows them)
+        self.prompt_logprobs: list[dict[str, Any] | None] | None = None
         self._held: list[TokenDelta] = []  # D's deltas waiting for P's answer (prompt logprobs come only from P)
         self.finished = False  # the client has the last delta (or an error)
         self.decode_finished = False  # D sent its last delta: nothing to abort there
