@@ -28,6 +28,7 @@ import argparse
 import dataclasses
 import json
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -87,7 +88,7 @@ def load_cache_file(path: str | Path) -> tuple[dict[str, Any], dict[str, Any]]:
 
 # ---- command line ---------------------------------------------------------------------------------------
 
-_FLAGS: dict[str, tuple[str, type | None, str]] = {  # setting -> (flag, type, help)
+_FLAGS: dict[str, tuple[str, Callable[[str], Any], str]] = {  # setting -> (flag, type, help)
     "host_capacity_gb": ("--host-cache-gb", float, "host (pinned RAM) KV tier size in GiB; 0: none"),
     "redis_url": ("--redis-url", str, ("Redis KV tier: redis://, rediss://, unix://, redis+cluster://h:p, "
                                        "redis+sentinel://h:p[,h:p]/service[/db]")),
