@@ -29,7 +29,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -41,16 +40,12 @@ from typing import Any
 import httpx
 import openai
 
+from pdserve.launcher import free_port
+
 REPO = Path(__file__).resolve().parents[1]
 MODEL = "smollm2-135m-instruct"
 SECRET = secrets.token_hex(16)  # the deployment's internal API secret: this script calls /internal/* too
 INTERNAL = {"X-PDServe-Secret": SECRET}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def start_redis() -> tuple[subprocess.Popen, str]:

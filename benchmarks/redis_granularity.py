@@ -19,13 +19,14 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import time
 from pathlib import Path
 
 import redis
+
+from pdserve.launcher import free_port
 
 BLOCK_BYTES = {"64KiB": 64 << 10, "smollm2_bf16_360KiB": 368_640, "llama3_8b_bf16_2MiB": 2 << 20}
 CHUNKS = (1, 4, 16)
@@ -36,9 +37,7 @@ def start_server() -> tuple[subprocess.Popen, str]:
     binary = shutil.which("redis-server")
     if binary is None:
         raise SystemExit("redis-server not found; pass --redis-url")
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     process = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly",
                                 "no"], stdout=subprocess.DEVNULL)
     client = redis.Redis(port=port)

@@ -67,7 +67,7 @@ class BlockPool:
         self._hashes: list[bytes | None] = [None] * num_blocks
         self._hits = [0] * num_blocks  # prefix hits on the block's current hash (lfu order)
         self._free: deque[int] = deque(range(num_blocks))
-        self._evictable: Evictor = make_evictor(eviction)
+        self._evictable: Evictor[int] = make_evictor(eviction)
         self._hash_to_block: dict[bytes, int] = {}
         self.num_evictions = 0
         self.on_evict: EvictHook | None = None

@@ -20,35 +20,36 @@ import heapq
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Hashable, Iterator
-from typing import Literal, TypeVar
+from typing import Generic, Literal, TypeVar
+
+from pdserve.protocol.cache_policy import EVICTION_KINDS  # the names a CachePolicy may give
 
 K = TypeVar("K", bound=Hashable)
 EvictionKind = Literal["lru", "lfu"]
-EVICTION_KINDS: tuple[str, ...] = ("lru", "lfu")
 
 
-class Evictor(ABC):
+class Evictor(ABC, Generic[K]):
     kind: EvictionKind
 
     @abstractmethod
-    def push(self, key: Hashable, uses: int = 0) -> None: ...
+    def push(self, key: K, uses: int = 0) -> None: ...
 
     @abstractmethod
-    def remove(self, key: Hashable) -> int:
+    def remove(self, key: K) -> int:
         """Forget `key`; returns its use count."""
 
     @abstractmethod
-    def pop(self) -> Hashable:
+    def pop(self) -> K:
         """Remove and return the victim; KeyError when empty."""
 
     @abstractmethod
-    def __iter__(self) -> Iterator[Hashable]:
+    def __iter__(self) -> Iterator[K]:
         """Keys in eviction order, victim first."""
 
     @abstractmethod
-    def uses(self, key: Hashable) -> int: ...
+    def uses(self, key: K) -> int: ...
 
-    def touch(self, key: Hashable) -> None:
+    def touch(self, key: K) -> None:
         self.push(key, self.remove(key) + 1)
 
     @abstractmethod
@@ -58,27 +59,27 @@ class Evictor(ABC):
     def __contains__(self, key: object) -> bool: ...
 
 
-class LRUEvictor(Evictor):
+class LRUEvictor(Evictor[K]):
     kind: EvictionKind = "lru"
 
     def __init__(self) -> None:
-        self._keys: OrderedDict[Hashable, int] = OrderedDict()  # oldest first, value = uses
+        self._keys: OrderedDict[K, int] = OrderedDict()  # oldest first, value = uses
 
-    def push(self, key: Hashable, uses: int = 0) -> None:
+    def push(self, key: K, uses: int = 0) -> None:
         self._keys[key] = uses
         self._keys.move_to_end(key)
 
-    def remove(self, key: Hashable) -> int:
+    def remove(self, key: K) -> int:
         return self._keys.pop(key)
 
-    def pop(self) -> Hashable:
+    def pop(self) -> K:
         key, _ = self._keys.popitem(last=False)
         return key
 
-    def uses(self, key: Hashable) -> int:
+    def uses(self, key: K) -> int:
         return self._keys[key]
 
-    def __iter__(self) -> Iterator[Hashable]:
+    def __iter__(self) -> Iterator[K]:
         return iter(list(self._keys))
 
     def __len__(self) -> int:
@@ -88,17 +89,17 @@ class LRUEvictor(Evictor):
         return key in self._keys
 
 
-class LFUEvictor(Evictor):
+class LFUEvictor(Evictor[K]):
     """Buckets by use count; a heap of the counts that have a bucket finds the lowest in O(log #counts)."""
 
     kind: EvictionKind = "lfu"
 
     def __init__(self) -> None:
-        self._uses: dict[Hashable, int] = {}
-        self._buckets: dict[int, OrderedDict[Hashable, None]] = {}  # uses -> keys, oldest first
+        self._uses: dict[K, int] = {}
+        self._buckets: dict[int, OrderedDict[K, None]] = {}  # uses -> keys, oldest first
         self._counts: list[int] = []  # heap of bucket keys (may hold stale counts; skipped on pop)
 
-    def push(self, key: Hashable, uses: int = 0) -> None:
+    def push(self, key: K, uses: int = 0) -> None:
         if key in self._uses:
             self.remove(key)
         self._uses[key] = uses
@@ -111,7 +112,7 @@ class LFUEvictor(Evictor):
                 heapq.heapify(self._counts)
         bucket[key] = None
 
-    def remove(self, key: Hashable) -> int:
+    def remove(self, key: K) -> int:
         uses = self._uses.pop(key)
         bucket = self._buckets[uses]
         del bucket[key]
@@ -119,7 +120,7 @@ class LFUEvictor(Evictor):
             del self._buckets[uses]
         return uses
 
-    def pop(self) -> Hashable:
+    def pop(self) -> K:
         while self._counts:
             bucket = self._buckets.get(self._counts[0])
             if bucket:
@@ -131,10 +132,10 @@ class LFUEvictor(Evictor):
             heapq.heappop(self._counts)  # stale: that bucket emptied
         raise KeyError("pop from an empty evictor")
 
-    def uses(self, key: Hashable) -> int:
+    def uses(self, key: K) -> int:
         return self._uses[key]
 
-    def __iter__(self) -> Iterator[Hashable]:
+    def __iter__(self) -> Iterator[K]:
         return iter([key for uses in sorted(self._buckets) for key in self._buckets[uses]])
 
     def __len__(self) -> int:
@@ -144,7 +145,7 @@ class LFUEvictor(Evictor):
         return key in self._uses
 
 
-def make_evictor(kind: str) -> Evictor:
+def make_evictor(kind: str) -> Evictor[K]:
     if kind == "lru":
         return LRUEvictor()
     if kind == "lfu":
@@ -152,11 +153,11 @@ def make_evictor(kind: str) -> Evictor:
     raise ValueError(f"unknown eviction policy {kind!r}; choose one of {EVICTION_KINDS}")
 
 
-def convert(evictor: Evictor, kind: str) -> Evictor:
+def convert(evictor: Evictor[K], kind: str) -> Evictor[K]:
     """The same keys and use counts under another policy, pushed in the old eviction order."""
     if evictor.kind == kind:
         return evictor
-    new = make_evictor(kind)
+    new: Evictor[K] = make_evictor(kind)
     for key in evictor:
         new.push(key, evictor.uses(key))
     return new

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from pdserve.cache_store.eviction import convert, make_evictor
+from pdserve.cache_store.eviction import Evictor, convert, make_evictor
 from pdserve.cache_store.kv_codec import BlockLayout
 
 
@@ -45,7 +45,7 @@ class HostTier:
         self._slots = layout.empty(self.num_slots, pin_memory=pin_memory and self.num_slots > 0)
         self._index: dict[bytes, tuple[int, str | None]] = {}
         self._free = list(range(self.num_slots - 1, -1, -1))
-        self._order = make_evictor(eviction)
+        self._order: Evictor[bytes] = make_evictor(eviction)
         self._lock = threading.Lock()
         self.num_evictions = 0
 

@@ -24,6 +24,7 @@ import math
 import warnings
 import zlib
 from dataclasses import dataclass
+from typing import Any
 
 import msgpack
 import torch
@@ -82,7 +83,7 @@ class BlockLayout:
 
     @property
     def itemsize(self) -> int:
-        return torch.empty(0, dtype=self.dtype).element_size()
+        return int(torch.empty(0, dtype=self.dtype).element_size())
 
     @property
     def nbytes(self) -> int:
@@ -116,7 +117,7 @@ def encode_block_parts(layout: BlockLayout, block_hash: bytes, block: torch.Tens
     return msgpack.packb(header, use_bin_type=True), raw
 
 
-def _read_header(value: bytes | memoryview) -> tuple[dict, int]:
+def _read_header(value: bytes | memoryview) -> tuple[dict[str, Any], int]:
     unpacker = msgpack.Unpacker(raw=False, max_buffer_size=MAX_HEADER_BYTES, max_str_len=512, max_bin_len=64,
                                 max_array_len=8, max_map_len=16, strict_map_key=True)
     unpacker.feed(value[:MAX_HEADER_BYTES])
@@ -129,7 +130,7 @@ def _read_header(value: bytes | memoryview) -> tuple[dict, int]:
     return header, unpacker.tell()
 
 
-def _check_header(layout: BlockLayout, block_hash: bytes, header: dict) -> None:
+def _check_header(layout: BlockLayout, block_hash: bytes, header: dict[str, Any]) -> None:
     version = header.get("v")
     if version != FORMAT_VERSION:
         raise CorruptValueError(f"format version {version!r}, this worker reads {FORMAT_VERSION}")

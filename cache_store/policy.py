@@ -2,7 +2,8 @@
 
     TierConfig   sizes and endpoints, fixed for the worker's life: host capacity, Redis URL, I/O limits
     CachePolicy  behaviour, changeable at run time through `TieredKVCache.update(policy)` (the router's
-                 `PUT /admin/cache-policy` forwards a JSON object of CachePolicy fields to every worker)
+                 `PUT /admin/cache-policy` forwards a JSON object of CachePolicy fields to every worker);
+                 defined in protocol/cache_policy.py, since the router validates it too, and exported here
 
 Both come from command-line flags (`add_cache_arguments` / `cache_settings_from_args`) or from a JSON or
 TOML file of the same names (`--cache-policy-file`); flags given explicitly win over the file.
@@ -26,51 +27,17 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from pdserve.cache_store.eviction import EVICTION_KINDS
+from pdserve.protocol.cache_policy import CachePolicy, known_fields, positive_number
 
-WritePolicy = Literal["write_through", "write_back", "none"]
-WRITE_POLICIES: tuple[str, ...] = ("write_through", "write_back", "none")
+__all__ = ["GIB", "CachePolicy", "TierConfig", "add_cache_arguments", "cache_argv", "cache_settings_from_args",
+           "load_cache_file"]  # CachePolicy with them: callers take it together with TierConfig
 GIB = 1 << 30
-
-
-@dataclass(frozen=True)
-class CachePolicy:
-    device_eviction: str = "lru"
-    host_eviction: str = "lru"
-    write: str = "write_through"
-    redis_admission_hits: int = 0
-    lookup_timeout_s: float = 0.5  # per request: host + Redis lookup gives up (misses) after this
-    redis_ttl_s: int | None = 24 * 3600  # None: keys never expire (Redis's maxmemory-policy evicts)
-
-    def __post_init__(self) -> None:
-        for name in ("device_eviction", "host_eviction"):
-            if getattr(self, name) not in EVICTION_KINDS:
-                raise ValueError(f"{name} must be one of {EVICTION_KINDS}, got {getattr(self, name)!r}")
-        if self.write not in WRITE_POLICIES:
-            raise ValueError(f"write must be one of {WRITE_POLICIES}, got {self.write!r}")
-        if not isinstance(self.redis_admission_hits, int) or self.redis_admission_hits < 0:
-            raise ValueError(f"redis_admission_hits must be an integer >= 0, got {self.redis_admission_hits!r}")
-        if not _positive_number(self.lookup_timeout_s):
-            raise ValueError(f"lookup_timeout_s must be a positive number, got {self.lookup_timeout_s!r}")
-        if self.redis_ttl_s is not None and (not isinstance(self.redis_ttl_s, int) or self.redis_ttl_s <= 0):
-            raise ValueError(f"redis_ttl_s must be a positive integer or None, got {self.redis_ttl_s!r}")
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> CachePolicy:
-        return cls(**_known_fields(cls, data, "cache policy"))
-
-    def merged(self, changes: dict[str, Any]) -> CachePolicy:
-        """This policy with some fields changed (a partial admin update), validated."""
-        return dataclasses.replace(self, **_known_fields(CachePolicy, changes, "cache policy"))
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
 
 @dataclass(frozen=True)
@@ -89,7 +56,7 @@ class TierConfig:
         if not (isinstance(self.host_capacity_gb, (int, float)) and self.host_capacity_gb >= 0):
             raise ValueError(f"host_capacity_gb must be >= 0, got {self.host_capacity_gb!r}")
         for name in ("redis_socket_timeout_s", "redis_retry_interval_s"):
-            if not _positive_number(getattr(self, name)):
+            if not positive_number(getattr(self, name)):
                 raise ValueError(f"{name} must be a positive number, got {getattr(self, name)!r}")
         for name in ("redis_batch_blocks", "redis_io_threads", "max_pending_write_bytes", "max_fetch_blocks"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0:
@@ -101,19 +68,7 @@ class TierConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TierConfig:
-        return cls(**_known_fields(cls, data, "cache tier config"))
-
-
-def _positive_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
-
-
-def _known_fields(cls: type, data: dict[str, Any], what: str) -> dict[str, Any]:
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - names)
-    if unknown:
-        raise ValueError(f"unknown {what} fields {unknown}; known: {sorted(names)}")
-    return dict(data)
+        return cls(**known_fields(cls, data, "cache tier config"))
 
 
 def load_cache_file(path: str | Path) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -133,7 +88,7 @@ def load_cache_file(path: str | Path) -> tuple[dict[str, Any], dict[str, Any]]:
 
 # ---- command line ---------------------------------------------------------------------------------------
 
-_FLAGS: dict[str, tuple[str, type | None, str]] = {  # setting -> (flag, type, help)
+_FLAGS: dict[str, tuple[str, Callable[[str], Any], str]] = {  # setting -> (flag, type, help)
     "host_capacity_gb": ("--host-cache-gb", float, "host (pinned RAM) KV tier size in GiB; 0: none"),
     "redis_url": ("--redis-url", str, ("Redis KV tier: redis://, rediss://, unix://, redis+cluster://h:p, "
                                        "redis+sentinel://h:p[,h:p]/service[/db]")),

@@ -97,7 +97,7 @@ def _cluster(scheme: str, rest: str, options: dict[str, Any]) -> RedisCluster:
     auth, _, hosts = rest.rpartition("@")
     hosts = hosts.split("/")[0]
     password = urllib.parse.unquote(auth.partition(":")[2]) if auth else None
-    nodes = [ClusterNode(h, p) for h, p in _host_ports(hosts, 6379)]
+    nodes = [ClusterNode(h, p) for h, p in _host_ports(hosts, 6379)]  # type: ignore[no-untyped-call]
     return RedisCluster(startup_nodes=nodes, password=password, ssl=scheme == "rediss", **options)
 
 
@@ -109,8 +109,12 @@ def _sentinel(scheme: str, rest: str, options: dict[str, Any]) -> redis.Redis:
     if not service:
         raise ValueError(f"Sentinel URL needs a service name: redis+sentinel://host:port/service, got {rest!r}")
     password = urllib.parse.unquote(auth.partition(":")[2]) if auth else None
-    sentinel = Sentinel(_host_ports(hosts, 26379), sentinel_kwargs=dict(options), **options)
-    return sentinel.master_for(service, password=password, db=int(db or 0), ssl=scheme == "rediss")
+    # redis 8.1 annotates neither Sentinel nor master_for
+    sentinel = Sentinel(  # type: ignore[no-untyped-call]
+        _host_ports(hosts, 26379), sentinel_kwargs=dict(options), **options)
+    master: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call]
+        service, password=password, db=int(db or 0), ssl=scheme == "rediss")
+    return master
 
 
 class PrefixSink:
@@ -230,7 +234,7 @@ class RedisTier:
                 self.mark_ok()
             found = self._decode_prefix(batch, keys, values)
             if found.shape[0]:
-                self.stats.count(redis_read_bytes=sum(len(v) for v in values[:found.shape[0]]))
+                self.stats.count(redis_read_bytes=sum(len(v or b"") for v in values[:found.shape[0]]))
                 if not sink.add(batch[:found.shape[0]], found):
                     return
             if found.shape[0] < len(batch):
@@ -243,19 +247,20 @@ class RedisTier:
                 pipe.get(key)
             else:
                 pipe.getex(key, ex=ttl_s)
-        return pipe.execute()
+        answers: list[bytes | None] = pipe.execute()
+        return answers
 
     def _decode_prefix(self, hashes: Sequence[bytes], keys: list[str], values: list[bytes | None]) -> torch.Tensor:
         """Decode the leading present values; a corrupt one ends the prefix and is deleted."""
-        count = 0
+        present: list[bytes] = []
         for value in values:
             if value is None:
                 break
-            count += 1
-        out = self.layout.empty(count, pin_memory=self.pin_memory and count > 0)
-        for i in range(count):
+            present.append(value)
+        out = self.layout.empty(len(present), pin_memory=self.pin_memory and len(present) > 0)
+        for i, value in enumerate(present):
             try:
-                decode_block(self.layout, hashes[i], self.auth.open(keys[i], values[i]), out[i])
+                decode_block(self.layout, hashes[i], self.auth.open(keys[i], value), out[i])
             except ForgedValueError:
                 self.stats.count(redis_auth_failures=1)
                 self._delete([keys[i]])

@@ -47,7 +47,7 @@ class WriteJob:
 
     @property
     def nbytes(self) -> int:
-        return self.blocks.numel() * self.blocks.element_size()
+        return int(self.blocks.numel() * self.blocks.element_size())
 
 
 class TierWriter:

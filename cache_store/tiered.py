@@ -47,9 +47,10 @@ from pdserve.cache_store.kv_codec import BlockLayout, gather_to_host, scatter_fr
 from pdserve.cache_store.policy import CachePolicy, TierConfig
 from pdserve.cache_store.prefix_cache import PrefixCache, SequenceBlocks
 from pdserve.cache_store.redis_tier import PrefixSink, RedisTier, connect_redis, redacted_url
-from pdserve.cache_store.summary import DEFAULT_SUMMARY_BLOCKS, RecentHashes
+from pdserve.cache_store.summary import RecentHashes
 from pdserve.cache_store.tier_stats import TieredCacheStats
 from pdserve.cache_store.tier_writer import RedisTarget, TierWriter, WriteJob
+from pdserve.protocol.prefix_summary import DEFAULT_SUMMARY_BLOCKS
 
 logger = logging.getLogger(__name__)
 

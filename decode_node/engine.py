@@ -185,26 +185,32 @@ class DecodeEngine:
             self.stats.start_step()
             batch = self._schedule()
             if batch.needs_drain:
-                in_flight = self._finish(in_flight)
+                self._finish(in_flight)
+                in_flight = None
                 batch = self._schedule()
             launched = None
             if not batch.empty:
                 launched = self._launch(batch, in_flight)
                 if launched is None:  # the launch failed: its requests end, once the step before completed
-                    in_flight = self._finish(in_flight)
+                    self._finish(in_flight)
+                    in_flight = None
                     with self.state_lock:
                         self._publish(self.scheduler.fail_batch(batch, "decode step failed (see the log)"))
             self._finish(in_flight)
             if launched is not None and launched.sample is None:
                 launched = self._draw(launched)  # N's tokens are in the matchers now: N+1's masks, its draw
-            in_flight = launched if self.async_scheduling else self._finish(launched)
+            if self.async_scheduling:
+                in_flight = launched
+            else:
+                self._finish(launched)
+                in_flight = None
             self.stats.end_step()
             if in_flight is None and batch.empty:
                 self._wake.wait(timeout=0.5)
         self._finish(in_flight)
 
     def _finish(self, launched: _Launched | None) -> None:
-        """Complete a launched step (if any) and publish its deltas; returns None (nothing in flight)."""
+        """Complete a launched step (if any) and publish its deltas."""
         if launched is not None:
             self._publish(self._complete(launched))
 
@@ -232,7 +238,10 @@ class DecodeEngine:
         chunks = [PrefillChunk(item.token_ids, 0, item.block_ids, need_logits=False) for item in batch.recompute]
         items = [DecodeInput(item.token_id, item.position, item.block_ids, item.source_row) for item in batch.decode]
         requests = [item.request.sampling_request() for item in batch.decode]
-        carried = in_flight.sample.tokens if in_flight is not None else None
+        carried = None
+        if in_flight is not None:
+            assert in_flight.sample is not None, "_run keeps a step in flight only once it has drawn"
+            carried = in_flight.sample.tokens
         cpu = time.thread_time()
         with self.model_lock:
             if chunks:

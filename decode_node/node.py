@@ -20,7 +20,7 @@ from pdserve.decode_node.scheduler import Scheduler
 from pdserve.engine.detokenizer import Decoder, IncrementalDetokenizer, StopChecker
 from pdserve.engine.grammar import GrammarBackend, GrammarError
 from pdserve.engine.output import NoTextDecoder
-from pdserve.engine.sampling import SamplingParams
+from pdserve.engine.sampling_params import SamplingParams
 from pdserve.kv_transfer.base import KVReceiver
 from pdserve.protocol.messages import Refused, Reserve, Reserved
 

@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from pdserve.engine.detokenizer import IncrementalDetokenizer, StopChecker
-from pdserve.engine.sampling import SamplingParams, SamplingRequest
+from pdserve.engine.sampling import SamplingRequest
+from pdserve.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from pdserve.engine.grammar import Matcher

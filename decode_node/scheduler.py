@@ -159,8 +159,9 @@ class Scheduler:
         request.num_computed_tokens = len(request.prompt_token_ids)
         request.cached_tokens = max(request.cached_tokens, cached_tokens)
         result = self.output.append_token(request, first_token_id)
-        self._move(request, _FINISHED.get(result.finish_reason, RequestState.WAITING))
-        return [self._delta(request, [first_token_id], result.text, [logprobs])]
+        reason = result.finish_reason
+        self._move(request, RequestState.WAITING if reason is None else _FINISHED[reason])
+        return [self._delta(request, [first_token_id], result.text, logprobs)]
 
     def kv_failed(self, request_id: str, error: str) -> list[RequestOutput]:
         """The KV will not come (lease, P gone, P gave up): fail the request, or recompute it here."""
@@ -260,7 +261,7 @@ class Scheduler:
             if result.finish_reason is not None:
                 self._move(request, _FINISHED[result.finish_reason])
             entry = logprobs[row] if logprobs is not None else None
-            outputs.append(self._delta(request, [token_ids[row]], result.text, [entry]))
+            outputs.append(self._delta(request, [token_ids[row]], result.text, entry))
         return outputs
 
     def fail_batch(self, batch: DecodeBatch, error: str) -> list[RequestOutput]:
@@ -379,10 +380,11 @@ class Scheduler:
         request.num_computed_tokens = 0
 
     def _delta(self, request: DecodeRequest, token_ids: list[int], text: str,
-               logprobs: list[TokenLogprobs | None] | None = None) -> RequestOutput:
+               logprobs: TokenLogprobs | None = None) -> RequestOutput:
+        """`logprobs`: the one new token's, when the request asked and the step computed them."""
         wire = None
-        if request.sampling.logprobs is not None and logprobs:
-            wire = [logprobs_to_wire(entry) for entry in logprobs]
+        if request.sampling.logprobs is not None and logprobs is not None:
+            wire = [logprobs_to_wire(logprobs)]
         delta = TokenDelta(request.request_id, token_ids, text, request.finish_reason, wire,
                            len(request.prompt_token_ids), len(request.output_token_ids), request.cached_tokens,
                            request.error)

@@ -74,7 +74,7 @@ class DecodeBatch:
     block_tables: torch.Tensor  # [bucket, max_blocks] int32
 
 
-def _check_covers(what: str, block_table: list[int], num_tokens: int, block_size: int) -> None:
+def _check_covers(what: str, block_table: Sequence[int], num_tokens: int, block_size: int) -> None:
     if len(block_table) * block_size < num_tokens:
         raise ValueError(
             f"{what}: block table has {len(block_table)} blocks ({len(block_table) * block_size} slots of "

@@ -64,7 +64,7 @@ class DecodeGraphs:
         self.device = device
         self.steps: dict[int, CapturedStep] = {}
 
-    @torch.inference_mode()
+    @torch.inference_mode()  # type: ignore[untyped-decorator]  # torch: not analysed
     def capture(self, warmup_runs: int = 2) -> None:
         """Warm every bucket up, then capture each; leaves the buffers holding padding rows."""
         order = capture_order(self.buffers.buckets)

@@ -22,11 +22,15 @@ import torch
 _SETS = 2
 
 
-class StagedRow(Protocol):
-    token_id: int
-    position: int
-    block_table: Sequence[int]
-    source_row: int
+class StagedRow(Protocol):  # read-only: DecodeInput is a frozen dataclass
+    @property
+    def token_id(self) -> int: ...
+    @property
+    def position(self) -> int: ...
+    @property
+    def block_table(self) -> Sequence[int]: ...
+    @property
+    def source_row(self) -> int: ...
 
 
 class _Set:
@@ -39,7 +43,7 @@ class _Set:
         self.src_t, self.table_t = host(rows, dtype=torch.long), host(rows, max_blocks, dtype=torch.int32)
         self.ids, self.pos, self.slots = self.ids_t.numpy(), self.pos_t.numpy(), self.slots_t.numpy()
         self.lens, self.src, self.table = self.lens_t.numpy(), self.src_t.numpy(), self.table_t.numpy()
-        self.num_blocks = np.zeros(rows, dtype=np.int64)
+        self.num_blocks: np.ndarray = np.zeros(rows, dtype=np.int64)
         self.copied: torch.cuda.Event | None = None
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Sequence
+from typing import TypeAlias
 
 import torch
 import xgrammar as xgr
@@ -29,7 +30,7 @@ import xgrammar as xgr
 from pdserve.engine.structured_output import StructuredOutput
 from pdserve.engine.tokenizer import Tokenizer
 
-Matcher = xgr.GrammarMatcher
+Matcher: TypeAlias = xgr.GrammarMatcher  # xgrammar is not analysed (pyproject [tool.mypy])
 
 
 class GrammarError(ValueError):

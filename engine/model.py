@@ -50,7 +50,8 @@ class ModelWeights:
 
 
 def _expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
-    c, shapes = config, {}
+    c = config
+    shapes: dict[str, tuple[int, ...]] = {}
     shapes["model.embed_tokens.weight"] = (c.vocab_size, c.hidden_size)
     shapes["model.norm.weight"] = (c.hidden_size,)
     for i in range(c.num_layers):

@@ -74,9 +74,7 @@ class NoTextDecoder:
         return ""
 
 
-def logprobs_to_wire(entry: TokenLogprobs | None) -> dict[str, Any] | None:
-    if entry is None:
-        return None
+def logprobs_to_wire(entry: TokenLogprobs) -> dict[str, Any]:
     return {"token_id": entry.token_id, "logprob": entry.logprob, "top": [[t, lp] for t, lp in entry.top]}
 
 

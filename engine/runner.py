@@ -85,7 +85,7 @@ class ModelRunner:
             self.graphs = DecodeGraphs(self._forward_decode, self.decode_buffers, self.device)
             self.graphs.capture()
 
-    @torch.inference_mode()
+    @torch.inference_mode()  # type: ignore[untyped-decorator]  # torch: not analysed
     def prefill(self, chunks: list[PrefillChunk], layer_done: LayerDone | None = None) -> PrefillOutput:
         """Run the chunks as one packed batch. layer_done(i) is called once layer i's K/V writes are issued
         (on CUDA: enqueued on the current stream, so a sender records an event there before copying)."""
@@ -131,7 +131,7 @@ class ModelRunner:
         torch.cuda.synchronize(self.device)
         return len(batches)
 
-    @torch.inference_mode()
+    @torch.inference_mode()  # type: ignore[untyped-decorator]  # torch: not analysed
     def decode(self, items: list[DecodeInput], carried: torch.Tensor | None = None) -> torch.Tensor:
         """One step for each item -> fp32 logits [len(items), V]. With CUDA graphs the rows are a view of the
         bucket's graph output, valid until the next decode call: sample from them first. Nothing here waits

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from pdserve.engine.sampling_params import MAX_LOGPROBS, MAX_STOP_STRINGS, SamplingParams  # noqa: F401 (re-exported)
+from pdserve.engine.sampling_params import SamplingParams  # tests and benchmarks import it from here too
 
 if TYPE_CHECKING:  # xgrammar is imported only once a constrained request is sampled
     from pdserve.engine.grammar import Matcher, TokenBitmasks

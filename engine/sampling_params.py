@@ -131,7 +131,7 @@ def _check_type(name: str, value: Any, kind: type) -> None:
         raise ValueError(f"{name} must be {kind.__name__}, got {value!r} ({type(value).__name__})")
 
 
-def _as_tuple(name: str, value: Any, kind: type) -> tuple:
+def _as_tuple(name: str, value: Any, kind: type) -> tuple[Any, ...]:
     if value is None:
         return ()
     if isinstance(value, (str, int)):

@@ -170,10 +170,11 @@ class KVReceiver(ABC):
         if bad:
             raise ValueError(f"block ids {bad[:5]} outside the pool's {self.layout.num_blocks} blocks")
         self.table.expect(request_id, block_ids, deadline, num_tokens)
+        host, port = self._address()
         return TransferTarget(
             backend=self.backend, request_id=request_id, block_ids=tuple(block_ids),
             num_layers=self.layout.num_layers, block_size=self.layout.block_size,
-            dtype=dtype_name(self.layout.dtype), **self._address(),
+            dtype=dtype_name(self.layout.dtype), host=host, port=port,
         )
 
     def cancel(self, request_id: str) -> bool:
@@ -200,5 +201,6 @@ class KVReceiver(ABC):
         """Stop; every pending transfer fails with reason "receiver closed"."""
         self.table.fail_all("receiver closed")
 
-    def _address(self) -> dict[str, object]:
-        return {}
+    def _address(self) -> tuple[str | None, int | None]:
+        """(host, port) a sender connects to; none for an in-process receiver."""
+        return None, None

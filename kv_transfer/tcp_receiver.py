@@ -106,8 +106,8 @@ class TcpKVReceiver(KVReceiver):
             await self._server.wait_closed()
         await super().close()
 
-    def _address(self) -> dict[str, object]:
-        return {"host": self.advertise_host, "port": self.port}
+    def _address(self) -> tuple[str | None, int | None]:
+        return self.advertise_host, self.port
 
     # ---- one connection -------------------------------------------------------------------------
 

@@ -182,20 +182,23 @@ class TcpKVSender(KVSender):
         if not isinstance(sends, _TcpSends):
             super().submit_prepared(sends, layer, kv_cache)
             return
+        loop = self._loop
         for item in sends.prepared:
             rid = item.chunk.request_id
             if rid in sends.failed:
                 continue
-            problem = "the sender has no event loop yet (submit before begin())" if self._loop is None else \
-                self._layer_problem(item.target, layer, kv_cache)
+            if loop is None:
+                sends.fail(rid, f"send of {rid!r} layer {layer}: the sender has no event loop yet "
+                                "(submit before begin())")
+                continue
+            problem = self._layer_problem(item.target, layer, kv_cache)
             if problem is not None:
                 sends.fail(rid, f"send of {rid!r} layer {layer}: {problem}")
                 continue
             if item.ids is None:
                 item.ids = ids_on(kv_cache.device, item.chunk.src_block_ids)
             staged = self._stage(kv_cache, item.ids)  # on the calling (compute) thread, in its stream order
-            asyncio.run_coroutine_threadsafe(self._send_staged(rid, layer, staged, item.chunk.dst_block_ids),
-                                             self._loop)
+            asyncio.run_coroutine_threadsafe(self._send_staged(rid, layer, staged, item.chunk.dst_block_ids), loop)
 
     async def finish(
         self, request_id: str, first_token_id: int, first_logprob: float | None, num_tokens: int,

@@ -55,7 +55,7 @@ class TransferTable:
         self,
         num_layers: int,
         block_size: int,
-        on_complete: Callable[[str, int, float | None], None],
+        on_complete: Callable[[str, int, float | None, list[tuple[int, float]]], None],
         on_failure: Callable[[str, str], None],
     ) -> None:
         self.num_layers = num_layers

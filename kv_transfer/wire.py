@@ -46,7 +46,7 @@ import zlib
 from collections.abc import Sequence
 from dataclasses import MISSING, dataclass, field, fields
 from types import NoneType
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import msgpack
 import torch
@@ -160,7 +160,7 @@ class Error:
 
 
 Header = Hello | Auth | Ready | Pools | Rendezvous | KVHeader | BulkKVHeader | Done | Error
-_HEADER_TYPES: dict[str, type] = {
+_HEADER_TYPES: dict[str, type[Header]] = {
     cls.KIND: cls for cls in (Hello, Auth, Ready, Pools, Rendezvous, KVHeader, BulkKVHeader, Done, Error)
 }
 _FIELD_TYPES: dict[str, tuple[type, ...]] = {
@@ -248,7 +248,8 @@ def decode_header(raw: bytes) -> Header:
     return cls(**{f.name: _field(obj, cls.KIND, f.name, str(f.type), f.default_factory) for f in fields(cls)})
 
 
-def _field(obj: dict, kind: str, name: str, type_name: str, default: object = MISSING) -> object:
+def _field(obj: dict[str, Any], kind: str, name: str, type_name: str, default: object = MISSING) -> Any:
+    """The field's value, checked here against the type its dataclass declares (`type_name`)."""
     if name not in obj:
         if default is not MISSING:  # a field added later, with a default: a frame may lack it
             return default()  # type: ignore[operator]

@@ -55,6 +55,8 @@ class GpuPlacement:
 
 def load_template(path: Path) -> dict[str, Any]:
     data = yaml.safe_load(path.read_text())  # safe_load resolves the x-* anchors and `<<` merge keys
+    if not isinstance(data, dict):
+        raise TypeError(f"{path} is not pdserve's compose.yaml: it holds a {type(data).__name__}, not a map")
     missing = [name for name in (*_KEPT, *GPU_TEMPLATES.values()) if name not in data.get("services", {})]
     if missing:
         raise ValueError(f"{path} is not pdserve's compose.yaml: no {missing} service")

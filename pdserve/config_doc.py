@@ -205,7 +205,8 @@ def _group_title(group: argparse._ArgumentGroup) -> str:
 
 def _flag_words(action: argparse.Action) -> str:
     if not action.option_strings:
-        return action.metavar or action.dest
+        metavar = action.metavar  # a tuple names each of several values
+        return " ".join(metavar) if isinstance(metavar, tuple) else metavar or action.dest
     flag = ", ".join(action.option_strings)
     if action.nargs == 0:
         return flag

@@ -82,7 +82,8 @@ def free_port(host: str = "127.0.0.1") -> int:
     """A port nothing listens on now (every deployment, test and benchmark takes its ports from here)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
-        return sock.getsockname()[1]
+        port: int = sock.getsockname()[1]
+        return port
 
 
 def plan_children(settings: LaunchSettings, python: str = sys.executable,
@@ -174,7 +175,7 @@ def _flag(argv: list[str], name: str, default: str) -> str:
 def _cuda_device_count() -> int:
     import torch  # here only: the launcher itself needs no torch otherwise
 
-    return torch.cuda.device_count()
+    return int(torch.cuda.device_count())
 
 
 def _load_prctl() -> Callable[[int, int], int] | None:
@@ -197,7 +198,8 @@ def _die_with_parent() -> None:
         _PRCTL(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-def spawn(spec: ChildSpec, env: dict[str, str] | None, log_path: Path | None = None) -> subprocess.Popen:
+def spawn(spec: ChildSpec, env: dict[str, str] | None,
+          log_path: Path | None = None) -> subprocess.Popen[bytes]:
     """Start one child; with `log_path` its stdout and stderr go there (appended: a restart adds to it)."""
     preexec = _die_with_parent if sys.platform == "linux" else None
     if log_path is None:

@@ -27,7 +27,8 @@ from pdserve.engine.detokenizer import IncrementalDetokenizer, StopChecker
 from pdserve.engine.grammar import GrammarBackend, Matcher
 from pdserve.engine.prompt_logprobs import PromptLogprobs, chunk_entries
 from pdserve.engine.runner import ModelRunner
-from pdserve.engine.sampling import Sampler, SamplingParams, SamplingRequest, TokenLogprobs
+from pdserve.engine.sampling import Sampler, SamplingRequest, TokenLogprobs
+from pdserve.engine.sampling_params import SamplingParams
 from pdserve.engine.tokenizer import Tokenizer
 from pdserve.engine.weights import DEFAULT_MODEL, ModelSpec, load_model, parse_dtype
 from pdserve.engine.weights.hub import HubOptions

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from pdserve.cache_store.block_pool import BlockPool, blocks_needed
 from pdserve.cache_store.prefix_cache import PrefixCache
-from pdserve.engine.sampling import SamplingParams
+from pdserve.engine.sampling_params import SamplingParams
 
 
 class SeqState(enum.IntEnum):

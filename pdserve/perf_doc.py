@@ -43,7 +43,8 @@ class PerfSource:
 def _kernel_row(data: dict[str, Any], op: str, case: str) -> dict[str, Any]:
     for row in data["rows"]:
         if row["op"] == op and row["case"] == case:
-            return row
+            found: dict[str, Any] = row
+            return found
     raise KeyError(f"kernels_h200.json has no row {op} / {case}")
 
 
@@ -207,7 +208,7 @@ def _offline_cpu(data: dict[str, Any]) -> PerfSource:
 
 
 def _median_ttft(runs: list[dict[str, Any]]) -> float:
-    return statistics.median(r["ttft_s"] for r in runs)
+    return float(statistics.median(r["ttft_s"] for r in runs))
 
 
 def _cache_reuse(data: dict[str, Any]) -> PerfSource:

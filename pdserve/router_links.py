@@ -8,7 +8,7 @@
 
     RouterLinks.run   every resolve interval: the addresses now ─▶ one RouterLink task per address
                       (a new one registers; one no longer listed stops; a failed lookup keeps what it had)
-    RouterLink.run    register ─▶ heartbeat every interval: load + prefix events (cache_store/prefix_events.py,
+    RouterLink.run    register ─▶ heartbeat every interval: load + prefix events (protocol/prefix_events.py,
                       acknowledged per router by the heartbeat's answer) ─▶ 404: the router forgot us, register
                       again (a restarted router is back in step within two heartbeats)
     RouterLinks.leave deregister from every router (a drain that exits: pdserve/worker_control.py)

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Literal
 
 import uvicorn
 from fastapi import FastAPI
@@ -47,10 +48,12 @@ class ListenSettings:
         return f"{'https' if self.tls else 'http'}://{self.host}:{self.port}"
 
 
-def _config(app: FastAPI, listen: ListenSettings, **extra: object) -> uvicorn.Config:
+def _config(app: FastAPI, listen: ListenSettings, host: str, port: int, *, ssl_keyfile: str | None = None,
+            ssl_certfile: str | None = None, lifespan: Literal["auto", "on", "off"] = "auto") -> uvicorn.Config:
     # uvicorn's own log lines at warning: pdserve logs what matters itself, and --log-level debug shows them
     level = "debug" if listen.log_level == "debug" else "warning"
-    return uvicorn.Config(app, log_level=level, access_log=False, timeout_graceful_shutdown=3, **extra)
+    return uvicorn.Config(app, host=host, port=port, log_level=level, access_log=False, timeout_graceful_shutdown=3,
+                          lifespan=lifespan, ssl_keyfile=ssl_keyfile, ssl_certfile=ssl_certfile)
 
 
 class _Internal(uvicorn.Server):
@@ -73,12 +76,12 @@ class _Public(uvicorn.Server):
 
 
 def serve_router(app: FastAPI, listen: ListenSettings) -> None:
-    public_config = _config(app, listen, host=listen.host, port=listen.port, ssl_keyfile=listen.ssl_keyfile,
+    public_config = _config(app, listen, listen.host, listen.port, ssl_keyfile=listen.ssl_keyfile,
                             ssl_certfile=listen.ssl_certfile)
     if listen.internal_port is None:
         uvicorn.Server(public_config).run()
         return
-    internal = _Internal(_config(app, listen, host="127.0.0.1", port=listen.internal_port, lifespan="off"))
+    internal = _Internal(_config(app, listen, "127.0.0.1", listen.internal_port, lifespan="off"))
     public = _Public(public_config, [internal])
 
     async def public_then_internal() -> None:

@@ -57,7 +57,7 @@ class RestartHistory:
         count = self.recent(now)
         if count >= self.policy.max_restarts:
             return None
-        return min(self.policy.max_backoff_s, self.policy.backoff_s * 2 ** count)
+        return min(self.policy.max_backoff_s, self.policy.backoff_s * 2.0 ** count)
 
     def restarted(self, now: float) -> None:
         self.restarts.append(now)
@@ -69,7 +69,7 @@ class Child:
     stands: running, exited and waiting for its restart (`restart_at`), or given up."""
 
     spec: ChildSpec
-    process: subprocess.Popen
+    process: subprocess.Popen[bytes]
     history: RestartHistory
     restart_at: float | None = None  # exited: restarted at this time.monotonic()
     given_up: bool = False

@@ -50,7 +50,7 @@ from pdserve.engine.runner import ModelRunner
 from pdserve.engine.sampling import Sampler
 from pdserve.engine.weights import LoadedModel, ModelSpec, load_model, parse_dtype, resolve_model
 from pdserve.gc_tuning import quiet_garbage_collector
-from pdserve.kv_transfer.base import KVReceiver
+from pdserve.kv_transfer.base import KVReceiver, KVSender
 from pdserve.kv_transfer.cuda_ipc import CudaIpcKVSender
 from pdserve.kv_transfer.local import LocalKVReceiver, LocalKVSender
 from pdserve.kv_transfer.nccl import NcclKVSender
@@ -191,13 +191,14 @@ class Worker:
         if "decode" in built:
             decode_engine = self._decode_engine()
             receiver = self._receiver(decode_engine, secret)
-            node_config = DecodeNodeConfig(self.config.max_model_len, self.config.vocab_size,
-                                           self.cache_config.block_size, self.settings.scheduler.kv_lease_timeout_s,
-                                           self.loaded.fingerprint)
-            self.roles.decode = DecodeNode(decode_engine, receiver, self.loaded.tokenizer, node_config, grammars)
+            decode_config = DecodeNodeConfig(self.config.max_model_len, self.config.vocab_size,
+                                             self.cache_config.block_size, self.settings.scheduler.kv_lease_timeout_s,
+                                             self.loaded.fingerprint)
+            self.roles.decode = DecodeNode(decode_engine, receiver, self.loaded.tokenizer, decode_config, grammars)
         if "prefill" in built:
+            sender: KVSender
             if self.settings.transfer.backend == "local":
-                assert self.roles.decode is not None
+                assert self.roles.decode is not None and isinstance(self.roles.decode.receiver, LocalKVReceiver)
                 sender = LocalKVSender(self.roles.decode.receiver)
             elif self.settings.transfer.backend == "cuda_ipc":
                 sender = CudaIpcKVSender(self.device, secret=secret)
@@ -209,12 +210,13 @@ class Worker:
                               self.settings.scheduler.max_num_seqs, tiered=self.tiered)
             engine = PrefillEngine(batcher, self.runner, Sampler(self.device), sender, self.state_lock, self.model_lock,
                                    copies_kv=self.settings.transfer.backend != "local")
-            node_config = PrefillNodeConfig(self.config.max_model_len, self.config.vocab_size,
-                                            self.cache_config.block_size, self.config.num_layers,
-                                            dtype_name(self.dtype), self.loaded.fingerprint,
-                                            self.settings.transfer.backend, self.settings.scheduler.max_queued_requests)
+            prefill_config = PrefillNodeConfig(self.config.max_model_len, self.config.vocab_size,
+                                               self.cache_config.block_size, self.config.num_layers,
+                                               dtype_name(self.dtype), self.loaded.fingerprint,
+                                               self.settings.transfer.backend,
+                                               self.settings.scheduler.max_queued_requests)
             lookup = self.roles.decode.waiting_reservation if self.roles.decode is not None else None
-            self.roles.prefill = PrefillNode(engine, node_config, self._output_processor(), self.loaded.tokenizer,
+            self.roles.prefill = PrefillNode(engine, prefill_config, self._output_processor(), self.loaded.tokenizer,
                                              lookup, grammars)
 
     def _grammar_backend(self) -> GrammarBackend | None:
@@ -246,7 +248,10 @@ class Worker:
             return LocalKVReceiver(pools, engine.kv_complete, engine.kv_failed)
         transfer = self.settings.transfer
         receiver = get_backend(transfer.backend).receiver  # tcp, cuda_ipc, nccl: one constructor (an address)
-        return receiver(transfer.host, transfer.port, pools, engine.kv_complete, engine.kv_failed,  # type: ignore[call-arg]
+        if not issubclass(receiver, TcpKVReceiver):
+            raise TypeError(f"KV transfer backend {transfer.backend!r}: its receiver {receiver.__name__} does not "
+                             "listen on an address (only `local` may, and it is built above)")
+        return receiver(transfer.host, transfer.port, pools, engine.kv_complete, engine.kv_failed,
                         secret=secret, advertise_host=self.advertised(transfer.host))
 
     # ---- lifecycle ----------------------------------------------------------------------------------

@@ -5,9 +5,9 @@ as Prometheus metrics, summarised for the router's cache-aware prefill policy, c
     POST /internal/cache/clear            {"device": true, "host": true}: forget cached blocks (Redis, shared by
                                           every worker, is left alone); benchmarks and operators use it
     GET /internal/status                  `cached_blocks`: base64 keys of the prefix blocks held on the device or
-                                          in host RAM (cache_store/summary.py)
+                                          in host RAM (protocol/prefix_summary.py)
     heartbeats                            the same keys as numbered events (prefix_publisher,
-                                          cache_store/prefix_events.py): to each router the events after the
+                                          protocol/prefix_events.py): to each router the events after the
                                           last it acknowledged, or a snapshot when it holds none of them
 
 The router's `PUT /admin/cache-policy` reaches `WorkerControl.set_cache_policy`, which applies it through
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -28,10 +28,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 
 from pdserve.cache_store.policy import CachePolicy, TierConfig
 from pdserve.cache_store.prefix_cache import PrefixCache
-from pdserve.cache_store.prefix_events import PrefixPublisher
-from pdserve.cache_store.summary import DEFAULT_SUMMARY_BLOCKS, encode_summary, summary_key
 from pdserve.cache_store.tier_stats import LOAD_BUCKETS_S, TIERS
 from pdserve.cache_store.tiered import TieredKVCache
+from pdserve.protocol.prefix_events import PrefixPublisher
+from pdserve.protocol.prefix_summary import DEFAULT_SUMMARY_BLOCKS, encode_summary, summary_key
 
 
 def build_tiered(prefix_cache: PrefixCache, kv_caches: list[torch.Tensor], fingerprint: str, tiers: TierConfig,
@@ -86,14 +86,14 @@ def tier_metrics(tiered: TieredKVCache) -> Iterator[Metric]:
     reused = CounterMetricFamily("pdserve_kv_cache_reused_tokens", "prompt tokens not computed: their KV came "
                                  "from this tier", labels=["tier"])
     for tier in TIERS:
-        hit_rate.add_metric([tier], stats[f"{tier}_hit_rate"])
-        queried.add_metric([tier], stats[f"{tier}_queried_blocks"])
-        hits.add_metric([tier], stats[f"{tier}_hit_blocks"])
-        reused.add_metric([tier], stats[f"{tier}_reused_tokens"])
+        hit_rate.add_metric([tier], _number(stats, f"{tier}_hit_rate"))
+        queried.add_metric([tier], _number(stats, f"{tier}_queried_blocks"))
+        hits.add_metric([tier], _number(stats, f"{tier}_hit_blocks"))
+        reused.add_metric([tier], _number(stats, f"{tier}_reused_tokens"))
     yield from (hit_rate, queried, hits, reused)
     moved = CounterMetricFamily("pdserve_kv_cache_bytes", "KV bytes moved between tiers", labels=["path"])
     for path in ("device_to_host", "host_to_device", "redis_read", "redis_written"):
-        moved.add_metric([path], stats[f"{path}_bytes"])
+        moved.add_metric([path], _number(stats, f"{path}_bytes"))
     yield moved
     for name, text in [("lookups", "host/Redis lookups (one per prompt)"),
                        ("redis_errors", "failed or timed-out Redis calls (each a miss or an unwritten block)"),
@@ -105,13 +105,22 @@ def tier_metrics(tiered: TieredKVCache) -> Iterator[Metric]:
                        ("host_written_blocks", "blocks written to host RAM"),
                        ("writes_dropped_blocks", "copies to host/Redis dropped: the writer queue was full"),
                        ("fetched_unused_blocks", "blocks fetched from host/Redis but not used")]:
-        yield CounterMetricFamily(f"pdserve_kv_cache_{name}", text, stats[name])
+        yield CounterMetricFamily(f"pdserve_kv_cache_{name}", text, _number(stats, name))
     yield _load_histogram(stats)
     status = tiered.status()
-    yield GaugeMetricFamily("pdserve_kv_cache_host_blocks_used", "host tier blocks in use", status["host_blocks_used"])
-    yield GaugeMetricFamily("pdserve_kv_cache_host_blocks_total", "host tier capacity", status["host_blocks_total"])
+    yield GaugeMetricFamily("pdserve_kv_cache_host_blocks_used", "host tier blocks in use",
+                            _number(status, "host_blocks_used"))
+    yield GaugeMetricFamily("pdserve_kv_cache_host_blocks_total", "host tier capacity",
+                            _number(status, "host_blocks_total"))
     yield GaugeMetricFamily("pdserve_kv_cache_redis_backing_off", "1 while Redis is skipped after an error",
                             float(bool(status["redis_backing_off"])))
+
+
+def _number(values: Mapping[str, object], key: str) -> float:
+    value = values[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"KV cache stat {key} is {value!r}, not a number")
+    return value
 
 
 def _load_histogram(stats: dict[str, Any]) -> HistogramMetricFamily:

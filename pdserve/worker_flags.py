@@ -192,5 +192,5 @@ def _uses_cuda(device: str) -> bool:
     if device == "auto":
         import torch  # only here: settings stay light for the router
 
-        return torch.cuda.is_available()
+        return bool(torch.cuda.is_available())
     return device.startswith("cuda")

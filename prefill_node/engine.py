@@ -77,6 +77,7 @@ class PrefillStats:
 def chunk_send(chunk: ScheduledChunk, block_size: int) -> ChunkSend:
     """What the chunk pushes after each layer: our blocks into the receiver's."""
     request = chunk.request
+    assert request.target is not None, "a queued request has its target"
     offset = request.num_uncarried_blocks
     first = chunk.start == request.num_cached_tokens
     lo = offset if first else chunk.start // block_size
@@ -144,7 +145,7 @@ class PrefillEngine:
             in_forward = request_id in self.batcher.in_flight
             self.batcher.abort(request_id, reason)
         if known:
-            self._resolve(request_id, error=PrefillError(f"aborted: {reason}", 499))
+            self._resolve(request_id, PrefillError(f"aborted: {reason}", 499))
             if not in_forward:
                 self._in_background(self.sender.abort(request_id, reason))
         return known
@@ -154,15 +155,14 @@ class PrefillEngine:
         self._background.add(task)  # the loop keeps only weak references to tasks
         task.add_done_callback(self._background.discard)
 
-    def _resolve(self, request_id: str, result: PrefillResult | None = None,
-                 error: Exception | None = None) -> None:
+    def _resolve(self, request_id: str, outcome: PrefillResult | Exception) -> None:
         future = self._futures.pop(request_id, None)
         if future is None or future.done():
             return
-        if error is not None:
-            future.set_exception(error)
+        if isinstance(outcome, Exception):
+            future.set_exception(outcome)
         else:
-            future.set_result(result)
+            future.set_result(outcome)
 
     async def _complete(self, request: PrefillRequest, result: PrefillResult) -> None:
         logprob = None if result.logprobs is None else result.logprobs.logprob
@@ -173,7 +173,7 @@ class PrefillEngine:
         except KVTransferError as exc:
             self.stats.num_failed += 1
             self._sending_since.pop(request.request_id, None)
-            self._resolve(request.request_id, error=PrefillError(f"KV hand-off failed: {exc}", 502))
+            self._resolve(request.request_id, PrefillError(f"KV hand-off failed: {exc}", 502))
             return
         since = self._sending_since.pop(request.request_id, None)
         if since is not None:
@@ -184,7 +184,7 @@ class PrefillEngine:
     async def _fail(self, request: PrefillRequest, message: str, status: int) -> None:
         self.stats.num_failed += 1
         self._sending_since.pop(request.request_id, None)
-        self._resolve(request.request_id, error=PrefillError(message, status))
+        self._resolve(request.request_id, PrefillError(message, status))
         await self.sender.abort(request.request_id, message)
 
     # ---- step thread ----------------------------------------------------------------------------------

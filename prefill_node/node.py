@@ -19,7 +19,7 @@ from pdserve.cache_store.hashing import block_hashes
 from pdserve.engine.detokenizer import Decoder
 from pdserve.engine.grammar import GrammarBackend, GrammarError
 from pdserve.engine.output import NoTextDecoder, OutputProcessor, SequenceText, logprobs_to_wire
-from pdserve.engine.sampling import SamplingParams
+from pdserve.engine.sampling_params import SamplingParams
 from pdserve.kv_transfer.base import KVTransferError
 from pdserve.kv_transfer.target import TransferTarget
 from pdserve.prefill_node.batcher import Batcher

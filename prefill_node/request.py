@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from pdserve.cache_store.block_pool import blocks_needed
 from pdserve.cache_store.tiered import FetchedPrefix
-from pdserve.engine.sampling import SamplingParams
+from pdserve.engine.sampling_params import SamplingParams
 from pdserve.kv_transfer.target import TransferTarget
 
 if TYPE_CHECKING:

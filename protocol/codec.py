@@ -39,8 +39,8 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "dict[str, Any] | None": (dict, NoneType), "list[dict[str, Any]] | None": (list, NoneType),
     "list[dict[str, Any] | None] | None": (list, NoneType),
 }
-_BY_KIND: dict[int, type] = {cls.KIND: cls for cls in MESSAGE_TYPES}
-_SCHEMAS: dict[type, list[tuple[str, tuple[type, ...], bool, bool]]] = {
+_BY_KIND: dict[int, type[Message]] = {cls.KIND: cls for cls in MESSAGE_TYPES}
+_SCHEMAS: dict[type[Message], list[tuple[str, tuple[type, ...], bool, bool]]] = {
     # (name, allowed types, is a list of ints, is a float) per field, in order
     cls: [(f.name, _TYPES[str(f.type)], str(f.type) == "list[int]", str(f.type) == "float") for f in fields(cls)]
     for cls in MESSAGE_TYPES if cls is not Tokens
@@ -53,7 +53,8 @@ def encode(message: Message) -> bytes:
         body: list[Any] = [Kind.TOKENS, [_delta_wire(d) for d in message.deltas]]
     else:
         body = [message.KIND, *(getattr(message, name) for name, *_ in _SCHEMAS[type(message)])]
-    return msgpack.packb(body, use_bin_type=True)
+    packed: bytes = msgpack.packb(body, use_bin_type=True)
+    return packed
 
 
 def decode(raw: bytes | memoryview) -> Message:

@@ -224,5 +224,7 @@ class Tokens:
 
 Message = (Hello | Auth | Welcome | Error | Ping | Pong | Reserve | Reserved | Refused | Prefill | PrefillTarget
            | Prefilled | PrefillFailed | Abort | Tokens)
-MESSAGE_TYPES: tuple[type, ...] = (Hello, Auth, Welcome, Error, Ping, Pong, Reserve, Reserved, Refused, Prefill,
-                                   PrefillTarget, Prefilled, PrefillFailed, Abort, Tokens)
+MESSAGE_TYPES: tuple[type[Message], ...] = (
+    Hello, Auth, Welcome, Error, Ping, Pong, Reserve, Reserved, Refused, Prefill, PrefillTarget, Prefilled,
+    PrefillFailed, Abort, Tokens,
+)

@@ -1,6 +1,7 @@
 """The router: pdserve's OpenAI-compatible front end. It owns tokenization, worker choice and the relay of
-token streams; it never touches tensors (it imports engine.tokenizer, engine.sampling and nothing that runs
-a model).
+token streams; it never touches tensors: outside router/ it imports protocol/, engine.tokenizer, engine.chat,
+engine.sampling_params (with engine.structured_output) and cache_store.hashing, nothing that runs a model
+(tests/lint/test_import_boundaries.py).
 
 Life of a request (modules in brackets):
 

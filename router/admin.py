@@ -31,7 +31,7 @@ import httpx
 from fastapi import APIRouter, Body, Depends, Request
 from pydantic import BaseModel, ConfigDict
 
-from pdserve.cache_store.policy import CachePolicy
+from pdserve.protocol.cache_policy import CachePolicy
 from pdserve.router.errors import APIError, bad_request
 from pdserve.router.internal_routes import SECRET_HEADER
 from pdserve.router.policies import (
@@ -40,7 +40,7 @@ from pdserve.router.policies import (
     make_decode_policy,
     make_prefill_policy,
 )
-from pdserve.router.registry import Worker
+from pdserve.router.registry import Worker, WorkerRegistry
 
 log = logging.getLogger(__name__)
 ROLE_NAMES = {"prefill": ("prefill",), "decode": ("decode",), "both": ("prefill", "decode")}
@@ -110,7 +110,8 @@ def _add_worker_routes(api: APIRouter) -> None:
     @api.get("/workers/{worker_id}")
     async def worker(worker_id: str, request: Request) -> dict[str, Any]:
         state = request.app.state.router
-        return state.registry.describe(_worker(state, worker_id))
+        registry: WorkerRegistry = state.registry
+        return registry.describe(_worker(state, worker_id))
 
     @api.post("/workers/{worker_id}/drain")
     async def drain(worker_id: str, request: Request, body: Annotated[DrainBody | None, Body()] = None) -> dict[str, Any]:
@@ -199,7 +200,7 @@ def _routing(admin: AdminState) -> dict[str, Any]:
 
 
 def _worker(state: Any, worker_id: str) -> Worker:
-    worker = state.registry.get(worker_id)
+    worker: Worker | None = state.registry.get(worker_id)
     if worker is None:
         known = sorted(w.worker_id for w in state.registry.workers())
         raise APIError(404, f"no worker {worker_id!r}; known workers: {known}", code="worker_not_found")
@@ -224,6 +225,9 @@ async def forward(state: Any, worker: Worker, path: str, body: dict[str, Any]) -
         status = response.status_code if response.status_code in (400, 409) else 502
         raise APIError(status, f"worker {worker.worker_id} refused {path} ({response.status_code}): {message}",
                        code="worker_refused")
+    if not isinstance(data, dict):
+        raise APIError(502, f"worker {worker.worker_id} answered {path} with a JSON {type(data).__name__}, "
+                       f"not an object: {str(data)[:200]}", type="server_error", code="worker_bad_answer")
     return data
 
 

@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from pdserve.protocol.messages import (
     Abort,
@@ -102,7 +103,8 @@ class Channel:
         self.prefill_answered = False
         self.first_from: str | None = None  # "prefill" | "decode"
         self._decode_tokens_seen = False
-        self.prompt_logprobs: list | None = None  # P's, when the request asked (router/responses.py shows them)
+        # P's, when the request asked (router/responses.py shows them)
+        self.prompt_logprobs: list[dict[str, Any] | None] | None = None
         self._held: list[TokenDelta] = []  # D's deltas waiting for P's answer (prompt logprobs come only from P)
         self._last_held: TokenDelta | None = None  # D's last delta, waiting for P's numbers (cached tokens)
         self._last_timer: asyncio.TimerHandle | None = None

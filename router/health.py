@@ -68,7 +68,7 @@ class HealthMonitor:
         self._metrics.observe_worker(worker)
 
 
-def _take_cache_summary(worker: Worker, data: dict) -> None:
+def _take_cache_summary(worker: Worker, data: dict[str, Any]) -> None:
     """Static workers do not register: their status gives the fingerprint and the cached-block summary."""
     if worker.fingerprint is None and isinstance(data.get("fingerprint"), str):
         worker.fingerprint = data["fingerprint"]
@@ -83,7 +83,7 @@ def _take_cache_summary(worker: Worker, data: dict) -> None:
             log.warning("static worker %s sent a bad cached_blocks summary: %s", worker.url, exc)
 
 
-def load_from_dict(data: dict) -> WorkerLoad:
+def load_from_dict(data: dict[str, Any]) -> WorkerLoad:
     """A heartbeat or status body as a WorkerLoad (unknown fields ignored)."""
     return WorkerLoad(
         queue_len=int(data.get("queue_len", 0)),

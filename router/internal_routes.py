@@ -48,8 +48,8 @@ class Heartbeat(BaseModel):
     transfer_bytes_total: int | None = None
     transfer_seconds_total: float | None = None
     prefix_hit_rate: float | None = Field(default=None, ge=0.0, le=1.0)
-    cached_blocks: str | None = None  # base64 summary of the prefix blocks it holds (cache_store/summary.py)
-    prefix_snapshot: dict[str, Any] | None = None  # or its block-hash events (cache_store/prefix_events.py)
+    cached_blocks: str | None = None  # base64 summary of the prefix blocks it holds (protocol/prefix_summary.py)
+    prefix_snapshot: dict[str, Any] | None = None  # or its block-hash events (protocol/prefix_events.py)
     prefix_events: dict[str, Any] | None = None
     requests_running: int | None = Field(default=None, ge=0)  # the console's numbers (router/console.py)
     requests_waiting: int | None = Field(default=None, ge=0)

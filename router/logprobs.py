@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from pdserve.router.prompts import TokenizerLike
@@ -37,7 +38,8 @@ class LogprobFormatter:
                for i, lp in entry.get("top") or []]
         return {"token": token, "logprob": entry["logprob"], "bytes": list(token.encode()), "top_logprobs": top}
 
-    def legacy(self, entries: list[Entry | None], text_offset: int, token_ids: list[int] | None = None) -> dict:
+    def legacy(self, entries: Sequence[Entry | None], text_offset: int,
+               token_ids: list[int] | None = None) -> dict[str, list[Any]]:
         """Completions' shape; `token_ids` names the tokens (the prompt's under echo, whose first entry is None:
         logprob and top_logprobs None)."""
         tokens, offsets, values, tops = [], [], [], []
@@ -65,5 +67,5 @@ class LogprobFormatter:
         return out
 
 
-def merge_legacy(head: dict[str, list], tail: dict[str, list]) -> dict[str, list]:
+def merge_legacy(head: dict[str, list[Any]], tail: dict[str, list[Any]]) -> dict[str, list[Any]]:
     return {key: head[key] + tail[key] for key in ("tokens", "token_logprobs", "top_logprobs", "text_offset")}

@@ -3,7 +3,7 @@
 Two sources, united:
 
     reported   what the worker itself says: a replica of its block-hash event stream (a snapshot, then
-               numbered events; cache_store/prefix_events.py), kept in step through the heartbeats, or a plain
+               numbered events; protocol/prefix_events.py), kept in step through the heartbeats, or a plain
                summary (`cached_blocks`, static workers' status); at most one heartbeat interval old
     routed     the full blocks of prompts this router prefilled there since, kept `routed_ttl_s` seconds:
                a worker commits every full prompt block it computed, so the next request with the same
@@ -12,7 +12,7 @@ Two sources, united:
 With several routers, each one sees only its own `routed` blocks, but every router receives the same
 events from every worker: their `reported` sets converge on what the worker holds.
 
-Keys are cache_store.summary keys (the first 8 bytes of a chained block hash).
+Keys are protocol.prefix_summary keys (the first 8 bytes of a chained block hash).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from pdserve.cache_store.prefix_events import PrefixReplica, PrefixSnapshot, decode_events
-from pdserve.cache_store.summary import DEFAULT_SUMMARY_BLOCKS, decode_summary, summary_key
+from pdserve.protocol.prefix_events import PrefixReplica, PrefixSnapshot, decode_events
+from pdserve.protocol.prefix_summary import DEFAULT_SUMMARY_BLOCKS, decode_summary, summary_key
 
 ROUTED_TTL_S = 10.0
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import Any
 
 from pdserve.protocol.messages import Prefill, PrefillTarget, Refused, Reserve, Reserved
 from pdserve.router.channel import Channel, DeltaSink, WorkerFailed
@@ -119,7 +120,8 @@ class Relay:
     async def _first_token(self, channel: Channel) -> None:
         try:
             async with asyncio.timeout(self._config.prefill_timeout_s):
-                await asyncio.wait({channel.started, channel.prefill_lost}, return_when=asyncio.FIRST_COMPLETED)
+                waiting: set[asyncio.Future[Any]] = {channel.started, channel.prefill_lost}
+                await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
                 if not channel.started.done():
                     lost = channel.prefill_lost.result()
                     others = [w for w in self._registry.candidates("prefill") if w is not channel.prefill]

@@ -34,7 +34,7 @@ from pdserve.router.tool_parser import ToolCallStream, parse
 
 DONE_EVENT = b"data: [DONE]\n\n"
 # C; keeps non-ASCII characters as they are, as json.dumps(ensure_ascii=False) does
-_json_string = json.encoder.encode_basestring  # type: ignore[attr-defined]
+_json_string = json.encoder.encode_basestring
 PromptEntries = list[dict[str, Any] | None]
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -175,7 +176,7 @@ async def _watch_disconnect(receive: Receive, sink: DeltaSink) -> None:
     sink.put(-1, WorkerFailed("the client went away"))  # wakes the writer: position -1 means "gone"
 
 
-async def collect(relayed: Relayed, request: Request) -> dict:
+async def collect(relayed: Relayed, request: Request) -> dict[str, Any]:
     """The whole response; stops early (closing the channels) if the client disconnects while waiting."""
     watcher = asyncio.get_running_loop().create_task(_watch_disconnect(request.receive, relayed.sink))
     try:

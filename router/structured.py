@@ -11,6 +11,7 @@ answer 400 when it does not compile; the router only checks its shape, without l
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from pdserve.engine.structured_output import StructuredOutput
@@ -43,7 +44,7 @@ def _candidates(req: SamplingFields) -> list[tuple[str, StructuredOutput | None]
     ]
 
 
-def _checked(param: str, build: Any) -> StructuredOutput:
+def _checked(param: str, build: Callable[[], StructuredOutput]) -> StructuredOutput:
     try:
         return build()
     except (ValueError, TypeError) as exc:

@@ -122,7 +122,8 @@ def _parameters(function: dict[str, Any]) -> dict[str, Any]:
 # ---- the prompt ----------------------------------------------------------------------------------
 
 
-def render_inputs(messages: list[dict[str, Any]], plan: ToolPlan | None, template: str) -> tuple[list[dict], dict]:
+def render_inputs(messages: list[dict[str, Any]], plan: ToolPlan | None,
+                  template: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """(messages, extra template variables) for the chat template, tools and earlier calls included."""
     knows_tools = "tools" in template
     knows_calls = "tool_calls" in template

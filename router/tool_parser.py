@@ -45,11 +45,11 @@ def parse(text: str, plan: ToolPlan) -> tuple[str | None, list[Call]]:
         return (None, calls) if calls is not None else (text, [])
     if START not in text:
         return text, []
-    calls = [_hermes_call(a or b) for a, b in _HERMES.findall(text)]
-    if any(c is None for c in calls):
+    parsed = [_hermes_call(a or b) for a, b in _HERMES.findall(text)]
+    if any(c is None for c in parsed):
         return text, []
     content = text[: text.index(START)]
-    return (content if content.strip() else None), [c for c in calls if c is not None]
+    return (content if content.strip() else None), [c for c in parsed if c is not None]
 
 
 def _required_calls(text: str) -> list[Call] | None:

@@ -91,13 +91,11 @@ class RedisServerProcess:
     """
 
     def __init__(self, binary: str, extra_args: tuple[str, ...] = ()) -> None:
-        import socket
+        from pdserve.launcher import free_port
 
         self.port = 0
         while not 0 < self.port <= 55535:  # a cluster node also listens on port + 10000
-            with socket.socket() as probe:
-                probe.bind(("127.0.0.1", 0))
-                self.port = probe.getsockname()[1]
+            self.port = free_port()
         self.binary = binary
         self.extra_args = extra_args
         self.process = None

@@ -56,7 +56,8 @@ class _Header:
         return data
 
     def unpack(self, fmt: str) -> int | float | bool:
-        return struct.unpack(fmt, self.read(struct.calcsize(fmt)))[0]
+        value: int | float | bool = struct.unpack(fmt, self.read(struct.calcsize(fmt)))[0]
+        return value
 
     def string(self) -> str:
         return self.read(int(self.unpack("<Q"))).decode("utf-8", errors="replace")
@@ -95,7 +96,9 @@ def check_gguf(path: str | Path) -> GGUFLayout:
             key = header.string()
             value = header.value(int(header.unpack("<I")))
             if key == "general.alignment":
-                alignment = int(value)  # type: ignore[arg-type]
+                if type(value) is not int or value <= 0:
+                    raise GGUFFormatError(f"GGUF file {path}: general.alignment is {value!r}, not a positive int")
+                alignment = value
         data_end = max((_tensor_end(header) for _ in range(int(tensor_count))), default=0)
         data_offset = math.ceil(f.tell() / alignment) * alignment
     expected = data_offset + data_end

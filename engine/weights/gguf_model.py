@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import SupportsFloat, SupportsInt
 
 import numpy as np
 import torch
@@ -39,6 +40,18 @@ def field(reader: GGUFReader, key: str, default: object = None) -> object:
     return default if f is None else f.contents()
 
 
+def _as_int(value: object, key: str) -> int:
+    if isinstance(value, SupportsInt):
+        return int(value)
+    raise ValueError(f"GGUF metadata {key} is {value!r}, not a number")
+
+
+def _as_float(value: object, key: str) -> float:
+    if isinstance(value, SupportsFloat):
+        return float(value)
+    raise ValueError(f"GGUF metadata {key} is {value!r}, not a number")
+
+
 def hf_name(gguf_name: str) -> str:
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
@@ -60,21 +73,28 @@ def gguf_config(reader: GGUFReader, name: str) -> ModelConfig:
             raise ValueError(f"GGUF metadata {arch}.{key} is missing")
         return value
 
-    heads, hidden = int(meta("attention.head_count")), int(meta("embedding_length"))
-    head_dim = int(meta("attention.key_length", hidden // heads))
-    theta = float(meta("rope.freq_base", 10000.0))
+    def meta_int(key: str, default: int | None = None) -> int:
+        return _as_int(meta(key, default), f"{arch}.{key}")
+
+    def meta_float(key: str, default: float | None = None) -> float:
+        return _as_float(meta(key, default), f"{arch}.{key}")
+
+    heads, hidden = meta_int("attention.head_count"), meta_int("embedding_length")
+    head_dim = meta_int("attention.key_length", hidden // heads)
+    theta = meta_float("rope.freq_base", 10000.0)
     scaling = _llama3_scaling(tensors["rope_freqs.weight"], head_dim, theta) if "rope_freqs.weight" in tensors else None
     eos_keys = ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
-    eos = [int(v) for k in eos_keys if (v := field(reader, k)) is not None]
+    eos = [_as_int(v, k) for k in eos_keys if (v := field(reader, k)) is not None]
     bos = field(reader, "tokenizer.ggml.bos_token_id")
     return ModelConfig(
         name=name, vocab_size=int(tensors["token_embd.weight"].shape[1]), hidden_size=hidden,
-        intermediate_size=int(meta("feed_forward_length")), num_layers=int(meta("block_count")),
-        num_heads=heads, num_kv_heads=int(meta("attention.head_count_kv", heads)), head_dim=head_dim,
-        max_model_len=int(meta("context_length")), rms_norm_eps=float(meta("attention.layer_norm_rms_epsilon")),
+        intermediate_size=meta_int("feed_forward_length"), num_layers=meta_int("block_count"),
+        num_heads=heads, num_kv_heads=meta_int("attention.head_count_kv", heads), head_dim=head_dim,
+        max_model_len=meta_int("context_length"), rms_norm_eps=meta_float("attention.layer_norm_rms_epsilon"),
         rope_theta=theta, rope_scaling=scaling, attention_bias="blk.0.attn_q.bias" in tensors,
         tie_word_embeddings="output.weight" not in tensors,
-        bos_token_id=None if bos is None else int(bos), eos_token_ids=tuple(dict.fromkeys(eos)),
+        bos_token_id=None if bos is None else _as_int(bos, "tokenizer.ggml.bos_token_id"),
+        eos_token_ids=tuple(dict.fromkeys(eos)),
     )
 
 
@@ -103,7 +123,7 @@ def gguf_tensors(reader: GGUFReader, config: ModelConfig) -> Iterator[tuple[str,
     for t in reader.tensors:
         if t.name in _NOT_WEIGHTS:
             continue
-        w = dequantize(t.data, t.tensor_type).astype(np.float32, copy=False)
+        w: np.ndarray = dequantize(t.data, t.tensor_type).astype(np.float32, copy=False)
         w = w.reshape(tuple(int(d) for d in reversed(t.shape.tolist())))
         if permuted and ".attn_q." in t.name:
             w = _unpermute(w, config.num_heads)

@@ -98,7 +98,7 @@ _ADVICE = ("Fetch it where the hub is reachable (`pdserve model fetch REPO_ID`, 
 def _download(repo_id: str, options: HubOptions, cache: Path, where: str, progress: bool) -> Path:
     import huggingface_hub
     from huggingface_hub import constants
-    from huggingface_hub.utils import disable_progress_bars, enable_progress_bars
+    from huggingface_hub.utils.tqdm import disable_progress_bars, enable_progress_bars
 
     if constants.HF_HUB_OFFLINE:
         raise ModelNotFoundError(f"{where}, and HF_HUB_OFFLINE is set. {_ADVICE}")

@@ -58,7 +58,7 @@ class PoolDescriptor:
     def to_bytes(self) -> bytes:
         layers = [[h.handle, h.storage_bytes, h.storage_offset, h.tensor_offset, h.ref_counter,
                    h.ref_counter_offset] for h in self.layers]
-        raw = msgpack.packb({"version": DESCRIPTOR_VERSION, "device_uuid": self.device_uuid, "dtype": self.dtype,
+        raw: bytes = msgpack.packb({"version": DESCRIPTOR_VERSION, "device_uuid": self.device_uuid, "dtype": self.dtype,
                              "shape": list(self.shape), "layers": layers}, use_bin_type=True)
         if len(raw) > MAX_DESCRIPTOR_BYTES:
             raise KVTransferError(f"pool descriptor of {len(raw)} bytes exceeds {MAX_DESCRIPTOR_BYTES}")
@@ -135,7 +135,8 @@ def export_pools(pools: Sequence[torch.Tensor]) -> PoolDescriptor:
         if rebuild.__name__ != "rebuild_cuda_tensor" or len(args) != 15:
             raise KVTransferError(f"torch {torch.__version__} changed reduce_tensor's CUDA fields "
                                   f"({rebuild.__name__}, {len(args)} args): cuda_ipc needs updating")
-        tensor_offset, handle, size, offset, counter, counter_offset = (args[3], *args[7:10], *args[11:13])
+        fields: tuple[Any, ...] = tuple(args)
+        tensor_offset, handle, size, offset, counter, counter_offset = (fields[3], *fields[7:10], *fields[11:13])
         layers.append(LayerHandle(handle, size, offset, tensor_offset, counter, counter_offset))
     return PoolDescriptor(device_uuid(first.device), dtype_name(first.dtype), tuple(first.shape), tuple(layers))
 

@@ -108,7 +108,7 @@ class CudaIpcKVSender(TcpKVSender):
             task = asyncio.get_running_loop().create_task(self._ensure_remote(target.address))
             task.add_done_callback(lambda t: t.cancelled() or t.exception())  # a failure resurfaces on first use
 
-    def prepare_sends(self, chunks: Sequence[ChunkSend]) -> PreparedSends:
+    def prepare_sends(self, chunks: Sequence[ChunkSend]) -> _IpcSends:
         """Checks each chunk once and groups them by receiver, ids on the device (see the module docstring)."""
         sends = _IpcSends(chunks)
         by_address: dict[tuple[str, int], list[ChunkSend]] = {}

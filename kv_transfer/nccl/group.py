@@ -68,7 +68,8 @@ def local_address(peer_host: str, peer_port: int) -> str:
         pass
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
         probe.connect((peer_host, peer_port))
-        return probe.getsockname()[0]
+        address: str = probe.getsockname()[0]
+        return address
 
 
 async def in_thread(fn: Callable[..., T], *args: Any) -> T:

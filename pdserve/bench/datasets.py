@@ -69,7 +69,8 @@ class LengthSpec:
             low = int(np.floor(self.mean * (1 - self.range_ratio)))
             high = int(np.ceil(self.mean * (1 + self.range_ratio)))
             lens = rng.integers(low, high + 1, n)
-        return np.maximum(lens, 1).astype(np.int64)
+        clipped: np.ndarray = np.maximum(lens, 1).astype(np.int64)
+        return clipped
 
 
 class PromptMaker:
@@ -84,7 +85,8 @@ class PromptMaker:
         # vLLM's RandomDataset draws an offset and walks the vocabulary: (offset + i + arange) % vocab
         offset = int(self.rng.integers(0, self.vocab_size))
         span = self.vocab_size - _FIRST_ID
-        return [int(x) for x in _FIRST_ID + (offset + np.arange(n)) % span]
+        ids: list[int] = (_FIRST_ID + (offset + np.arange(n)) % span).tolist()
+        return ids
 
     def make(self, ids: list[int]) -> tuple[str | list[int], int]:
         """The prompt for these ids and its token count (text re-encodes to exactly len(ids) tokens)."""

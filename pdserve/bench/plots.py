@@ -3,7 +3,10 @@ against request rate for a sweep."""
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 import numpy as np
 
@@ -12,13 +15,11 @@ from pdserve.bench.metrics import BenchmarkMetrics, SLOs
 _SERIES = (("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL"), ("e2el", "E2E latency"))
 
 
-def _pyplot():
+def _pyplot() -> ModuleType:
     import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+    return importlib.import_module("matplotlib.pyplot")
 
 
 def plot_cdfs(metrics: BenchmarkMetrics, slos: SLOs, path: str | Path, title: str = "") -> Path:
@@ -66,7 +67,7 @@ def p99_ms(metrics: BenchmarkMetrics, key: str) -> float:
     return float(np.percentile(ms, 99))
 
 
-def _save(fig, plt, path: str | Path) -> Path:
+def _save(fig: Any, plt: ModuleType, path: str | Path) -> Path:  # fig: a matplotlib Figure
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)

@@ -45,22 +45,24 @@ def arrival_times(n: int, rate: float, burstiness: float, rng: np.random.Generat
     if math.isinf(rate) or n == 0:
         return np.zeros(n)
     gaps = rng.gamma(shape=burstiness, scale=1.0 / (rate * burstiness), size=n - 1)
-    return np.concatenate([[0.0], np.cumsum(gaps)])
+    starts: np.ndarray = np.concatenate([[0.0], np.cumsum(gaps)])
+    return starts
 
 
 def turn_prompt(conv: Conversation, k: int, answers: list[str], chat: bool) -> Prompt:
     """Turn k's request: chat messages with the history, or the history concatenated as one completion prompt."""
     if k == 0:
         return conv.turns[0].prompt
-    texts = [t.prompt for t in conv.turns[: k + 1]]
-    if any(not isinstance(t, str) for t in texts):
+    turns = conv.turns[: k + 1]
+    texts = [t.prompt for t in turns if isinstance(t.prompt, str)]
+    if len(texts) != len(turns):
         raise ValueError("multi-turn prompts must be text: give --tokenizer for random multi-turn prompts")
     if chat:
         messages: list[dict[str, str]] = []
         for i in range(k):
             messages += [{"role": "user", "content": texts[i]}, {"role": "assistant", "content": answers[i]}]
         return [*messages, {"role": "user", "content": texts[k]}]
-    return "".join(f"{texts[i]}\n\n{answers[i]}\n\n" for i in range(k)) + str(texts[k])
+    return "".join(f"{texts[i]}\n\n{answers[i]}\n\n" for i in range(k)) + texts[k]
 
 
 def _history_len(conv: Conversation, k: int, done: list[RequestOutput]) -> int:

@@ -9,12 +9,13 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from pdserve.bench.client import RequestOutput
     from pdserve.bench.datasets import Conversation
     from pdserve.bench.metrics import BenchmarkMetrics, SLOs
     from pdserve.bench.tokenizer import CountingTokenizer
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser("bench", help="benchmark an OpenAI-compatible server (TTFT, TPOT, ITL, goodput)")
     _add_target_args(p)
     _add_load_args(p)
@@ -205,7 +206,7 @@ def _run_info(args: argparse.Namespace, target: Any, rate: float, slos: SLOs) ->
 
 
 def _save(args: argparse.Namespace, metrics: BenchmarkMetrics, selected: tuple[str, ...], info: dict[str, Any],
-          outputs: list, slos: SLOs) -> None:
+          outputs: list[RequestOutput], slos: SLOs) -> None:
     from pdserve.bench import plots, report
 
     name = args.result_filename or report.default_filename(info)

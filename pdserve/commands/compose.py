@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("compose", help="write a Compose file placing each worker on its GPU",
                                    description=__doc__.split("\n\n")[0])
     parser.add_argument("--prefill-gpus", required=True, metavar="IDS",
@@ -29,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         placement = GpuPlacement(parse_gpus(args.prefill_gpus), parse_gpus(args.decode_gpus))
         template = load_template(args.template)
-    except (OSError, ValueError) as exc:
+    except (OSError, TypeError, ValueError) as exc:
         print(f"pdserve compose: {exc}", file=sys.stderr)
         return 2
     command = "pdserve compose " + " ".join(shlex.quote(w) for w in

@@ -14,7 +14,7 @@ from pdserve.env_flags import apply_env_defaults
 from pdserve.worker_flags import add_worker_arguments, worker_settings_from_args
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("decode", help="start a decode worker",
                                    description="Start a decode worker; with --router it registers there.")
     add_worker_arguments(parser, role="decode")

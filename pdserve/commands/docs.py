@@ -20,7 +20,7 @@ from pathlib import Path
 from pdserve import commands
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("docs", help="print the generated parts of the documentation")
     parts = parser.add_subparsers(dest="part", required=True, metavar="PART")
     config = parts.add_parser("configuration", help="docs/configuration.md: every command's flags and variables")

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("generate", help="continue one prompt (offline, no server)")
     parser.add_argument("prompt", help="the prompt text")
     parser.add_argument("--max-tokens", type=int, default=128, help="generate at most this many (default 128)")
@@ -55,7 +55,7 @@ def _stdout_to_stderr() -> Iterator[None]:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from pdserve.engine.sampling import SamplingParams
+    from pdserve.engine.sampling_params import SamplingParams
     from pdserve.engine.weights import DEFAULT_MODEL
     from pdserve.engine.weights.hub import HubOptions, ModelNotFoundError
     from pdserve.llm import LLM

@@ -16,7 +16,7 @@ def cache_dir_from_env() -> Path | None:
     return Path(value) if value else None
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from pdserve.settings import DEFAULT_MODEL
 
     parser = subparsers.add_parser("model", help="fetch or list models")

@@ -9,9 +9,14 @@ import argparse
 import json
 import sys
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pdserve.planner.simulator import ClusterSpec
+    from pdserve.planner.workload import WorkloadSpec
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser("plan", help="choose prefill/decode pool sizes by simulation")
     p.add_argument("--profile", required=True, help="profile JSON written by `pdserve profile`")
     w = p.add_argument_group("workload")
@@ -62,7 +67,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def cluster_from_args(args: argparse.Namespace, block_size: int, num_prefill: int = 1, num_decode: int = 1):
+def cluster_from_args(args: argparse.Namespace, block_size: int, num_prefill: int = 1,
+                      num_decode: int = 1) -> ClusterSpec:
     from pdserve.planner.simulator import ClusterSpec
 
     return ClusterSpec(num_prefill, num_decode, args.max_num_batched_tokens, args.max_num_seqs, args.num_blocks,
@@ -73,7 +79,7 @@ def cluster_from_args(args: argparse.Namespace, block_size: int, num_prefill: in
                        prefill_slowdown_beside_decode=args.prefill_slowdown_beside_decode)
 
 
-def workload_from_args(args: argparse.Namespace):
+def workload_from_args(args: argparse.Namespace) -> WorkloadSpec:
     from pdserve.bench.datasets import LengthSpec
     from pdserve.planner.workload import WorkloadSpec
 

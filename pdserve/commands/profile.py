@@ -5,18 +5,20 @@ depend on shapes and dtype, not on weight values."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from pdserve.engine.config import ModelConfig
+    from pdserve.planner.measure import ProfileGrid
 
 
 def _ints(text: str) -> tuple[int, ...]:
     return tuple(int(x) for x in text.split(",") if x.strip())
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser("profile", help="measure prefill/decode step latency and fit the planner's models")
     p.add_argument("--model-preset", default="smollm2-135m", help="model shapes (the default model's by default)")
     p.add_argument("--hf-config", default=None, help="a HF model directory whose config.json gives the shapes "
@@ -37,14 +39,17 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def default_grid_args(device: str) -> dict[str, object]:
+def default_grid(device: str) -> ProfileGrid:
     """Shapes up to the server's default limits (max_num_batched_tokens 2048, max_num_seqs 64): a plan
     extrapolates the fits only as far as they were measured. About two minutes on CPU."""
+    from pdserve.planner.measure import ProfileGrid
+
     if device == "cpu":
-        return {"prefill_lens": (16, 64, 128, 256, 512, 1024), "prefill_batches": (1, 2, 4),
-                "max_batched_tokens": 2048, "decode_batches": (1, 2, 4, 8, 16, 32, 64), "decode_ctxs": (64, 256, 1024)}
-    return {"prefill_lens": (64, 256, 512, 1024, 2048, 4096), "prefill_batches": (1, 2, 4, 8),
-            "max_batched_tokens": 8192, "decode_batches": (1, 4, 16, 32, 64, 128), "decode_ctxs": (128, 512, 2048)}
+        return ProfileGrid(prefill_lens=(16, 64, 128, 256, 512, 1024), prefill_batches=(1, 2, 4),
+                           max_batched_tokens=2048, decode_batches=(1, 2, 4, 8, 16, 32, 64),
+                           decode_ctxs=(64, 256, 1024))
+    return ProfileGrid(prefill_lens=(64, 256, 512, 1024, 2048, 4096), prefill_batches=(1, 2, 4, 8),
+                       max_batched_tokens=8192, decode_batches=(1, 4, 16, 32, 64, 128), decode_ctxs=(128, 512, 2048))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -53,13 +58,13 @@ def run(args: argparse.Namespace) -> int:
     from pdserve.engine.config import CacheConfig
     from pdserve.engine.runner import ModelRunner
     from pdserve.engine.weights.dummy import dummy_weights
-    from pdserve.planner.measure import ProfileGrid, decode_shapes, profile_runner
+    from pdserve.planner.measure import decode_shapes, profile_runner
     from pdserve.planner.profile import fit_warnings
 
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     dtype_name = args.dtype if args.dtype != "auto" else ("bfloat16" if device.startswith("cuda") else "float32")
     dtype = getattr(torch, dtype_name)
-    grid = ProfileGrid(**{**default_grid_args(device.split(":")[0]), **_overrides(args)})
+    grid = dataclasses.replace(default_grid(device.split(":")[0]), **_overrides(args))
     config = _model_config(args)
     runner = ModelRunner(config, CacheConfig(grid.blocks_needed(args.block_size), args.block_size),
                          dummy_weights(config, dtype, device, args.seed), device, dtype,
@@ -91,7 +96,7 @@ def _model_config(args: argparse.Namespace) -> ModelConfig:
     return get_preset(args.model_preset)
 
 
-def _overrides(args: argparse.Namespace) -> dict[str, object]:
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     given = {"prefill_lens": args.prefill_lens, "prefill_batches": args.prefill_batches,
              "max_batched_tokens": args.max_num_batched_tokens, "decode_batches": args.decode_batches,
              "decode_ctxs": args.decode_ctxs, "repeats": args.repeats}

@@ -16,10 +16,11 @@ from typing import TYPE_CHECKING
 from pdserve.env_flags import apply_env_defaults
 
 if TYPE_CHECKING:
+    from pdserve.engine.tokenizer import Tokenizer
     from pdserve.engine.weights.hub import HubOptions
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from pdserve.router_flags import add_router_arguments
     from pdserve.worker_flags import add_log_arguments, add_model_source_arguments
 
@@ -40,7 +41,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def model_facts(model: str, load_format: str, preset: str | None, tokenizer_dir: str | None,
-                cache_dir: Path | None, hub: HubOptions | None = None) -> tuple[str, object, int]:
+                cache_dir: Path | None, hub: HubOptions | None = None) -> tuple[str, Tokenizer | None, int]:
     """(model name, tokenizer, max_model_len) without loading any weight."""
     from pdserve.engine.presets import get_preset
     from pdserve.engine.weights import ModelSpec, resolve_model
@@ -88,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"model {name!r} has no tokenizer: give --tokenizer DIR (a directory with tokenizer.json)")
     template = read_chat_template(args.chat_template)
     if template is not None:
-        tokenizer.chat_template = template  # type: ignore[attr-defined]
+        tokenizer.chat_template = template
     names = tuple(args.served_model_name or (name,))
     config = router_config(args, names[0], names[1:], min(max_len, args.max_model_len or max_len),
                            os.environ.get("PDSERVE_SECRET") or None)

@@ -37,7 +37,7 @@ _ROUTER_ONLY_FLAGS = ("prefill_policy", "cache_aware_max_imbalance", "decode_pol
                       "allowed_headers", "allow_credentials", "ssl_keyfile", "ssl_certfile")
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("serve", help="router + prefill + decode workers on this machine",
                                    description=__doc__.split("\n\n")[0])
     _add_arguments(parser)

@@ -9,6 +9,7 @@ batch·max(ctx) term (see profile.py)."""
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from collections.abc import Callable
@@ -73,7 +74,7 @@ def measure_prefill(runner: ModelRunner, grid: ProfileGrid, progress: bool = Fal
     for batch, n in tqdm(grid.prefill_shapes(), desc="prefill shapes", unit="shape", disable=not progress):
         chunks = [PrefillChunk(token_ids=[(7 * i + j) % vocab for j in range(n)], start_pos=0, block_table=t)
                   for i, t in enumerate(_tables(batch, n, bs))]
-        seconds = time_median(lambda chunks=chunks: runner.prefill(chunks), grid.repeats, runner.device)
+        seconds = time_median(functools.partial(runner.prefill, chunks), grid.repeats, runner.device)
         samples.append(PrefillSample((n,) * batch, seconds))
     return samples
 
@@ -94,7 +95,7 @@ def measure_decode(runner: ModelRunner, grid: ProfileGrid, progress: bool = Fals
         tables = _tables(len(ctxs), max(ctxs), bs)
         items = [DecodeInput(token_id=11, position=ctx - 1, block_table=t[: -(-ctx // bs)])
                  for ctx, t in zip(ctxs, tables, strict=True)]
-        seconds = time_median(lambda items=items: runner.decode(items), grid.repeats, runner.device)
+        seconds = time_median(functools.partial(runner.decode, items), grid.repeats, runner.device)
         samples.append(DecodeSample(len(ctxs), sum(ctxs), seconds, max(ctxs)))
     return samples
 

@@ -120,7 +120,9 @@ class Planner:
         return max(2, min(self.max_workers, math.ceil(need)))
 
     def search(self) -> PlanResult:
-        meets = lambda c: c.attainment >= self.target
+        def meets(c: Candidate) -> bool:
+            return c.attainment >= self.target
+
         lo, hi = 1, self.first_total()
         best_hi = self.best_split(hi)
         while not meets(best_hi) and hi < self.max_workers:  # grow until feasible

@@ -130,8 +130,8 @@ class Simulation:
         self.d_running, self.d_inflight = np.zeros(cluster.num_decode), np.zeros(cluster.num_decode)
         n = len(workload)
         self.first, self.finish = np.full(n, np.nan), np.full(n, np.nan)
-        self.refused = np.zeros(n, dtype=bool)
-        self.d_of = np.zeros(n, dtype=np.int64)
+        self.refused: np.ndarray = np.zeros(n, dtype=bool)
+        self.d_of: np.ndarray = np.zeros(n, dtype=np.int64)
         a, pad, b, c, multi = profile.decode_coef()
         self.decode_coef = (a, pad, b + cluster.decode_overhead_per_seq_s, c, multi)
         self.events: list[tuple[float, int, int, int, int]] = []
@@ -192,7 +192,8 @@ class Simulation:
     def _decode_order(self) -> np.ndarray:
         """LeastKV: lowest KV usage (reported + reserved since), then fewest running (reported + in flight)."""
         usage = (self.d_used + self.d_pending) / self.cluster.num_blocks
-        return np.lexsort((self.d_running + self.d_inflight, usage))
+        order: np.ndarray = np.lexsort((self.d_running + self.d_inflight, usage))
+        return order
 
     def _arrive(self, t: float, rid: int) -> None:
         d = self._reserve(t, rid)

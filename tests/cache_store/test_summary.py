@@ -1,17 +1,13 @@
-"""Block-hash summaries: the wire form heartbeats carry, and the recency order they are cut from."""
+"""Block-hash summaries: the wire form heartbeats carry (protocol/prefix_summary.py), and the recency order
+they are cut from (cache_store/summary.py)."""
 
 from __future__ import annotations
 
 import pytest
 
 from pdserve.cache_store.hashing import block_hashes
-from pdserve.cache_store.summary import (
-    KEY_BYTES,
-    RecentHashes,
-    decode_summary,
-    encode_summary,
-    matched_blocks,
-)
+from pdserve.cache_store.summary import RecentHashes
+from pdserve.protocol.prefix_summary import KEY_BYTES, decode_summary, encode_summary, matched_blocks
 
 
 def test_round_trip_and_prefix_match() -> None:

@@ -24,8 +24,8 @@ from typing import Any
 import httpx
 import pytest
 
-from pdserve.cache_store.summary import decode_summary
 from pdserve.launcher import ChildSpec, Launcher, free_port, spawn
+from pdserve.protocol.prefix_summary import decode_summary
 from pdserve.settings import LaunchSettings
 from tests.deploy.kustomize import adapter_series
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pdserve.cache_store import assert_no_leak
+from pdserve.cache_store.block_pool import assert_no_leak
 from pdserve.engine.sampling import SamplingParams
 from pdserve.llm import LLM
 

@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 
-from pdserve.cache_store.prefix_events import PrefixPublisher
 from pdserve.engine.tokenizer import Tokenizer
 from pdserve.launcher import free_port
+from pdserve.protocol.prefix_events import PrefixPublisher
 from pdserve.router.app import create_app
 from pdserve.router.config import RouterConfig
 from pdserve.router_links import RouterLinks, RouterLinkSettings, resolve_addresses, with_address

@@ -15,9 +15,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 from pdserve.cache_store.block_pool import BlockPool, assert_no_leak
 from pdserve.cache_store.policy import CachePolicy, TierConfig
 from pdserve.cache_store.prefix_cache import PrefixCache
-from pdserve.cache_store.summary import decode_summary, summary_key
 from pdserve.cache_store.tiered import TieredKVCache
 from pdserve.env_flags import apply_env_defaults
+from pdserve.protocol.prefix_summary import decode_summary, summary_key
 from pdserve.worker_cache import SummaryReporter, build_tiered, cache_policy_applier, tier_metrics
 from pdserve.worker_flags import add_worker_arguments, worker_settings_from_args
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from pdserve.cache_store.hashing import block_hashes
-from pdserve.cache_store.summary import encode_summary
+from pdserve.protocol.prefix_summary import encode_summary
 from pdserve.router.config import RouterConfig
 from pdserve.router.policies import CacheAware, Prompt, make_prefill_policy
 from pdserve.router.prefix_index import CachedPrefixes

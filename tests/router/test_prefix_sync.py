@@ -13,9 +13,9 @@ import pytest
 from uvicorn_thread import ServerThread
 
 from pdserve.cache_store.hashing import block_hashes
-from pdserve.cache_store.prefix_events import PrefixEventLog
-from pdserve.cache_store.summary import summary_key
 from pdserve.engine.tokenizer import Tokenizer
+from pdserve.protocol.prefix_events import PrefixEventLog
+from pdserve.protocol.prefix_summary import summary_key
 from pdserve.router.app import create_app
 from pdserve.router.config import RouterConfig
 from pdserve.router.policies import CacheAware, Prompt

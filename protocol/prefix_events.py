@@ -1,7 +1,7 @@
 """Block-hash events with sequence numbers: how several routers keep one view of what a worker caches.
 
 A worker tells every router it knows about the prefix blocks it holds (device or host RAM, the keys of
-cache_store/summary.py). Sending the whole summary on every heartbeat to every router costs up to 44 KiB a
+protocol/prefix_summary.py). Sending the whole summary on every heartbeat to every router costs up to 44 KiB a
 second per pair; sending only the changes needs an order, so each change carries a sequence number, as
 vLLM's KV events do (BlockStored / BlockRemoved on a publisher, a replay endpoint for a subscriber that
 missed some):
@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from pdserve.cache_store.summary import KEY_BYTES, decode_summary
+from pdserve.protocol.prefix_summary import KEY_BYTES, decode_summary
 
 DEFAULT_EVENT_CAPACITY = 256  # events kept for routers that are behind; older ones get a snapshot
 

@@ -1,4 +1,4 @@
-"""Block-hash events with sequence numbers (cache_store/prefix_events.py): a replica fed the events, or a
+"""Block-hash events with sequence numbers (protocol/prefix_events.py): a replica fed the events, or a
 snapshot after a gap, holds exactly the keys the worker observed last."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from pdserve.cache_store.prefix_events import (
+from pdserve.protocol.prefix_events import (
     PrefixEvent,
     PrefixEventLog,
     PrefixPublisher,

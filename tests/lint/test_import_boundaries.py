@@ -1,0 +1,112 @@
+"""The package boundaries (docs/architecture.md, "Dependencies point one way"), checked twice: statically (tests/lint/import_graph.py
+follows every first-party import in the source, lazy ones too) and by importing in a fresh interpreter
+(what `sys.modules` holds afterwards, third-party imports included).
+
+The router tokenizes, hashes and relays; it never touches tensors, so the router process never loads torch.
+Outside `router/` it may reach only:
+
+    pdserve.protocol                  the router ↔ worker messages (torch-free by its own rule below)
+    pdserve.engine.tokenizer, .chat   tokenization and the chat template
+    pdserve.engine.sampling_params    validated sampling parameters, sent to the workers
+    pdserve.cache_store.hashing       the prompt's chained block hashes (cache-aware routing)
+
+and one module beyond issue 21's list:
+
+    pdserve.engine.structured_output  the type of `SamplingParams.structured`, which sampling_params imports
+                                      itself (json and dataclasses only); the router builds it from
+                                      `response_format` and tool choices
+
+plus the parent packages that importing those runs (`pdserve`, `pdserve.engine`, `pdserve.cache_store`): their
+`__init__` must stay free of imports, or what they import shows up here as a violation.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.lint.import_graph import REPO, modules_in, reached_from
+
+ROUTER_PACKAGES = ("pdserve.router", "pdserve.protocol")
+ROUTER_MAY_REACH = frozenset({
+    "pdserve.engine.tokenizer",
+    "pdserve.engine.chat",
+    "pdserve.engine.sampling_params",
+    "pdserve.engine.structured_output",
+    "pdserve.cache_store.hashing",
+    "pdserve",
+    "pdserve.engine",
+    "pdserve.cache_store",
+})
+# torch, and what imports it or compiles for it
+TENSOR_LIBRARIES = frozenset({"torch", "triton", "transformers", "accelerate", "xgrammar", "safetensors"})
+HTTP_LIBRARIES = frozenset({"fastapi", "starlette", "uvicorn", "httpx", "pydantic"})
+
+# package -> (the first-party packages it may import besides itself, third-party libraries it must not import)
+LOWER_LAYERS = {
+    "pdserve.protocol": ((), TENSOR_LIBRARIES),
+    "pdserve.kernels": ((), frozenset()),
+    "pdserve.engine": (("pdserve.kernels",), HTTP_LIBRARIES),
+    "pdserve.cache_store": (("pdserve.kernels", "pdserve.protocol"), HTTP_LIBRARIES),
+    "pdserve.kv_transfer": (("pdserve.kernels", "pdserve.cache_store", "pdserve.protocol"), HTTP_LIBRARIES),
+}
+
+
+def _within(module: str, names: tuple[str, ...]) -> bool:
+    return any(module == name or module.startswith(name + ".") for name in names)
+
+
+def _router_may_import(module: str) -> bool:
+    return _within(module, ROUTER_PACKAGES) or module in ROUTER_MAY_REACH
+
+
+def test_router_reaches_only_the_allowed_modules() -> None:
+    reached = reached_from(modules_in("pdserve.router"))
+    outside = [m for m in reached.first_party if not _router_may_import(m)]
+    assert not outside, "the router reaches modules outside its boundary:\n" + "\n".join(
+        " → ".join(reached.chain(m)) for m in sorted(outside))
+    tensors = sorted(set(reached.third_party) & TENSOR_LIBRARIES)
+    assert not tensors, "the router imports tensor libraries: " + ", ".join(
+        f"{name} (in {reached.third_party[name]})" for name in tensors)
+
+
+@pytest.mark.parametrize("package", sorted(LOWER_LAYERS))
+def test_lower_layers_import_nothing_above_them(package: str) -> None:
+    may_import, libraries = LOWER_LAYERS[package]
+    reached = reached_from(modules_in(package))
+    above = [m for m in reached.first_party if m != "pdserve" and not _within(m, (package, *may_import))]
+    assert not above, f"{package} imports packages above it:\n" + "\n".join(
+        " → ".join(reached.chain(m)) for m in sorted(above))
+    forbidden = sorted(set(reached.third_party) & libraries)
+    assert not forbidden, f"{package} imports " + ", ".join(
+        f"{name} (in {reached.third_party[name]})" for name in forbidden)
+
+
+def _loaded_after_importing(modules: list[str]) -> list[str]:
+    code = "import importlib, json, sys\n" \
+           f"for name in {modules!r}: importlib.import_module(name)\n" \
+           "print(json.dumps(sorted(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120,
+                         check=False)
+    assert out.returncode == 0, out.stderr
+    loaded: list[str] = json.loads(out.stdout)
+    return loaded
+
+
+def test_importing_the_router_loads_no_torch_and_no_worker_code() -> None:
+    loaded = _loaded_after_importing(modules_in("pdserve.router"))
+    assert "pdserve.router.app" in loaded
+    tensors = sorted(m for m in loaded if m.split(".")[0] in TENSOR_LIBRARIES)
+    assert not tensors, f"importing the router loads {tensors[:10]}"
+    first_party = [m for m in loaded if m.split(".")[0] == "pdserve"]
+    outside = sorted(m for m in first_party if not _router_may_import(m))
+    assert not outside, f"importing the router loads {outside}"
+
+
+def test_importing_the_protocol_loads_no_torch_and_nothing_above_it() -> None:
+    loaded = _loaded_after_importing(modules_in("pdserve.protocol"))
+    assert not [m for m in loaded if m.split(".")[0] in TENSOR_LIBRARIES]
+    assert {m for m in loaded if m.split(".")[0] == "pdserve"} - set(modules_in("pdserve.protocol")) == {"pdserve"}
