@@ -55,7 +55,7 @@ class WorkerMetrics:
 
     def render(self) -> bytes:
         registry = CollectorRegistry(auto_describe=False)
-        registry.register(self)  # type: ignore[arg-type]  # a collector is anything with collect()
+        registry.register(self)  # a collector is anything with collect()
         return generate_latest(registry)
 
     def compact(self) -> list[list[Any]]:

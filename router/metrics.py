@@ -98,9 +98,9 @@ class RouterMetrics:
         self.workers = Gauge("pdserve_workers", "workers able to take work, by role", ["role"], registry=r)
         self._worker_gauges = {name: Gauge(f"pdserve_worker_{name}", doc, ["worker_id"], registry=r)
                                for name, doc in _WORKER_GAUGES.items()}
-        r.register(VllmSeries(self, model_name))  # type: ignore[arg-type]  # collectors need only collect()
+        r.register(VllmSeries(self, model_name))  # a collector needs only collect()
         self.worker_series = WorkerSeries(frozenset(m.name for m in r.collect()))
-        r.register(self.worker_series)  # type: ignore[arg-type]
+        r.register(self.worker_series)
 
     def attach(self, workers: WorkerRegistry) -> None:
         """The registry whose workers' own series /metrics carries (the app's, made in its lifespan)."""
