@@ -2,7 +2,8 @@
 the scores agree and so does every request's log-likelihood.
 
     .venv/bin/python benchmarks/lm_eval_local.py [--tasks pdserve_facts pdserve_facts_greedy] \
-        [--batch-sizes 1 8] [--num-concurrent 4] [--tolerance 1e-4] [--out benchmarks/results/lm_eval_local_cpu.json]
+        [--batch-sizes 1 8] [--num-concurrent 4] [--tolerance 1e-4] [--torch-threads N] \
+        [--out benchmarks/results/lm_eval_local_cpu.json]
 
 Needs lm-eval (`pip install -e .[eval]`), and no hub: the tasks are benchmarks/lm_eval_tasks/*.yaml over a
 local JSON file, and the tokenizer lm-eval loads is the default model's, from the directory pdserve converted
@@ -14,7 +15,10 @@ the GGUF into (tokenizer.json + tokenizer_config.json, what pdserve itself token
    requests in flight. Each request is `echo` + `logprobs: 1` + `max_tokens: 1`; lm-eval sums
    token_logprobs[ctxlen:-1] and calls it greedy when every token equals its top-1.
 2. The deployment stopped, the same tasks through lm-eval on pdserve.llm.LLM (benchmarks/lm_eval_offline.py),
-   and (unless --no-transformers) on lm-eval's own `hf` model over the same converted fp32 weights.
+   and (unless --no-transformers) on lm-eval's own `hf` model over the same converted fp32 weights, both in
+   this process with --torch-threads (give them what each of serve's workers gets, one thread per worker on
+   2 cores (pdserve.launcher): on a loaded machine two threads wait on each other at every op; 64 of these
+   prompts through LLM.generate took 5.5-12 s with one thread and 34-88 s with two at load 5-9).
 3. Per task, the metrics of each server run (and the transformers run) against the offline run's; per request (task, doc, choice), the
    log-likelihood difference and whether is_greedy agrees. Exit status 1 when an accuracy differs, an
    is_greedy disagrees, a log-likelihood is off by more than --tolerance or a perplexity by more than
@@ -35,6 +39,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 TASKS_DIR = REPO / "benchmarks" / "lm_eval_tasks"
 MODEL = "smollm2-135m-instruct"
+DEFAULT_OUT = "benchmarks/results/lm_eval_local_cpu.json"
 
 
 def evaluate(model: object, model_args: dict | None, args: argparse.Namespace, batch_size: int = 1) -> dict:
@@ -113,8 +118,10 @@ def main() -> int:
     parser.add_argument("--serve-flags", default="", help="extra `pdserve serve` flags, one string")
     parser.add_argument("--tolerance", type=float, default=1e-4, help="largest |log-likelihood difference|")
     parser.add_argument("--no-transformers", action="store_true", help="skip the lm-eval `hf` reference run")
+    parser.add_argument("--torch-threads", type=int, default=None,
+                        help="torch threads of the offline and transformers runs (this process; default torch's)")
     parser.add_argument("--port", type=int, default=8741)
-    parser.add_argument("--out", default="benchmarks/results/lm_eval_local_cpu.json")
+    parser.add_argument("--out", default=DEFAULT_OUT)
     args = parser.parse_args()
     # the tasks read a local file; nothing may reach for the hub (it is unreachable here, and would be slow)
     os.environ.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
@@ -127,6 +134,10 @@ def main() -> int:
     model_dir = fetch_default_model(progress=False)
     report = report_head(args, machine_load())
     report["server"] = runs = server_runs(args, model_dir)
+    if args.torch_threads is not None:
+        import torch
+
+        torch.set_num_threads(args.torch_threads)
     report["offline"] = offline_run(args, model_dir)
     if not args.no_transformers:
         report["transformers"] = transformers_run(args, model_dir)
@@ -158,7 +169,9 @@ def report_head(args: argparse.Namespace, load: dict) -> dict:
     command = ("benchmarks/lm_eval_local.py --tasks " + " ".join(args.tasks) + " --batch-sizes "
                + " ".join(map(str, args.batch_sizes)) + f" --num-concurrent {args.num_concurrent}"
                + (f" --serve-flags {shlex.quote(args.serve_flags)}" if args.serve_flags else "")
-               + f" --tolerance {args.tolerance:g}" + (" --no-transformers" if args.no_transformers else ""))
+               + f" --tolerance {args.tolerance:g}" + (" --no-transformers" if args.no_transformers else "")
+               + (f" --torch-threads {args.torch_threads}" if args.torch_threads is not None else "")
+               + (f" --out {args.out}" if args.out != DEFAULT_OUT else ""))
     return {"date": time.strftime("%Y-%m-%d %H:%M"), "command": command,
             "machine": f"this CPU machine ({load['cpus']} cores), shared with other sessions",
             "lm_eval": version("lm_eval"), "model": f"{MODEL} (the default GGUF, Q4_1, dequantized to fp32), on CPU",
