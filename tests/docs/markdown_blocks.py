@@ -8,8 +8,9 @@ A block is *runnable* when its info string carries the word `runnable`:
     ```bash starts              each `pdserve` command is a long-running deployment: started, waited for until
                                 it is ready, stopped (on a free port, with the test's small KV pool and one
                                 torch thread per worker where the block does not say)
-    ```bash gpu | docker | hosts | setup    cannot run on the CPU test machine, and says why: it needs a GPU,
-                                Docker, several hosts, or it changes the environment (scripts/setup.sh)
+    ```bash gpu | docker | hosts | setup | eval    cannot run on the CPU test machine, and says why: it needs a
+                                GPU, Docker, several hosts, it changes the environment (scripts/setup.sh), or
+                                it needs lm-eval (the `eval` extra, which setup.sh does not install)
 
 Every shell block with a `pdserve` or `docker` command is runnable, starts, or carries such a reason.
 
@@ -32,7 +33,7 @@ DEFAULT_ADDRESS = "127.0.0.1:8000"
 _FENCE = re.compile(r"^```([A-Za-z0-9_+-]*)([^\n`]*)\n(.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
 _SERVER_HINTS = ("127.0.0.1:8000", "localhost:8000")
 REASONS = {"gpu": "needs a GPU", "docker": "needs Docker", "hosts": "needs several hosts",
-           "setup": "changes the environment"}
+           "setup": "changes the environment", "eval": "needs lm-eval (pip install -e .[eval]; not in setup.sh)"}
 
 
 @dataclass(frozen=True)

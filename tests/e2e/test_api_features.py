@@ -6,6 +6,8 @@ offline engine's (fp32 CPU, 1e-4), /tokenize, /detokenize, /version and refused 
 from __future__ import annotations
 
 import json
+from operator import itemgetter
+from pathlib import Path
 
 import httpx
 import jsonschema
@@ -177,6 +179,46 @@ def test_echo_loglikelihood_equals_offline(deployment: Deployment, offline_llm) 
     prompt_logprobs = vllm.choices[0].model_extra["prompt_logprobs"]
     assert prompt_logprobs[0] is None and len(prompt_logprobs) == len(offline_llm.tokenizer.encode(PROMPT))
     assert all(len(p) >= 2 for p in prompt_logprobs[1:]), entries
+
+
+def lm_eval_parse(reply: dict, ctxlens: list[int]) -> list[tuple[float, bool]]:
+    """lm-eval 0.4.13's LocalCompletionsAPI.parse_logprobs, restated (lm-eval is the `eval` extra, which
+    setup.sh leaves out: 42 more packages, ~100 MB, ~3 min on 2 cores): choices in index order, one per prompt;
+    the continuation's token_logprobs[ctxlen:-1] summed; greedy when each equals the max of its top_logprobs."""
+    results = []
+    for choice, ctxlen in zip(sorted(reply["choices"], key=itemgetter("index")), ctxlens, strict=True):
+        tokens = choice["logprobs"]["token_logprobs"][ctxlen:-1]
+        tops = choice["logprobs"]["top_logprobs"][ctxlen:-1]
+        results.append((sum(tokens), all(t == max(top.values()) for t, top in zip(tokens, tops, strict=True))))
+    return results
+
+
+def test_lm_eval_batched_loglikelihood_equals_offline(deployment: Deployment, offline_llm) -> None:
+    """lm-eval's request at batch_size 8: eight token-id prompts in one /v1/completions call, exactly its payload
+    (benchmarks/lm_eval_local.py runs lm-eval itself). The prompts are two questions of
+    benchmarks/lm_eval_tasks/pdserve_facts.jsonl with each choice; the default model's top-1 is the whole
+    continuation for one choice of each (doc 1 choice 2, doc 8 choice 1), so is_greedy is seen both ways."""
+    task = Path(__file__).resolve().parents[2] / "benchmarks" / "lm_eval_tasks" / "pdserve_facts.jsonl"
+    docs = [json.loads(line) for line in task.read_text().splitlines()]
+    encode = offline_llm.tokenizer.encode
+    pairs = []  # as lm-eval's TemplateLM._encode_pair: the continuation is the whole minus the context
+    for doc in (docs[1], docs[8]):
+        context = f"Question: {doc['question']}\nAnswer:"
+        for choice in doc["choices"]:
+            whole, ctx = encode(context + " " + choice, False), encode(context, False)
+            pairs.append((ctx, whole[len(ctx):]))
+    prompts = [ctx + cont for ctx, cont in pairs]
+    reply = client(deployment).completions.create(model=MODEL, prompt=prompts, temperature=0, max_tokens=1,
+                                                  logprobs=1, seed=1234, echo=True)
+    got = lm_eval_parse(reply.model_dump(), [len(ctx) for ctx, _ in pairs])
+    scoring = SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=1)
+    want = []
+    for (ctx, _), prompt in zip(pairs, prompts, strict=True):
+        entries = offline(offline_llm, prompt, scoring).prompt_logprobs[len(ctx):]
+        want.append((sum(e["logprob"] for e in entries), all(e["rank"] == 1 for e in entries)))
+    assert [g for _, g in want] == [False, False, True, False, False, True, False, False]
+    assert [g for _, g in got] == [g for _, g in want]
+    assert max(abs(a - b) for (a, _), (b, _) in zip(got, want, strict=True)) < 1e-4, (got, want)
 
 
 # ---- 5. tokenize, detokenize, version, refused fields -----------------------------------------------
