@@ -66,8 +66,8 @@ def test_prefill_attention_many_sequences(randn: Callable, paged_kv: Callable, c
     from pdserve.kernels.prefill_attention_triton import _launch
 
     gen = torch.Generator().manual_seed(5)
-    q_lens = torch.randint(1, 40, (150,), generator=gen).tolist()
-    prefixes = [int(p) * (i % 3 == 0) for i, p in enumerate(torch.randint(0, 40, (150,), generator=gen))]
+    q_lens = torch.randint(1, 24, (150,), generator=gen).tolist()
+    prefixes = [int(p) * (i % 3 == 0) for i, p in enumerate(torch.randint(0, 24, (150,), generator=gen))]
     seq_lens = [q + p for q, p in zip(q_lens, prefixes, strict=True)]
     cache, tables = paged_kv(seq_lens, 1, 16, 8, torch.float32)
     cu = torch.tensor([0, *q_lens], device=device).cumsum(0).to(torch.int32)
