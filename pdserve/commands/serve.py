@@ -30,7 +30,8 @@ _WORKER_ONLY_FLAGS = ("device", "dtype", "seed", "torch_threads", "enforce_eager
                       "gpu_memory_utilization", "enable_prefix_caching", "decode_prefix_cache", "max_num_seqs",
                       "max_num_batched_tokens", "kv_lease_timeout", "kv_load_failure_policy", "max_queued_requests",
                       "async_scheduling")
-_ROUTER_ONLY_FLAGS = ("prefill_policy", "cache_aware_max_imbalance", "decode_policy", "heartbeat_interval",
+_ROUTER_ONLY_FLAGS = ("prefill_policy", "cache_aware_max_imbalance", "decode_policy", "local_prefill_threshold",
+                      "heartbeat_interval",
                       "heartbeat_timeout", "reserve_timeout", "stream_stall_timeout", "status_window",
                       "max_body_size", "max_inflight_requests", "chat_template", "tool_call_parser",
                       "disable_log_requests", "allowed_origins", "allowed_methods",
