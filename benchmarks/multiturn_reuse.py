@@ -138,7 +138,7 @@ async def drive(dep: Deployment, chats: list[Chat], args: argparse.Namespace, se
     limit = asyncio.Semaphore(args.max_concurrency or len(chats))
     turns, outputs = [], []
     async with httpx.AsyncClient(timeout=httpx.Timeout(3600.0), limits=httpx.Limits(max_connections=None)) as http:
-        await warm_up(http, target)
+        await warm_up(http, target, answer_tokenizer)
         for k in range(max(len(c.messages) for c in chats)):
             before = read_counters(dep, urls)
             started = time.perf_counter()
@@ -153,10 +153,16 @@ async def drive(dep: Deployment, chats: list[Chat], args: argparse.Namespace, se
     return turns, outputs
 
 
-async def warm_up(http: httpx.AsyncClient, target: ApiTarget) -> None:
-    """Connections, first-use costs: 8 prompts of token ids no conversation shares (not measured)."""
-    prompts = [[7 + (i * 31 + j * 17) % 500 for j in range(48)] for i in range(8)]
-    await asyncio.gather(*(send_request(http, target, p, 8, len(p), time.perf_counter()) for p in prompts))
+async def warm_up(http: httpx.AsyncClient, target: ApiTarget, answer_tokenizer: CountingTokenizer) -> None:
+    """Connections and first-use costs of each path (not measured): 8 two-turn chats of token ids no conversation
+    shares, so that the second turns take the row's own path (a delta, or a local prefill on D) once before."""
+    async def chat(i: int) -> None:
+        prompt = [7 + (i * 31 + j * 17) % 500 for j in range(48)]
+        out = await send_request(http, target, prompt, 8, len(prompt), time.perf_counter())
+        follow = prompt + answer_tokenizer.encode(out.generated_text, add_special_tokens=False) + prompt[:24]
+        await send_request(http, target, follow, 8, len(follow), time.perf_counter())
+
+    await asyncio.gather(*(chat(i) for i in range(8)))
 
 
 def _line(t: dict) -> str:
