@@ -214,7 +214,8 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--gpu", action="store_true", help="the H200 setup: dummy llama3-8b bf16, a full-vocabulary "
                         "tokenizer, 64 conversations, answers up to 256 tokens (~90%% of turns >= 2 is history)")
-    parser.add_argument("--rows", nargs="+", default=[r for r in ROWS if r != "store"], choices=list(ROWS))
+    parser.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS),
+                        help="the paths compared, one deployment each (store: where the launcher has it)")
     parser.add_argument("--transfer-backend", default="auto", help="given to every row's pdserve serve")
     parser.add_argument("--sharegpt", type=Path, default=REPO.parent / "shared/data/sharegpt_v3_sample2k.json.gz")
     parser.add_argument("--tokenizer", type=Path, default=None,
