@@ -55,7 +55,7 @@ import httpx
 from full_vocab_tokenizer import write_tokenizer
 from multiturn_chats import Chat, TurnBound, conversations
 from multiturn_report import compare, table
-from serving_common import Deployment, machine_load, wait_for_quiet
+from serving_common import Deployment, decode_counters, machine_load, step_summary, wait_for_quiet
 
 from pdserve.bench.client import ApiTarget, RequestOutput, send_request
 from pdserve.bench.metrics import MetricStats, compute_metrics
@@ -140,7 +140,7 @@ async def drive(dep: Deployment, chats: list[Chat], args: argparse.Namespace, se
     async with httpx.AsyncClient(timeout=httpx.Timeout(3600.0), limits=httpx.Limits(max_connections=None)) as http:
         await warm_up(http, target, answer_tokenizer)
         for k in range(max(len(c.messages) for c in chats)):
-            before = read_counters(dep, urls)
+            before, steps_before = read_counters(dep, urls), decode_counters(urls["decode"])
             started = time.perf_counter()
             outs = await wave(http, target, chats, k, sep, answer_tokenizer, limit)
             seconds = time.perf_counter() - started
@@ -148,6 +148,7 @@ async def drive(dep: Deployment, chats: list[Chat], args: argparse.Namespace, se
             after = read_counters(dep, urls)
             turns.append(turn_summary(outs, before, after, seconds, TurnBound.of(chats, k, args.block_size),
                                       args.block_bytes))
+            turns[-1]["decode_steps"] = step_summary(steps_before, decode_counters(urls["decode"]))
             outputs += outs
             print(f"  turn {k + 1}: {_line(turns[-1])}", flush=True)
     return turns, outputs
@@ -168,7 +169,8 @@ async def warm_up(http: httpx.AsyncClient, target: ApiTarget, answer_tokenizer: 
 def _line(t: dict) -> str:
     return (f"{t['requests']} req, TTFT p50 {t['ttft_p50_ms']:.0f} ms, P->D {t['bytes_p_to_d'] / 2**20:.1f} MiB "
             f"(new-turn bound {t['new_turn_bytes'] / 2**20:.1f}), D reuse {t['d_reuse_ratio']:.0%}, "
-            f"local {t['local_prefills']:.0f}, P computed {t['p_computed_tokens']:.0f} tok")
+            f"local {t['local_prefills']:.0f}, P computed {t['p_computed_tokens']:.0f} tok, "
+            f"decode step {t['decode_steps']['step_ms']:.0f} ms at batch {t['decode_steps']['mean_batch']:.1f}")
 
 
 def run_row(name: str, args: argparse.Namespace, counting: CountingTokenizer, answer_tokenizer: CountingTokenizer,
