@@ -1,7 +1,7 @@
 """Multi-turn reuse on the decode side (issue 22): ShareGPT conversations, turn by turn, against each path, in one run.
 
     .venv/bin/python benchmarks/multiturn_reuse.py                 # CPU, default model (~5 min on 2 cores)
-    python benchmarks/multiturn_reuse.py --gpu --tokenizer DIR     # H200: dummy llama3-8b bf16 (benchmarks/multiturn_reuse_h200.sh)
+    python benchmarks/multiturn_reuse.py --gpu --tokenizer DIR     # H200, dummy llama3-8b bf16: multiturn_reuse_h200.sh
     ... [--rows today dcache local] [--transfer-backend auto|tcp|cuda_ipc|nccl] [--out PATH]
     pdserve bench --dataset-name multiturn --dataset-path SHAREGPT ...   the same data set against any one server
 
@@ -30,13 +30,14 @@ would then end there, on every row alike).
 Turns go in waves: every conversation's turn k at once (at most --max-concurrency in flight), each sent once that
 conversation's turn k-1 is answered, turn k+1 once all of turn k is; the workers' Prometheus counters are read
 around each wave, which is what attributes P's bytes to a turn index (no per-request byte count exists).
-Per row and turn: TTFT p50 / p90 / mean (`pdserve bench`'s metrics, ttft_by_turn), bytes P -> D (P's
+Per row and turn: TTFT p50 / p90 / mean (computed as `pdserve bench` computes its ttft_by_turn), bytes P -> D (P's
 pdserve_prefill_transfer_bytes) beside the bound "the new turn's blocks" (prompt blocks after the full blocks the
 previous turn left with KV on D: prompt + answer but its last token), D's reuse, local prefills, P's computed
-tokens; per row: output tokens / s and requests / s over all waves, turns >= 2 TTFT p50 and its speedup over the
-first row; with --gpu the engine-bound output tok/s for the same waves (benchmarks/engine_bound.py: the engine's
-own step times, measured in this run, prefilling only what no cache holds). Greedy texts are compared with the
-first row's. Results: --out (JSON, the command line inside), a table last.
+tokens, D's decode steps (mean batch, wall and CPU ms: on a shared CPU the gap is time spent waiting for a core).
+Per row: output tokens / s and requests / s over all waves, turns >= 2 TTFT p50 and its speedup over today's path;
+with --gpu the engine-bound output tok/s for the same waves (benchmarks/engine_bound.py: the engine's own step
+times, measured in this run, prefilling only what no cache holds). Greedy texts are compared with today's path's.
+Results: --out (JSON, the command line inside), a table last.
 """
 
 from __future__ import annotations
@@ -113,7 +114,8 @@ def turn_summary(outs: list[RequestOutput], before: dict[str, float], after: dic
     sent = delta("pdserve_prefill_transfer_bytes")
     return {"requests": len(outs), "failed": sum(not o.success for o in outs), "seconds": seconds,
             "ttft_p50_ms": stats.median_ms, "ttft_p90_ms": dict(stats.percentiles_ms)[90.0],
-            "ttft_mean_ms": stats.mean_ms, "ttft_ms": [1000 * t for t in ttft_s], "prompt_tokens": bound.prompt_tokens, "output_tokens": sum(o.output_len for o in outs),
+            "ttft_mean_ms": stats.mean_ms, "ttft_ms": [1000 * t for t in ttft_s],
+            "prompt_tokens": bound.prompt_tokens, "output_tokens": sum(o.output_len for o in outs),
             "history_share": bound.held_tokens / max(bound.prompt_tokens, 1),
             "bytes_p_to_d": sent, "bytes_p_to_d_per_request": sent / max(len(outs), 1),
             "new_turn_blocks": bound.new_blocks, "new_turn_bytes": bound.new_blocks * block_bytes,
