@@ -45,6 +45,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import signal
 import statistics
 import sys
 import tempfile
@@ -251,6 +252,8 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> int:
     args = parse_args()
+    # a `timeout`'s SIGTERM unwinds like Ctrl-C: the deployment running then is stopped (its GPU memory freed)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     logs = args.logs or Path(tempfile.mkdtemp(prefix="multiturn_reuse_"))
     logs.mkdir(parents=True, exist_ok=True)
     counting = load_tokenizer(str(args.tokenizer)) if args.tokenizer else default_tokenizer()
