@@ -125,16 +125,19 @@ def _measure(runner: ModelRunner, prefill_batch: tuple[int, int]) -> StepTable:
     return StepTable(BATCHES, CONTEXTS, decode_ms, rows * length / (prefill_ms / 1000))
 
 
-def replay(lengths: list[tuple[int, int]], table: StepTable, max_num_seqs: int) -> dict:
-    """(prompt tokens, output tokens) per request, all at once -> duration, output tok/s, mean decode batch."""
-    waiting = deque(lengths)
+def replay(lengths: list[tuple[int, int]], table: StepTable, max_num_seqs: int,
+           cached: list[int] | None = None) -> dict:
+    """(prompt tokens, output tokens) per request, all at once -> duration, output tok/s, mean decode batch.
+    `cached`: tokens of each request's prompt whose KV is already there (a reused history): not prefilled, but
+    part of the context its decode steps attend over."""
+    waiting = deque(zip(lengths, cached or [0] * len(lengths)))
     running: list[list[int]] = []  # [context, decode steps left]
     clock = steps = rows = 0.0
     started = time.perf_counter()
     while waiting or running:
         while waiting and len(running) < max_num_seqs:
-            prompt, output = waiting.popleft()
-            clock += prompt / table.prefill_tokens_per_s
+            (prompt, output), reused = waiting.popleft()
+            clock += (prompt - reused) / table.prefill_tokens_per_s
             if output > 1:
                 running.append([prompt + 1, output - 1])
         if not running:

@@ -45,6 +45,7 @@ class DecodeStats:
     num_steps: int = 0
     num_generated_tokens: int = 0
     num_recomputed_tokens: int = 0
+    num_local_prefill_tokens: int = 0  # prompt tokens D prefilled itself (conditional disaggregation)
     step_seconds: float = 0.0
     num_batched_rows: int = 0  # decode rows over all steps: / num_steps is the mean decode batch
     # where a step's time goes (wall seconds per phase, summed over steps): the serving overhead a profile of
@@ -235,7 +236,8 @@ class DecodeEngine:
     def _forward(self, batch: DecodeBatch, in_flight: _Launched | None) -> _Launched:
         """The step's forward, and its draw unless a grammar row must wait for the step in flight's token
         (structured outputs: the mask is filled on the host while this forward runs on the device)."""
-        chunks = [PrefillChunk(item.token_ids, 0, item.block_ids, need_logits=False) for item in batch.recompute]
+        chunks = [PrefillChunk(item.token_ids, item.start, item.block_ids, need_logits=False)
+                  for item in batch.recompute]
         items = [DecodeInput(item.token_id, item.position, item.block_ids, item.source_row) for item in batch.decode]
         requests = [item.request.sampling_request() for item in batch.decode]
         carried = None
@@ -246,7 +248,11 @@ class DecodeEngine:
         with self.model_lock:
             if chunks:
                 self.runner.prefill(chunks)
-                self.stats.num_recomputed_tokens += sum(len(c.token_ids) for c in chunks)
+                for item in batch.recompute:
+                    if item.local:
+                        self.stats.num_local_prefill_tokens += len(item.token_ids)
+                    else:
+                        self.stats.num_recomputed_tokens += len(item.token_ids)
             logits = self.runner.decode(items, carried)
         if in_flight is not None and any(r.grammar is not None for r in requests):
             self.stats.forward_cpu_seconds += time.thread_time() - cpu

@@ -1,5 +1,11 @@
 """The decode role of a worker: turns RESERVE messages into reservations, owns the engine and the KV receiver,
-and reports status and metrics. The data-plane messages are handled in service.py; scheduling in scheduler.py."""
+and reports status and metrics. The data-plane messages are handled in service.py; scheduling in scheduler.py.
+
+    RESERVE ─▶ checks ─▶ scheduler.reserve: the prompt's cached prefix (this worker's prefix cache) + new blocks
+        ├─ uncached suffix < RESERVE's max_local_prefill ─▶ RESERVED {transfer: {}, cached, local_prefill}:
+        │     D prefills the suffix at its next step (no transfer, no P)
+        └─ else ─▶ the receiver expects the new blocks ─▶ RESERVED {target: the new blocks only, cached}
+"""
 
 from __future__ import annotations
 
@@ -34,6 +40,9 @@ class DecodeNodeConfig:
     block_size: int
     kv_lease_timeout_s: float
     model_fingerprint: str
+    # colocated: a reservation also stages the host RAM / Redis blocks after the device's prefix (the prefill
+    # side shares the pool and computes into it); a disaggregated decode worker looks up its device tier only
+    fetch_lower_tiers: bool = False
 
 
 class DecodeNode:
@@ -79,9 +88,12 @@ class DecodeNode:
         if aborted:
             return Refused(request_id, 499, f"request {request_id!r} aborted while its prefix was looked up")
         with self.state_lock:
-            refusal = self.scheduler.reserve(request, fetched)
+            refusal = self.scheduler.reserve(request, fetched, message.max_local_prefill)
             if refusal is not None:
                 return Refused(request_id, refusal.status, refusal.message, refusal.retry_after)
+            if request.state == RequestState.LOCAL_PREFILL:
+                self.engine.wake()
+                return Reserved(request_id, {}, request.cached_tokens, local_prefill=True)
             expected = self.scheduler.expected_block_ids(request)
         deadline = time.monotonic() + self.config.kv_lease_timeout_s
         carried = len(request.prompt_token_ids) - request.cached_tokens
@@ -103,6 +115,8 @@ class DecodeNode:
             raise ValueError(f"prompt of {len(prompt)} tokens leaves no room for output: the model's limit is "
                              f"{self.config.max_model_len} tokens")
         params = SamplingParams.from_dict(message.sampling)
+        if message.max_local_prefill < 0:
+            raise ValueError(f"max_local_prefill must be >= 0, got {message.max_local_prefill}")
         hashes = []
         if self.scheduler.prefix_cache is not None:
             hashes = block_hashes(prompt, self.config.block_size, self.config.model_fingerprint, cache_salt)
@@ -125,7 +139,7 @@ class DecodeNode:
         reservation to load (off the step thread). Returns (aborted meanwhile, the staged blocks)."""
         tiered, scheduler = self.scheduler.tiered, self.scheduler
         lookup = scheduler.prefix_lookup_hashes(request)
-        if scheduler.prefix_cache is None or tiered is None or not tiered.has_lower_tiers or not lookup:
+        if not self.config.fetch_lower_tiers or tiered is None or not tiered.has_lower_tiers or not lookup:
             return False, None
         self._fetching[request.request_id] = False
         fetched = None
@@ -175,6 +189,13 @@ class DecodeNode:
                                   stats.num_generated_tokens)
         yield CounterMetricFamily("pdserve_decode_recomputed_tokens", "tokens prefilled again after preemption",
                                   stats.num_recomputed_tokens)
+        yield CounterMetricFamily("pdserve_decode_reused_prompt_tokens", "prompt tokens reservations found in this "
+                                  "worker's prefix cache (no prefill worker sent them)", self.scheduler.num_reused_tokens)
+        yield CounterMetricFamily("pdserve_decode_local_prefills", "reservations this worker prefilled itself "
+                                  "(conditional disaggregation: no prefill worker, no transfer)",
+                                  self.scheduler.num_local_prefills)
+        yield CounterMetricFamily("pdserve_decode_local_prefill_tokens", "prompt tokens those local prefills "
+                                  "computed", stats.num_local_prefill_tokens)
         yield CounterMetricFamily("pdserve_decode_preemptions", "requests preempted", self.scheduler.num_preemptions)
         yield CounterMetricFamily("pdserve_decode_kv_load_failures", "reservations whose KV did not arrive (lease, "
                                   "P gone or gave up)", self.scheduler.num_kv_load_failures)

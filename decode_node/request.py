@@ -27,16 +27,20 @@ class RequestState(enum.IntEnum):
     FINISHED_LENGTH = 5  # max_tokens or the model's length limit
     FINISHED_ABORTED = 6  # client gone or /internal/abort
     FINISHED_ERROR = 7  # the transfer failed (P gone, KV lease ran out) or a model step failed
+    # blocks reserved, D's cached prefix first; D prefills the rest itself (conditional disaggregation: no P,
+    # no transfer), in the forward of the step that admits it, whose decode row samples the first token
+    LOCAL_PREFILL = 8
 
     @property
     def finished(self) -> bool:
-        return self >= RequestState.FINISHED_STOPPED
+        return RequestState.FINISHED_STOPPED <= self <= RequestState.FINISHED_ERROR
 
 
 # Which moves are legal; `Scheduler._move` refuses anything else.
 TRANSITIONS: dict[RequestState, frozenset[RequestState]] = {
-    # PREEMPTED from WAITING_FOR_KV: the KV never came (--kv-load-failure-policy recompute): D prefills it itself
-    RequestState.WAITING_FOR_KV: frozenset({RequestState.WAITING, RequestState.PREEMPTED,
+    # PREEMPTED from WAITING_FOR_KV: the KV never came (--kv-load-failure-policy recompute): D prefills it itself;
+    # LOCAL_PREFILL: the reservation found so much of the prompt cached that D computes the rest (no transfer)
+    RequestState.WAITING_FOR_KV: frozenset({RequestState.WAITING, RequestState.PREEMPTED, RequestState.LOCAL_PREFILL,
                                             RequestState.FINISHED_STOPPED, RequestState.FINISHED_LENGTH,
                                             RequestState.FINISHED_ABORTED, RequestState.FINISHED_ERROR}),
     RequestState.WAITING: frozenset({RequestState.RUNNING, RequestState.FINISHED_ABORTED,
@@ -46,6 +50,8 @@ TRANSITIONS: dict[RequestState, frozenset[RequestState]] = {
                                      RequestState.FINISHED_ERROR}),
     RequestState.PREEMPTED: frozenset({RequestState.RUNNING, RequestState.FINISHED_ABORTED,
                                        RequestState.FINISHED_ERROR}),
+    RequestState.LOCAL_PREFILL: frozenset({RequestState.RUNNING, RequestState.FINISHED_ABORTED,
+                                           RequestState.FINISHED_ERROR}),
 }
 
 FINISH_REASONS: dict[RequestState, str] = {
@@ -64,7 +70,7 @@ class DecodeRequest:
     detokenizer: IncrementalDetokenizer
     stop_checker: StopChecker
     cache_salt: str | None = None
-    block_hashes: list[bytes] = field(default_factory=list)  # full prompt blocks (colocated prefix lookup)
+    block_hashes: list[bytes] = field(default_factory=list)  # full prompt blocks (the reservation's prefix lookup)
     arrival_time: float = field(default_factory=time.time)
     state: RequestState = RequestState.WAITING_FOR_KV
     block_ids: list[int] = field(default_factory=list)
@@ -72,7 +78,7 @@ class DecodeRequest:
     num_computed_tokens: int = 0  # tokens whose K/V sit in block_ids
     num_pending: int = 0  # tokens sampled by launched steps whose ids the host has not read yet (0 or 1)
     held_by_sender: bool = False  # aborted while P may still write its blocks (cuda_ipc): freed once it cannot
-    cached_tokens: int = 0  # prompt tokens found in a prefix cache (P's, or the shared one when colocated)
+    cached_tokens: int = 0  # leading prompt tokens found in this worker's prefix cache at reserve (not sent by P)
     num_preemptions: int = 0
     error: str | None = None
     abort_requested: bool = False

@@ -1,10 +1,13 @@
 """Decode scheduler: reservations, continuous batching, preemption by recompute, no leaked block.
 
     reserve() ──▶ WAITING_FOR_KV ──kv_complete()──▶ WAITING ──_admit_waiting──▶ RUNNING ──update()──▶ FINISHED_*
-                      │ kv_failed() (lease, P gone)   (first token frame sent here)      │    ▲
-                      ▼                                                          _preempt │    │ _resume_preempted
-                  FINISHED_ERROR / _ABORTED                                               ▼    │ (recompute on D)
-                      └──── kv_failed() with kv_load_failure_policy "recompute" ──────▶ PREEMPTED
+       │              │ kv_failed() (lease, P gone)   (first token frame sent here)  ▲   │    ▲
+       │              ▼                                                              │ _preempt │ _resume_preempted
+       │          FINISHED_ERROR / _ABORTED                                          │   ▼    │ (recompute on D)
+       │              └──── kv_failed() with kv_load_failure_policy "recompute" ─────│─▶ PREEMPTED
+       └─ uncached suffix < max_local_prefill ──▶ LOCAL_PREFILL ──_admit_local_prefills┘
+                                                  (no transfer: D prefills the suffix, its decode row samples
+                                                   the first token; conditional disaggregation)
 
 KV load failures (the lease ran out, P's connection broke, P gave up) follow `kv_load_failure_policy`, as
 vLLM's option of that name: "fail" ends the request with an error frame; "recompute" frees the reserved
@@ -32,9 +35,10 @@ runs the forward outside that lock. So an abort never frees blocks something may
 
 Block accounting: a request holding N = prompt + generated tokens needs ceil(N / block_size) blocks before a
 step (the K/V of its last generated token is written by that step). `reserve` takes blocks for prompt + 1;
-with a prefix cache (the colocated worker shares P's), the cached leading blocks are taken from it, and blocks
-fetched from host RAM / Redis are loaded after them. A sequence that ends with stop or length is committed to
-the tiered cache (prompt + output, N - 1 tokens of KV) just before its blocks are freed.
+with a prefix cache (the worker's own: decode_node/prefix.py), the cached leading blocks are taken from it, so P
+sends only the rest (colocated: blocks fetched from host RAM / Redis are loaded after them). A sequence that
+ends with stop or length is committed to the tiered cache (prompt + output, N - 1 tokens of KV) just before its
+blocks are freed: they stay EVICTABLE, the next turn's cached prefix.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ from collections.abc import Callable
 from pdserve.cache_store.block_pool import BlockPool, blocks_needed
 from pdserve.cache_store.prefix_cache import PrefixCache
 from pdserve.cache_store.tiered import FetchedPrefix, TieredKVCache
+from pdserve.decode_node.prefix import DecodePrefix
 from pdserve.decode_node.request import TRANSITIONS, DecodeRequest, RequestState
 from pdserve.decode_node.step import DecodeBatch, DecodeItem, RecomputeItem, Refusal, RequestOutput
 from pdserve.engine.output import OutputProcessor, logprobs_to_wire
@@ -65,20 +70,19 @@ class Scheduler:
         if kv_load_failure_policy not in KV_LOAD_FAILURE_POLICIES:
             raise ValueError(f"kv_load_failure_policy must be one of {KV_LOAD_FAILURE_POLICIES}, "
                              f"got {kv_load_failure_policy!r}")
-        if tiered is not None and tiered.pool is not pool:
-            raise ValueError("the tiered cache must be built over the scheduler's block pool")
         self.pool = pool
         self.block_size = block_size
         self.output = output
         self.max_num_seqs = max_num_seqs
         self.watermark_blocks = watermark_blocks
-        self.prefix_cache = prefix_cache  # colocated: reservations take the cached prefix from it
-        self.tiered = tiered  # finished sequences are committed to it (the next turn's prefix), and colocated
-        # reservations load host / Redis blocks through it
+        # reservations take their cached prefix from `prefix_cache` (None: new blocks only); finished sequences
+        # are committed to `tiered` (the next turn's prefix)
+        self.prefix = DecodePrefix(pool, block_size, prefix_cache, tiered)
         self.requests: dict[str, DecodeRequest] = {}  # every request not finished
         self.waiting: deque[DecodeRequest] = deque()
         self.running: list[DecodeRequest] = []
         self.preempted: deque[DecodeRequest] = deque()
+        self.local_prefills: deque[DecodeRequest] = deque()  # LOCAL_PREFILL, oldest first
         self._rows: dict[str, int] = {}  # request id -> its row in the last scheduled batch
         self.held: dict[str, DecodeRequest] = {}  # finished, blocks kept while P may still write them
         self.num_preemptions = 0
@@ -87,7 +91,17 @@ class Scheduler:
         self.max_waiting = max_waiting  # requests held beyond the running batch; more are refused (503)
         self.num_kv_load_failures = 0  # transfers that failed, whatever the policy did then
         self.num_kv_recomputes = 0  # of those, requests D prefilled itself
+        self.num_local_prefills = 0  # reservations D prefilled itself (conditional disaggregation)
+        self.num_reused_tokens = 0  # prompt tokens reservations found in this worker's prefix cache (not sent)
         self.on_finish: Callable[[DecodeRequest], None] = lambda request: None
+
+    @property
+    def prefix_cache(self) -> PrefixCache | None:
+        return self.prefix.prefix_cache
+
+    @property
+    def tiered(self) -> TieredKVCache | None:
+        return self.prefix.tiered
 
     # ---- counters ---------------------------------------------------------------------------------
 
@@ -97,16 +111,18 @@ class Scheduler:
 
     @property
     def num_waiting(self) -> int:
-        return len(self.waiting) + len(self.preempted) + self.num_waiting_for_kv
+        return len(self.waiting) + len(self.preempted) + len(self.local_prefills) + self.num_waiting_for_kv
 
     @property
     def has_work(self) -> bool:
-        return bool(self.running or self.waiting or self.preempted)
+        return bool(self.running or self.waiting or self.preempted or self.local_prefills)
 
     # ---- requests coming in -------------------------------------------------------------------------
 
-    def reserve(self, request: DecodeRequest, fetched: FetchedPrefix | None = None) -> Refusal | None:
-        """Take blocks for prompt + first token; None on success (the request is WAITING_FOR_KV).
+    def reserve(self, request: DecodeRequest, fetched: FetchedPrefix | None = None,
+                max_local_prefill: int = 0) -> Refusal | None:
+        """Take blocks for prompt + first token; None on success: the request is WAITING_FOR_KV, or
+        LOCAL_PREFILL when fewer than `max_local_prefill` of its prompt tokens are not cached here.
 
         With a prefix cache the cached prefix is taken from it, and `fetched` (host / Redis blocks staged for
         the request by `TieredKVCache.fetch`) is loaded after it."""
@@ -119,18 +135,19 @@ class Scheduler:
         if self.max_waiting is not None and self.num_waiting >= self.max_waiting:
             return Refusal(f"queue full: {self.num_waiting} requests wait on this decode worker already "
                            f"(--max-queued-requests {self.max_waiting})", self._retry_after())
-        lookup = self.prefix_lookup_hashes(request)
-        if self.preempted or not self._can_reserve(lookup, needed + self.watermark_blocks):
+        lookup = self.prefix.lookup_hashes(request)
+        if self.preempted or not self.prefix.can_reserve(lookup, needed + self.watermark_blocks):
             return Refusal(f"no room: {needed} KV blocks needed, {self.pool.num_free} of {self.pool.num_total} "
                            f"free, {len(self.preempted)} preempted requests waiting", self._retry_after())
-        if self.prefix_cache is None:
-            request.block_ids = list(self.pool.allocate(needed).block_ids)
-        else:
-            blocks = (self.prefix_cache.allocate(lookup, needed) if self.tiered is None
-                      else self.tiered.allocate(lookup, needed, fetched))
-            request.block_ids = list(blocks.block_ids)
-            request.cached_tokens = blocks.num_cached_tokens
+        blocks = self.prefix.allocate(lookup, needed, fetched)
+        request.block_ids = list(blocks.block_ids)
+        request.cached_tokens = blocks.num_cached_tokens
+        self.num_reused_tokens += blocks.num_cached_tokens
         self.requests[request.request_id] = request
+        uncached = len(request.prompt_token_ids) - request.cached_tokens
+        if uncached < max_local_prefill and request.sampling.prompt_logprobs is None:
+            self.num_local_prefills += 1
+            self._move(request, RequestState.LOCAL_PREFILL)
         return None
 
     def expected_block_ids(self, request: DecodeRequest) -> list[int]:
@@ -139,16 +156,7 @@ class Scheduler:
         return request.block_ids[request.cached_tokens // self.block_size:end]
 
     def prefix_lookup_hashes(self, request: DecodeRequest) -> list[bytes]:
-        """Full prompt blocks except the one holding the last token (P must compute it for the logits); none
-        when the request asks for prompt logprobs (P computes its whole prompt: a cached prefix has no logits)."""
-        if self.prefix_cache is None or request.sampling.prompt_logprobs is not None:
-            return []
-        return request.block_hashes[: (len(request.prompt_token_ids) - 1) // self.block_size]
-
-    def _can_reserve(self, lookup: list[bytes], num_blocks: int) -> bool:
-        if self.prefix_cache is None:
-            return self.pool.can_allocate(num_blocks)
-        return self.prefix_cache.can_allocate(lookup, num_blocks)
+        return self.prefix.lookup_hashes(request)
 
     def kv_complete(self, request_id: str, first_token_id: int, cached_tokens: int = 0,
                     logprobs: TokenLogprobs | None = None) -> list[RequestOutput]:
@@ -205,6 +213,7 @@ class Scheduler:
         batch = DecodeBatch()
         self._resume_preempted(batch)
         self._admit_waiting()
+        self._admit_local_prefills(batch)
         self._grow_running()
         # a request resumed above may have been preempted again by an older one growing
         batch.recompute = [item for item in batch.recompute if item.request.state == RequestState.RUNNING]
@@ -302,6 +311,17 @@ class Scheduler:
         while self.waiting and len(self.running) < self.max_num_seqs:
             self._move(self.waiting[0], RequestState.RUNNING)
 
+    def _admit_local_prefills(self, batch: DecodeBatch) -> None:
+        """Prompt tokens after the cached prefix but the last are prefilled in this step's forward; the last
+        one is the request's decode row, which samples the first token (as a recompute's does)."""
+        while self.local_prefills and len(self.running) < self.max_num_seqs:
+            request = self.local_prefills[0]
+            prompt, start = request.prompt_token_ids, request.cached_tokens
+            request.num_computed_tokens = len(prompt) - 1
+            self._move(request, RequestState.RUNNING)
+            if start < len(prompt) - 1:
+                batch.recompute.append(RecomputeItem(request, prompt[start:-1], request.block_ids, start, local=True))
+
     def _grow_running(self) -> None:
         """Give each running request room for its next token, preempting the newest when blocks run out (only
         ever with no step in flight: `_needs_drain`)."""
@@ -341,9 +361,11 @@ class Scheduler:
         elif state == RequestState.PREEMPTED:
             self._release_blocks(request)
             self.preempted.append(request)
+        elif state == RequestState.LOCAL_PREFILL:
+            self.local_prefills.append(request)
         elif state.finished:
             if state in (RequestState.FINISHED_STOPPED, RequestState.FINISHED_LENGTH):
-                self._commit(request)
+                self.prefix.commit(request)
             if not request.num_pending and not request.held_by_sender:  # else freed by the last launched step's
                 self._release_blocks(request)                          # update, or by release_held
             del self.requests[request.request_id]
@@ -352,20 +374,10 @@ class Scheduler:
 
     def _leave_queue(self, request: DecodeRequest) -> None:
         queue = {RequestState.WAITING: self.waiting, RequestState.RUNNING: self.running,
-                 RequestState.PREEMPTED: self.preempted}.get(request.state)
+                 RequestState.PREEMPTED: self.preempted,
+                 RequestState.LOCAL_PREFILL: self.local_prefills}.get(request.state)
         if queue is not None:
             queue.remove(request)
-
-    def _commit(self, request: DecodeRequest) -> None:
-        """Name the finished sequence's full blocks (prompt + output) and copy them down to host RAM / Redis, so
-        the conversation's next turn reuses its whole history on any prefill worker."""
-        if self.tiered is None or not request.block_ids:
-            return
-        try:  # the last sampled token has no KV yet
-            self.tiered.commit_sequence(request.all_token_ids, request.num_tokens - 1, request.block_ids,
-                                        request.cache_salt)
-        except Exception:  # a cache bug must not end the worker's step loop; the blocks are freed anyway
-            logger.exception("cannot commit the blocks of %s", request.request_id)
 
     def release_held(self, request_id: str) -> None:
         """The KV sender of an aborted request can write its blocks no more: free them."""

@@ -25,11 +25,15 @@ class RequestOutput:
 
 @dataclass(frozen=True)
 class RecomputeItem:
-    """A preempted request's tokens (all but the last) to prefill again into fresh blocks."""
+    """Tokens to prefill on D before the step's decode rows, from position `start`: a preempted request's
+    tokens but the last, again, into fresh blocks (start 0); or, `local` (conditional disaggregation), the prompt
+    after D's cached prefix but its last token, whose decode row then samples the first token."""
 
     request: DecodeRequest
     token_ids: list[int]
     block_ids: list[int]
+    start: int = 0
+    local: bool = False
 
 
 @dataclass(frozen=True)

@@ -207,6 +207,38 @@ def _offline_cpu(data: dict[str, Any]) -> PerfSource:
                       f"Speedup: median over rounds of the paired per-round ratio; HF and pdserve alternate. {load}")
 
 
+_MULTITURN_PATHS = {"today": "today's path (no decode prefix cache, no local prefill)",
+                    "dcache": "decode prefix cache + delta transfer", "local": "+ conditional disaggregation",
+                    "store": "KV through the transfer store"}
+
+
+def _multiturn_reuse(data: dict[str, Any]) -> PerfSource:
+    """Turns >= 2 of ShareGPT conversations on today's path and on each decode-side reuse path, one deployment
+    after the other in one run (benchmarks/multiturn_reuse.py)."""
+    w, rows = data["workload"], []
+    for name, row in data["rows"].items():
+        later = row["turns"][1:]
+        sent, bound = (sum(t[key] for t in later) / 2**20 for key in ("bytes_p_to_d", "new_turn_bytes"))
+        speedup = row.get("later_turns_ttft_p50_speedup_vs_today")
+        rows.append(PerfRow(f"multi-turn ShareGPT, {_MULTITURN_PATHS.get(name, name)}",
+                            f"turns ≥ 2: TTFT p50 {row['later_turns_ttft_p50_ms']:,.0f} ms, P → D {sent:,.1f} MiB "
+                            f"(their new blocks: {bound:,.1f}); all turns: {row['output_tok_per_s']:,.1f} output "
+                            "tokens/s", f"{speedup:.2f}× today's TTFT" if name != "today" and speedup else ""))
+    command = re.sub(r" --(out|logs) \S+", "", data["command"]).replace(".bench_data/tokenizer", "DIR")
+    command = command.replace(".bench_data/", "../shared/data/")  # the device call's copy of the shared sample
+    first, last = next(iter(data["rows"].values())), list(data["rows"].values())[-1]
+    note = (f"{w['conversations']} conversations, at most {w['turns']} turns, answers up to {w['max_output_len']} "
+            "tokens; every conversation's turn k at once, then turn k + 1; bytes from the prefill worker's counter.")
+    if data["device"] == "CPU":
+        before, after = first["load_before"], last["load_after"]
+        device = f"CPU, {before['cpus']} cores, default model fp32"
+        note += " " + _load_note([before["load1"]], [after["load1"]], before["cpus"])
+    else:
+        device = "NVIDIA H200, dummy llama3-8b bf16"
+    name = "multiturn_reuse_cpu.json" if data["device"] == "CPU" else "multiturn_reuse_h200.json"
+    return PerfSource(name, device, data["date"][:10], command + " --out {out}", tuple(rows), note)
+
+
 def _median_ttft(runs: list[dict[str, Any]]) -> float:
     return float(statistics.median(r["ttft_s"] for r in runs))
 
@@ -304,6 +336,8 @@ EXTRACTORS: dict[str, Callable[[dict[str, Any]], PerfSource]] = {
     "serving_cpu.json": _serving_cpu,
     "cache_reuse.json": _cache_reuse,
     "plan_validation_cpu.json": _plan_validation,
+    "multiturn_reuse_h200.json": _multiturn_reuse,
+    "multiturn_reuse_cpu.json": _multiturn_reuse,
 }
 
 

@@ -43,6 +43,10 @@ def add_router_arguments(parser: argparse.ArgumentParser, internal_port: bool = 
                             "the prompts whose prefix it holds")
     group.add_argument("--decode-policy", default=defaults.decode_policy, choices=sorted(DECODE_POLICIES),
                        help="how a decode worker is chosen")
+    group.add_argument("--local-prefill-threshold", type=int, default=defaults.local_prefill_threshold,
+                       help="conditional disaggregation: a request whose uncached suffix on a decode worker that "
+                            "holds part of it (an earlier turn) is shorter than this many tokens is prefilled by that "
+                            "decode worker, with no prefill worker and no KV transfer; 0: never")
     group.add_argument("--heartbeat-interval", type=float, default=defaults.heartbeat_interval_s,
                        help="seconds between a worker's heartbeats (told to workers at registration)")
     group.add_argument("--heartbeat-timeout", type=float, default=None,
@@ -131,5 +135,6 @@ def router_config(args: argparse.Namespace, name: str, aliases: tuple[str, ...],
         prefill_policy=args.prefill_policy, decode_policy=args.decode_policy,
         cache_aware_max_imbalance=args.cache_aware_max_imbalance, log_requests=not args.disable_log_requests,
         log_stats=not args.disable_log_stats, log_stats_interval_s=args.log_stats_interval,
+        local_prefill_threshold=args.local_prefill_threshold,
         tool_call_parser=args.tool_call_parser,
     )

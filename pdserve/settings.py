@@ -98,6 +98,9 @@ class KVCacheSettings:
     default_cpu_memory: int = 1 << 30
     gpu_memory_utilization: float = 0.8
     enable_prefix_caching: bool = True  # off: no block is named, every prompt computed in full
+    # a decode worker's reservations take the prompt's prefix cached on it (finished sequences' prompt + output)
+    # and P sends only the rest; off: every reservation takes new blocks and P sends the whole prompt
+    decode_prefix_cache: bool = True
 
     def __post_init__(self) -> None:
         if self.num_blocks is not None and self.kv_cache_memory is not None:

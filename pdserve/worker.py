@@ -12,7 +12,8 @@
 
 A colocated worker (`--role both`) has ONE block pool, one prefix cache, one runner: the prefill side computes
 straight into the blocks the decode side reserved (backend `local`, nothing copied). Both step threads share
-`state_lock` (pool + schedulers) and `model_lock` (forwards).
+`state_lock` (pool + schedulers) and `model_lock` (forwards). A decode worker's reservations take their cached
+prefix from that same prefix cache too (finished sequences are named there), so P sends only the rest.
 """
 
 from __future__ import annotations
@@ -191,10 +192,10 @@ class Worker:
         if "decode" in built:
             decode_engine = self._decode_engine()
             receiver = self._receiver(decode_engine, secret)
-            decode_config = DecodeNodeConfig(self.config.max_model_len, self.config.vocab_size,
-                                             self.cache_config.block_size, self.settings.scheduler.kv_lease_timeout_s,
-                                             self.loaded.fingerprint)
-            self.roles.decode = DecodeNode(decode_engine, receiver, self.loaded.tokenizer, decode_config, grammars)
+            node_config = DecodeNodeConfig(self.config.max_model_len, self.config.vocab_size,
+                                           self.cache_config.block_size, self.settings.scheduler.kv_lease_timeout_s,
+                                           self.loaded.fingerprint, fetch_lower_tiers=self.settings.colocated)
+            self.roles.decode = DecodeNode(decode_engine, receiver, self.loaded.tokenizer, node_config, grammars)
         if "prefill" in built:
             sender: KVSender
             if self.settings.transfer.backend == "local":
@@ -233,7 +234,10 @@ class Worker:
 
     def _decode_engine(self) -> DecodeEngine:
         output = self._output_processor()
-        shared_cache = self.prefix_cache if self.settings.colocated else None
+        # the decode side's reservations take their cached prefix from the worker's one prefix cache: always when
+        # colocated (one pool with P), and on a decode worker unless --no-decode-prefix-cache (docs/kv_cache.md)
+        reuse = self.settings.colocated or self.settings.cache.decode_prefix_cache
+        shared_cache = self.prefix_cache if reuse else None
         limits = self.settings.scheduler
         scheduler = Scheduler(self.pool, self.cache_config.block_size, output, limits.max_num_seqs,
                               limits.watermark_blocks, prefix_cache=shared_cache, tiered=self.tiered,

@@ -89,6 +89,11 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
                        default=KVCacheSettings.enable_prefix_caching,
                        help="reuse the KV of a prompt's cached prefix (device blocks, and the host / Redis tiers); "
                             "--no-enable-prefix-caching computes every prompt in full")
+    group.add_argument("--decode-prefix-cache", action=argparse.BooleanOptionalAction,
+                       default=KVCacheSettings.decode_prefix_cache,
+                       help="a decode worker reserves a prompt's prefix from the blocks it holds (finished "
+                            "sequences: prompt + output), so the prefill worker sends only the rest; "
+                            "--no-decode-prefix-cache: every prompt's KV is sent in full")
     group.add_argument("--max-num-seqs", type=int, default=None,
                        help="sequences in one batch at most: decode's running batch, prompts in one prefill "
                             f"(default: {GPU_MAX_NUM_SEQS} on a GPU, as vLLM's; {SchedulerSettings.max_num_seqs} "
@@ -164,7 +169,8 @@ def worker_settings_from_args(args: argparse.Namespace, cache_dir: str | None,
         model=model_settings_from_args(args, cache_dir),
         cache=KVCacheSettings(num_blocks=args.num_blocks, kv_cache_memory=args.kv_cache_memory,
                               block_size=args.block_size, gpu_memory_utilization=args.gpu_memory_utilization,
-                              enable_prefix_caching=args.enable_prefix_caching),
+                              enable_prefix_caching=args.enable_prefix_caching,
+                              decode_prefix_cache=args.decode_prefix_cache),
         scheduler=SchedulerSettings(max_num_seqs=_max_num_seqs(args),
                                     max_num_batched_tokens=args.max_num_batched_tokens,
                                     kv_lease_timeout_s=args.kv_lease_timeout,

@@ -15,6 +15,7 @@ Life of a request on P (one `PrefillState`, changed only by `Batcher._move`):
                                  │ └─ more   after each layer, that layer's blocks go to D (kv_transfer sender:
                                  │   chunks  copied out on the compute thread, written by the event loop while
                                  │           the next layer computes); the first chunk also sends the cached prefix
+                                 │           (but the blocks D holds already: its target leaves them out)
                                  ▼ last chunk: the first token is sampled with the request's SamplingParams
                              FINISHED        full prompt blocks committed to the prefix cache (write-through:
                                              the computed ones copied to host RAM and Redis on the tiers' writer

@@ -13,7 +13,8 @@
 
 Layer i of the whole packed batch goes out while layer i + 1 computes. A chunk carries the blocks its tokens
 touch (a block split between two chunks goes twice; the second copy is complete); a request's first chunk also
-carries its cached prefix blocks, which the receiver does not have (unless colocated: then it does).
+carries its cached prefix blocks, which the receiver does not have (unless colocated: then it does). Blocks
+the receiver found in its own prefix cache are left out of its target, and never sent (`chunk_send`).
 A failed send fails that request only; a failed forward fails the requests of that batch.
 """
 
@@ -75,13 +76,20 @@ class PrefillStats:
 
 
 def chunk_send(chunk: ScheduledChunk, block_size: int) -> ChunkSend:
-    """What the chunk pushes after each layer: our blocks into the receiver's."""
+    """What the chunk pushes after each layer: our blocks into the receiver's, never one the receiver holds.
+
+    The target lists D's blocks from `offset` (the leading blocks D found in its own prefix cache) to the end:
+
+        prompt blocks   0   1   2   3   4   5        offset 3 (D holds 0-2), P's own cache holds 0-1:
+        P computes              2   3   4   5        chunk 1 (tokens of blocks 2-3) sends 3; chunk 2 sends 4-5
+        target              [   3   4   5 ]          (a first chunk also sends P's cached blocks D lacks)
+    """
     request = chunk.request
     assert request.target is not None, "a queued request has its target"
     offset = request.num_uncarried_blocks
     first = chunk.start == request.num_cached_tokens
-    lo = offset if first else chunk.start // block_size
-    hi = blocks_needed(chunk.end, block_size)
+    lo = offset if first else max(chunk.start // block_size, offset)
+    hi = max(blocks_needed(chunk.end, block_size), lo)
     return ChunkSend(request.request_id, tuple(request.block_ids[lo:hi]),
                      tuple(request.target.block_ids[lo - offset:hi - offset]))
 

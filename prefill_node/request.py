@@ -75,7 +75,7 @@ class PrefillRequest:
 
     @property
     def num_uncarried_blocks(self) -> int:
-        """Leading blocks the receiver already has (colocated: the shared cached prefix), never sent."""
+        """Leading blocks the receiver already has (its own prefix cache's; colocated: the shared one), never sent."""
         assert self.target is not None, "a queued request has its target"
         return blocks_needed(self.num_prompt_tokens, self.target.block_size) - len(self.target.block_ids)
 

@@ -8,7 +8,8 @@ health, metrics, registration and admin. Torch-free: the router, both nodes and 
     ──────                                    ──────
     connect ───────────────────────────────▶  HELLO {nonce, worker_id}
     AUTH {mac = HMAC(secret, nonce)}  ──────▶  WELCOME | ERROR + close
-    RESERVE {id, prompt, sampling, ...} ───▶  D: RESERVED {id, transfer} | REFUSED {id, status, message, ...}
+    RESERVE {id, prompt, sampling, ...} ───▶  D: RESERVED {id, transfer, cached} | REFUSED {id, status, ...}
+                                               (RESERVED local_prefill: D prefills it itself, no P is asked)
     PREFILL {id, prompt, sampling, transfer?}▶ P: (sent together with RESERVE; the target follows in
     PREFILL_TARGET {id, transfer} ─────────▶       PREFILL_TARGET once D reserved)
                                  ◀──────────   P: PREFILLED {id, first token + its text} | PREFILL_FAILED

@@ -1,6 +1,6 @@
 """Messages <-> msgpack bodies: `[kind, field, field, ...]`, every field's type checked on the way in.
 
-    Reserve("r1", [1, 2], {...}, None, 1.7e9)   ⇄   [10, "r1", [1, 2], {...}, None, 1.7e9]
+    Reserve("r1", [1, 2], {...}, None, 1.7e9, 0)   ⇄   [10, "r1", [1, 2], {...}, None, 1.7e9, 0]
     Tokens([delta, ...])                         ⇄   [40, [[rid, ids, text], [rid, ids, text, finish, logprobs,
                                                         prompt, completion, cached, error], ...]]
 

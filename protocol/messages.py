@@ -11,7 +11,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: RESERVE's max_local_prefill, RESERVED's local_prefill (conditional disaggregation)
 
 
 class Kind(enum.IntEnum):
@@ -91,7 +91,10 @@ class Pong:
 
 @dataclass(frozen=True, slots=True)
 class Reserve:
-    """Router -> D: reserve KV blocks for prompt + first token; D answers RESERVED or REFUSED."""
+    """Router -> D: reserve KV blocks for prompt + first token; D answers RESERVED or REFUSED.
+
+    `max_local_prefill` > 0: D may prefill the prompt itself, with no prefill worker and no transfer, when fewer
+    than that many of its tokens are missing from D's own prefix cache (conditional disaggregation; 0: never)."""
 
     KIND: ClassVar[Kind] = Kind.RESERVE
     request_id: str
@@ -99,16 +102,21 @@ class Reserve:
     sampling: dict[str, Any]
     cache_salt: str | None
     arrival_time: float
+    max_local_prefill: int = 0
 
 
 @dataclass(frozen=True, slots=True)
 class Reserved:
-    """D -> router: where P pushes the KV (TransferTarget.to_dict()); `num_cached_tokens` D found cached."""
+    """D -> router: where P pushes the KV (TransferTarget.to_dict()); `num_cached_tokens`: the leading prompt
+    tokens D holds already (its prefix cache), which the target leaves out, so P sends only the rest.
+    `local_prefill`: D prefills the rest itself (RESERVE's max_local_prefill allowed it); `transfer` is then {}
+    and no prefill worker is asked: the first token comes in D's first delta."""
 
     KIND: ClassVar[Kind] = Kind.RESERVED
     request_id: str
     transfer: dict[str, Any]
     num_cached_tokens: int = 0
+    local_prefill: bool = False
 
 
 @dataclass(frozen=True, slots=True)

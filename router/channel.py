@@ -13,7 +13,8 @@
 The first token is the first of P's PREFILLED and D's first delta: P samples it and sends it to the router and
 (with the KV's "done" frame) to D at once; both compute its text with engine/output.py, so they agree to the
 character, and whichever arrives first is relayed. (Should D's KV load fail after P's token went out, D's
-recompute samples the same token when sampling is greedy or seeded; unseeded sampling may differ then.)
+recompute samples the same token when sampling is greedy or seeded; unseeded sampling may differ then.) A request
+D prefills itself (RESERVED local_prefill) has no P at all: `prefill_link` stays None, the first token is D's.
 """
 
 from __future__ import annotations
@@ -86,15 +87,21 @@ class DeltaSink:
 
 
 class Channel:
-    def __init__(self, sub: SubRequest, request_id: str, position: int, sink: DeltaSink, prefill: WorkerLink,
-                 on_prefilled: Callable[[PrefillNumbers], None] = lambda numbers: None) -> None:
+    def __init__(self, sub: SubRequest, request_id: str, position: int, sink: DeltaSink,
+                 prefill: WorkerLink | None = None,
+                 on_prefilled: Callable[[PrefillNumbers], None] = lambda numbers: None,
+                 on_finished: Callable[[Channel, str], None] = lambda channel, finish_reason: None) -> None:
         self.sub = sub
         self._on_prefilled_numbers = on_prefilled
+        self._on_finished = on_finished  # D sent the last delta (its finish reason): what it holds now changed
         self.request_id = request_id
         self.position = position
         self.sink = sink
-        self.prefill_link = prefill
+        self.prefill_link: WorkerLink | None = None
+        if prefill is not None:
+            self.use_prefill(prefill)
         self.decode_link: WorkerLink | None = None
+        self.output_token_ids: list[int] = []  # every token relayed, in order (P's first one included)
         loop = asyncio.get_running_loop()
         self.reserve_answer: asyncio.Future[Reserved | Refused] = loop.create_future()
         self.started: asyncio.Future[None] = loop.create_future()  # first token relayed, or a failure
@@ -120,7 +127,19 @@ class Channel:
 
     @property
     def prefill(self) -> Worker:
+        assert self.prefill_link is not None
         return self.prefill_link.worker
+
+    def use_prefill(self, link: WorkerLink) -> None:
+        """`link`'s worker prefills the request (its answers come here); counted in its `inflight`."""
+        self.prefill_link = link
+        link.subscribe(self.request_id, self)
+        link.worker.inflight += 1
+
+    def prefill_done(self) -> None:
+        """The attempt is over, whatever came of it: the prefill worker no longer counts it as in flight."""
+        if self.prefill_link is not None:
+            self.prefill.inflight -= 1
 
     def use_decode(self, link: WorkerLink) -> None:
         """Ask `link`'s worker for the reservation next (a fresh answer future)."""
@@ -246,8 +265,11 @@ class Channel:
     # ---- to the response ------------------------------------------------------------------------
 
     def _relay(self, delta: TokenDelta) -> None:
+        self.output_token_ids += delta.token_ids
         if delta.finish_reason is not None:
             self.finished = True
+            if self.decode_link is not None:
+                self._on_finished(self, delta.finish_reason)
         self.sink.put(self.position, delta)
         if not self.started.done():
             self.started.set_result(None)

@@ -32,6 +32,12 @@ class RouterConfig:
     prefill_policy: str = "cache_aware"
     cache_aware_max_imbalance: int = 4  # cache_aware: queued requests beyond the least loaded P it accepts
     decode_policy: str = "least_kv"
+    # conditional disaggregation (router/decode_reuse.py): a request whose uncached suffix on a decode worker
+    # holding part of it is shorter than this many tokens is prefilled by that worker (no P, no transfer); 0: never.
+    # 256: on the H200 a 4,096-token prefill of llama3-8b took 104 ms (BENCHMARKS.md), so 256 tokens take ~6.5 ms,
+    # about one decode step of a 64-sequence batch at 512 tokens of context (6.5 ms): a local prefill under it
+    # stalls D's running batch for about one step
+    local_prefill_threshold: int = 256
     secret: str | None = None
     heartbeat_interval_s: float = 1.0
     heartbeat_timeout_s: float | None = None
@@ -95,6 +101,8 @@ class RouterConfig:
             raise ValueError("api_key must not be empty (None: no API key)")
         if self.admin_token is not None and len(self.admin_token) < 8:
             raise ValueError(f"admin_token must be at least 8 characters, got {len(self.admin_token)}")
+        if self.local_prefill_threshold < 0:
+            raise ValueError(f"local_prefill_threshold must be >= 0, got {self.local_prefill_threshold}")
         if self.cache_aware_max_imbalance < 0:
             raise ValueError(f"cache_aware_max_imbalance must be >= 0, got {self.cache_aware_max_imbalance}")
         if self.tool_call_parser not in ("hermes",):

@@ -88,6 +88,11 @@ class RouterMetrics:
         self.requests = Counter("pdserve_requests", "finished HTTP requests by status (499: client gone)",
                                 ["status"], registry=r)
         self.retries = Counter("pdserve_retries", "worker retries by reason", ["reason"], registry=r)
+        self.local_prefills = Counter("pdserve_local_prefills", "sub-requests a decode worker prefilled itself "
+                                      "(conditional disaggregation: no prefill worker, no KV transfer)", registry=r)
+        self.local_prefill_fallbacks = Counter("pdserve_local_prefill_fallbacks", "sub-requests sent to a decode "
+                                               "worker to prefill there that it held too little of, so a prefill "
+                                               "worker computed them", registry=r)
         self.prompt_tokens = Counter("pdserve_prompt_tokens", "prompt tokens of served requests", registry=r)
         self.cached_tokens = Counter("pdserve_cached_prompt_tokens", "prompt tokens found in the KV cache",
                                      registry=r)

@@ -1,7 +1,7 @@
 """Choosing workers. A policy orders the candidates of one role, best first; the relay tries them in that
 order (a decode worker may answer 503 when it has no room, and then the next one is asked).
 
-    prefill: cache_aware (default) | round_robin | least_loaded        decode: least_kv | round_robin
+    prefill: cache_aware (default) | round_robin | least_loaded   decode: least_kv (default) | cache_aware | round_robin
 
 `cache_aware` sends a prompt to the prefill worker that holds the longest prefix of it (device or host RAM;
 Redis is shared by all, so it does not tell them apart), unless that worker has more than `max_imbalance`
@@ -10,6 +10,12 @@ the least loaded, rotating among equals. What a worker holds comes from its hear
 bounded summary of block hashes) and from the prompts the router sent it since (router/prefix_index.py); the
 prompt's chained block hashes are computed here with the worker's model fingerprint and the request's
 cache_salt, exactly as the workers compute them (cache_store/hashing.py).
+
+Decode `cache_aware` puts first the decode worker holding the longest prefix of the prompt (its finished
+sequences: an earlier turn of the conversation), so that P sends only the rest (decode_node/prefix.py); least_kv's
+order otherwise, among equals, and whenever that worker runs more than `max_imbalance` requests beyond the least
+busy one. Its view of a decode worker: the same heartbeats, plus the blocks of every sequence this router saw
+finish there (router/decode_reuse.py).
 
 `make_prefill_policy(name, options)` / `make_decode_policy(name)` look a name up in the registries below.
 """
@@ -107,15 +113,42 @@ class CacheAware(Policy):
         return ordered
 
     def matched_blocks(self, worker: Worker, prompt: Prompt | None) -> int:
-        """Leading blocks of the prompt's lookup (all full blocks but one holding the last token) held there."""
-        if prompt is None or worker.fingerprint is None:
-            return 0
-        hashes = prompt.hashes(worker.fingerprint, self.block_size)
-        return worker.prefixes.matched(hashes[: (len(prompt.token_ids) - 1) // self.block_size])
+        return matched_blocks(worker, prompt, self.block_size)
 
     def routed(self, worker: Worker, prompt: Prompt) -> None:
         if worker.fingerprint is not None:
             worker.prefixes.note_routed(prompt.hashes(worker.fingerprint, self.block_size))
+
+
+class DecodeCacheAware(CacheAware):
+    """Decode: longest cached prefix first, least_kv's order among equals and when that worker is too busy."""
+
+    def order(self, candidates: list[Worker], prompt_len: int, prompt: Prompt | None = None) -> list[Worker]:
+        by_kv = LeastKV().order(candidates, prompt_len)
+        if not by_kv:
+            return []
+        matched = {w.worker_id: self.matched_blocks(w, prompt) for w in by_kv}
+        ordered = sorted(by_kv, key=lambda w: -matched[w.worker_id])  # stable: least_kv's order among equals
+        if decode_load(ordered[0]) > min(decode_load(w) for w in by_kv) + self.max_imbalance:
+            return by_kv
+        return ordered
+
+    def routed(self, worker: Worker, prompt: Prompt) -> None:
+        """Nothing: a decode worker names a sequence's blocks when it ends (router/decode_reuse.py notes them)."""
+
+
+def matched_blocks(worker: Worker, prompt: Prompt | None, block_size: int) -> int:
+    """Leading blocks of the prompt's lookup (all full blocks but one holding the last token) held there, as far
+    as this router knows (router/prefix_index.py)."""
+    if prompt is None or worker.fingerprint is None:
+        return 0
+    hashes = prompt.hashes(worker.fingerprint, block_size)
+    return worker.prefixes.matched(hashes[: (len(prompt.token_ids) - 1) // block_size])
+
+
+def decode_load(worker: Worker) -> int:
+    """Decode load: sequences running or waiting there (last report) plus the router's own in-flight count."""
+    return worker.load.num_running + worker.load.num_waiting + worker.inflight
 
 
 def queued(worker: Worker) -> int:
@@ -130,6 +163,7 @@ PREFILL_POLICIES: dict[str, Callable[[PolicyOptions], Policy]] = {
 }
 DECODE_POLICIES: dict[str, Callable[[PolicyOptions], Policy]] = {
     "least_kv": lambda options: LeastKV(),
+    "cache_aware": lambda options: DecodeCacheAware(options.block_size, options.max_imbalance),
     "round_robin": lambda options: RoundRobin(),
 }
 

@@ -12,8 +12,16 @@
                  another P (the same P again when D was what failed), else 503. P's link lost: the same when
                  another P is up; else D's KV lease decides (it recomputes the prompt, or fails the request)
 
+Conditional disaggregation (router/decode_reuse.py): when a decode worker holds so much of the prompt that
+fewer than --local-prefill-threshold tokens are left, that D is asked first, alone, with RESERVE.max_local_prefill:
+
+    RESERVE (max_local_prefill) to that D ─▶ RESERVED local_prefill ─▶ D's first delta is the first token; no P
+                                          └▶ RESERVED (D held less by now) ─▶ PREFILL with D's target to a P
+                                             (the fallback: P's lookup no longer overlaps the reservation)
+
 A started channel relays D's deltas into the response's sink until the last one; closing it early (the client
-left, another choice failed) sends ABORT to D (and to P if P had not answered), which frees the blocks.
+left, another choice failed) sends ABORT to D (and to P if P had not answered), which frees the blocks. A
+sequence that ends with stop or length leaves its blocks named on its D: the router notes them there at once.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ from typing import Any
 from pdserve.protocol.messages import Prefill, PrefillTarget, Refused, Reserve, Reserved
 from pdserve.router.channel import Channel, DeltaSink, WorkerFailed
 from pdserve.router.config import RouterConfig
+from pdserve.router.decode_reuse import DecodeReuse
 from pdserve.router.errors import APIError, service_unavailable
 from pdserve.router.metrics import RouterMetrics
 from pdserve.router.plan import SubRequest
@@ -50,6 +59,7 @@ class Relay:
         self._decode_policy = decode_policy
         self._config = config
         self._metrics = metrics
+        self._reuse = DecodeReuse(config.block_size, config.local_prefill_threshold)
 
     def set_policies(self, prefill: Policy, decode: Policy) -> None:
         """Swap the policies (admin API); sub-requests already started keep the workers they were given."""
@@ -81,31 +91,33 @@ class Relay:
         reasons: list[str] = []
         prompt = Prompt(sub.prompt_token_ids, sub.cache_salt)
         for attempt in range(_ATTEMPTS):
-            prefill = self._pick_prefill(prompt, failed)
             request_id = sub.request_id if attempt == 0 else f"{sub.request_id}-retry{attempt}"
+            channel = Channel(sub, request_id, position, sink,
+                              on_prefilled=lambda numbers: self._metrics.prefill.observe(numbers.prefill_s),
+                              on_finished=self._decode_finished)
             try:
-                return await self._attempt(sub, request_id, position, sink, prefill)
+                return await self._attempt(channel, prompt, failed)
             except WorkerFailed as exc:
                 log.warning("attempt %d of %s failed: %s", attempt + 1, sub.request_id, exc)
                 self._metrics.retries.labels(exc.reason).inc()
                 reasons.append(str(exc))
-                if exc.role == "prefill":
-                    failed[prefill.worker_id] = str(exc)
+                if exc.role == "prefill" and channel.prefill_link is not None:
+                    failed[channel.prefill.worker_id] = str(exc)
         raise service_unavailable(f"failed on {len(reasons)} attempts: {'; '.join(reasons)}",
                                   self._config.retry_after_s)
 
-    async def _attempt(self, sub: SubRequest, request_id: str, position: int, sink: DeltaSink,
-                       prefill: Worker) -> Channel:
-        p_link = await self._ready(prefill, "prefill")
-        channel = Channel(sub, request_id, position, sink, p_link,
-                          lambda numbers: self._metrics.prefill.observe(numbers.prefill_s))
-        p_link.subscribe(request_id, channel)
-        prefill.inflight += 1
+    async def _attempt(self, channel: Channel, prompt: Prompt, failed: dict[str, str]) -> Channel:
+        local = self._reuse.local_choice(self._registry.candidates("decode"), channel.sub, prompt)
         try:
-            p_link.send(Prefill(request_id, sub.prompt_token_ids, sub.sampling.to_dict(), sub.cache_salt))
-            reserved = await self._reserve(channel)
-            p_link.send(PrefillTarget(request_id, reserved.transfer))
-            channel.target_sent = True
+            if local is None:
+                await self._prefill_on(channel, prompt, failed, None)
+            else:
+                reserved = await self._reserve(channel, prompt, local)
+                if reserved.local_prefill:
+                    self._metrics.local_prefills.inc()
+                else:  # D holds less than its last report said: a P computes the rest, into D's new blocks
+                    self._metrics.local_prefill_fallbacks.inc()
+                    await self._prefill_on(channel, prompt, failed, reserved)
             await self._first_token(channel)
         except LinkDown as exc:
             channel.close("the attempt failed")
@@ -114,8 +126,31 @@ class Relay:
             channel.close("the attempt failed")
             raise
         finally:
-            prefill.inflight -= 1
+            channel.prefill_done()
         return channel
+
+    async def _prefill_on(self, channel: Channel, prompt: Prompt, failed: dict[str, str],
+                          reserved: Reserved | None) -> None:
+        """Hand the prompt to a P: PREFILL and RESERVE together (P looks its prefix up while D reserves), then
+        D's target; or, when D has reserved already, PREFILL with the target in it."""
+        prefill = self._pick_prefill(prompt, failed)
+        try:
+            channel.use_prefill(await self._ready(prefill, "prefill"))
+        except WorkerFailed as exc:
+            failed[prefill.worker_id] = str(exc)
+            raise
+        sub, request_id = channel.sub, channel.request_id
+        if reserved is None:
+            channel.prefill_link.send(Prefill(request_id, sub.prompt_token_ids, sub.sampling.to_dict(), sub.cache_salt))
+            reserved = await self._reserve(channel, prompt)
+            channel.prefill_link.send(PrefillTarget(request_id, reserved.transfer))
+        else:
+            channel.prefill_link.send(Prefill(request_id, sub.prompt_token_ids, sub.sampling.to_dict(), sub.cache_salt,
+                                              reserved.transfer))
+        channel.target_sent = True
+
+    def _decode_finished(self, channel: Channel, finish_reason: str) -> None:
+        self._reuse.finished(channel.decode, channel.sub, channel.output_token_ids, finish_reason)
 
     async def _first_token(self, channel: Channel) -> None:
         try:
@@ -131,7 +166,8 @@ class Relay:
                                 "lease (recompute or error)", channel.request_id, lost)
                 await asyncio.shield(channel.started)
         except TimeoutError:
-            raise WorkerFailed(f"no first token for {channel.request_id} from {channel.prefill.worker_id} or "
+            prefill = channel.prefill.worker_id if channel.prefill_link is not None else "no prefill worker"
+            raise WorkerFailed(f"no first token for {channel.request_id} from {prefill} or "
                                f"{channel.decode.worker_id} within {self._config.prefill_timeout_s:g} s",
                                "prefill", "prefill_timeout") from None
         except WorkerFailed as exc:
@@ -160,12 +196,16 @@ class Relay:
         policy.routed(ordered[0], prompt)
         return ordered[0]
 
-    async def _reserve(self, channel: Channel) -> Reserved:
-        """Reserve KV on the best D that has room; 503 (with the largest Retry-After) when none has."""
+    async def _reserve(self, channel: Channel, prompt: Prompt, local: Worker | None = None) -> Reserved:
+        """Reserve KV on the best D that has room; 503 (with the largest Retry-After) when none has. `local`:
+        that D first, and each D asked may prefill the request itself (conditional disaggregation)."""
         sub = channel.sub
-        ordered = self._decode_policy.order(self._registry.candidates("decode"), len(sub.prompt_token_ids))
+        ordered = self._decode_policy.order(self._registry.candidates("decode"), len(sub.prompt_token_ids), prompt)
+        if local is not None:
+            ordered = [local, *(w for w in ordered if w is not local)]
+        limit = self._reuse.threshold if local is not None else 0
         message = Reserve(channel.request_id, sub.prompt_token_ids, sub.sampling.to_dict(), sub.cache_salt,
-                          time.time())
+                          time.time(), limit)
         blocks = -(-(len(sub.prompt_token_ids) + 1) // self._config.block_size)
         retry_after, refusals = self._config.retry_after_s, []
         for decode in ordered:

@@ -79,6 +79,7 @@ class RequestOutput:
     generated_text: str = ""
     error: str = ""
     server_prompt_tokens: int = 0  # usage.prompt_tokens (chat templates included)
+    turn: int = 0  # the request's turn in its conversation (0: the first)
 
 
 @dataclass

@@ -1,7 +1,8 @@
 """Serving metrics from recorded request timings, computed as `vllm bench serve` computes them (so results
 compare): TTFT; TPOT = (E2E - TTFT) / (output tokens - 1) for requests of 2+ tokens; ITL = every gap between
 chunks of every request; E2E latency. Statistics in ms: mean, median, std (population), percentiles (numpy's
-linear interpolation). Goodput = requests per second that meet every given SLO (TTFT, TPOT, E2E in ms)."""
+linear interpolation). Goodput = requests per second that meet every given SLO (TTFT, TPOT, E2E in ms).
+Multi-turn runs also get TTFT by turn index (turn 1 is the fresh prompt, later turns carry the history)."""
 
 from __future__ import annotations
 
@@ -83,6 +84,7 @@ class BenchmarkMetrics:
     total_token_throughput: float
     stats: dict[str, MetricStats]
     per_request: PerRequest = field(repr=False)
+    ttft_by_turn: dict[int, MetricStats] = field(default_factory=dict)  # turn (1, 2, ...): multi-turn runs only
 
     def to_dict(self, selected: tuple[str, ...] = METRICS) -> dict[str, float | int]:
         """Flat dict with vLLM's field names: mean_ttft_ms, median_ttft_ms, std_ttft_ms, p99_ttft_ms, ..."""
@@ -132,6 +134,18 @@ def per_request(outputs: list[RequestOutput], slos: SLOs, tokenizer: CountingTok
     return rows
 
 
+def ttft_by_turn(outputs: list[RequestOutput], percentiles: list[float]) -> dict[int, MetricStats]:
+    """TTFT statistics per turn index (1-based) of the successful requests; empty when every request is a
+    first turn (a single-turn data set)."""
+    if all(out.turn == 0 for out in outputs):
+        return {}
+    by_turn: dict[int, list[float]] = {}
+    for out in outputs:
+        if out.success:
+            by_turn.setdefault(out.turn + 1, []).append(out.ttft)
+    return {turn: MetricStats.of(values, percentiles) for turn, values in sorted(by_turn.items())}
+
+
 def meets(slos: SLOs, ttft_s: float, tpot_s: float, e2el_s: float) -> bool:
     checks = ((slos.ttft_ms, ttft_s), (slos.tpot_ms, tpot_s), (slos.e2el_ms, e2el_s))
     return all(slo is None or value * 1000.0 <= slo for slo, value in checks)
@@ -164,4 +178,5 @@ def compute_metrics(
         total_token_throughput=(total_in + total_out) / duration,
         stats={m: MetricStats.of(v, pcts) for m, v in series.items()},
         per_request=rows,
+        ttft_by_turn=ttft_by_turn(outputs, pcts),
     )

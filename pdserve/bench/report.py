@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from pdserve.bench.client import RequestOutput
-from pdserve.bench.metrics import BenchmarkMetrics, SLOs, percentile_word
+from pdserve.bench.metrics import BenchmarkMetrics, MetricStats, SLOs, percentile_word
 
 _TITLES = {"ttft": "Time to First Token", "tpot": "Time per Output Token (excl. 1st token)",
            "itl": "Inter-token Latency", "e2el": "End-to-end Latency"}
@@ -42,6 +42,11 @@ def format_table(metrics: BenchmarkMetrics, selected: tuple[str, ...], slos: SLO
         lines.append(f" {_TITLES[metric]} ".center(_WIDTH, "-"))
         lines += [_row(f"Mean {metric.upper()} (ms):", s.mean_ms), _row(f"Median {metric.upper()} (ms):", s.median_ms)]
         lines += [_row(f"P{percentile_word(p)} {metric.upper()} (ms):", v) for p, v in s.percentiles_ms]
+    if metrics.ttft_by_turn:
+        lines.append(" TTFT by turn ".center(_WIDTH, "-"))
+        for turn, s in metrics.ttft_by_turn.items():
+            lines.append(_row(f"Turn {turn} median TTFT (ms):", s.median_ms))
+            lines += [_row(f"Turn {turn} P{percentile_word(p)} TTFT (ms):", v) for p, v in s.percentiles_ms]
     lines.append("=" * _WIDTH)
     return "\n".join(lines)
 
@@ -64,9 +69,18 @@ def result_dict(
         "itls": [list(o.itl) for o in outputs if o.success],
         "errors": [o.error for o in outputs if not o.success],
     })
+    if metrics.ttft_by_turn:
+        result["ttft_by_turn"] = {str(turn): _stats_dict(s) for turn, s in metrics.ttft_by_turn.items()}
     if detailed:
         result["generated_texts"] = [o.generated_text for o in outputs if o.success]
     return result
+
+
+def _stats_dict(s: MetricStats) -> dict[str, float]:
+    """mean_ms, median_ms, std_ms, p90_ms, ... of one statistic."""
+    out = {"mean_ms": s.mean_ms, "median_ms": s.median_ms, "std_ms": s.std_ms}
+    out.update({f"p{percentile_word(p)}_ms": v for p, v in s.percentiles_ms})
+    return out
 
 
 def default_filename(run_info: dict[str, Any]) -> str:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import httpx
 import numpy as np
@@ -81,7 +81,7 @@ class _Driver:
         done: list[RequestOutput] = []
         for k, turn in enumerate(conv.turns):
             prompt = turn_prompt(conv, k, [o.generated_text for o in done], self.target.chat)
-            out = await self._send(prompt, turn.output_len, _history_len(conv, k, done))
+            out = replace(await self._send(prompt, turn.output_len, _history_len(conv, k, done)), turn=k)
             done.append(out)
             self.bar.update(1)
             if not out.success:

@@ -27,10 +27,11 @@ from pdserve.worker_flags import add_engine_arguments, add_log_arguments, add_mo
 _MODEL_FLAGS = ("model", "revision", "download_dir", "served_model_name", "load_format", "model_preset",
                 "tokenizer", "max_model_len", "block_size", "log_level")
 _WORKER_ONLY_FLAGS = ("device", "dtype", "seed", "torch_threads", "enforce_eager", "num_blocks", "kv_cache_memory",
-                      "gpu_memory_utilization", "enable_prefix_caching", "max_num_seqs",
+                      "gpu_memory_utilization", "enable_prefix_caching", "decode_prefix_cache", "max_num_seqs",
                       "max_num_batched_tokens", "kv_lease_timeout", "kv_load_failure_policy", "max_queued_requests",
                       "async_scheduling")
-_ROUTER_ONLY_FLAGS = ("prefill_policy", "cache_aware_max_imbalance", "decode_policy", "heartbeat_interval",
+_ROUTER_ONLY_FLAGS = ("prefill_policy", "cache_aware_max_imbalance", "decode_policy", "local_prefill_threshold",
+                      "heartbeat_interval",
                       "heartbeat_timeout", "reserve_timeout", "stream_stall_timeout", "status_window",
                       "max_body_size", "max_inflight_requests", "chat_template", "tool_call_parser",
                       "disable_log_requests", "disable_log_stats", "log_stats_interval", "allowed_origins", "allowed_methods",

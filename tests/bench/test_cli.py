@@ -30,7 +30,7 @@ def test_bench_saves_vllm_named_results_and_plots(fake_server, tmp_path: Path, c
 
 
 def test_sweep_writes_one_result_per_rate_and_sweep_plot(fake_server, tmp_path: Path,
-                                                          tiny_tokenizer_dir: Path) -> None:
+                                                          tiny_tokenizer_dir: Path, capsys) -> None:
     rc = main(["bench", "--base-url", fake_server.url, "--endpoint", "/v1/chat/completions", "--num-prompts", "6",
                "--dataset-name", "multiturn", "--multiturn-turns", "2", "--random-input-len", "8",
                "--random-output-len", "3", "--tokenizer", str(tiny_tokenizer_dir), "--sweep-rate", "50,inf", "--save-result",
@@ -39,6 +39,10 @@ def test_sweep_writes_one_result_per_rate_and_sweep_plot(fake_server, tmp_path: 
     sweep = json.loads((tmp_path / "pdserve-sweep-t-sweep.json").read_text())
     assert sweep["rates"] == [50.0, float("inf")] and [r["completed"] for r in sweep["runs"]] == [12, 12]
     assert (tmp_path / "pdserve-sweep-t-sweep.png").stat().st_size > 1000
+    assert "Turn 2 median TTFT (ms):" in capsys.readouterr().out  # multi-turn: TTFT by turn index
+    runs = [json.loads(path.read_text()) for path in sorted(tmp_path.glob("pdserve-bench-*.json"))]
+    assert len(runs) == 2 and all(set(run["ttft_by_turn"]) == {"1", "2"} for run in runs)
+    assert all("p99_ms" in run["ttft_by_turn"]["2"] for run in runs)
 
 
 def test_bad_flags_fail_with_the_reason(fake_server, capsys) -> None:

@@ -7,9 +7,10 @@ from pdserve.bench.client import RequestOutput
 from pdserve.bench.metrics import SLOs, compute_metrics, percentile_word
 
 
-def _out(ttft: float, itl: list[float], n_out: int, prompt_len: int = 10, ok: bool = True) -> RequestOutput:
+def _out(ttft: float, itl: list[float], n_out: int, prompt_len: int = 10, ok: bool = True,
+         turn: int = 0) -> RequestOutput:
     return RequestOutput(success=ok, prompt_len=prompt_len, output_len=n_out, ttft=ttft, itl=tuple(itl),
-                         latency=ttft + sum(itl), start_time=0.0, error="" if ok else "boom")
+                         latency=ttft + sum(itl), start_time=0.0, error="" if ok else "boom", turn=turn)
 
 
 def test_metric_math_on_recorded_timings() -> None:
@@ -30,6 +31,17 @@ def test_metric_math_on_recorded_timings() -> None:
     assert d["p99_itl_ms"] == pytest.approx(np.percentile(itl_ms, 99))
     assert d["p99.9_e2el_ms"] == pytest.approx(np.percentile([160.0, 750.0], 99.9))
     assert d["p50_ttft_ms"] == pytest.approx(200.0)
+
+
+def test_ttft_by_turn_only_for_multi_turn_runs() -> None:
+    assert compute_metrics([_out(0.1, [], 1), _out(0.2, [], 1)], duration=1.0).ttft_by_turn == {}
+    outs = [_out(0.4, [], 1), _out(0.6, [], 1), _out(0.1, [], 1, turn=1), _out(0.3, [], 1, turn=1),
+            _out(9.0, [], 1, ok=False, turn=1), _out(0.05, [], 1, turn=2)]
+    by_turn = compute_metrics(outs, duration=1.0, percentiles=[90]).ttft_by_turn
+    assert list(by_turn) == [1, 2, 3]
+    assert by_turn[1].median_ms == pytest.approx(500.0) and by_turn[2].median_ms == pytest.approx(200.0)
+    assert by_turn[2].percentiles_ms == ((90, pytest.approx(np.percentile([100.0, 300.0], 90))),)
+    assert by_turn[3].mean_ms == pytest.approx(50.0)
 
 
 def test_tpot_skips_single_token_answers_but_goodput_counts_them() -> None:

@@ -48,6 +48,7 @@ async def test_multiturn_sends_turns_in_order_with_history(fake_server) -> None:
     target = ApiTarget(fake_server.url, "/v1/chat/completions", model="fake-model")
     result = await run_benchmark([conv], target, LoadSpec(), progress=False)
     assert [o.output_len for o in result.outputs] == [3, 2]
+    assert [o.turn for o in result.outputs] == [0, 1]
     second = fake_server.requests[n_before + 1]["messages"]
     assert second[1] == {"role": "assistant", "content": " w0 w1 w2"}
     assert result.outputs[1].prompt_len == 2 + 3 + 2

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -25,25 +24,9 @@ from pdserve.engine.detokenizer import IncrementalDetokenizer, StopChecker
 from pdserve.engine.output import OutputProcessor
 from pdserve.engine.runner import ModelRunner
 from pdserve.engine.sampling import Sampler, SamplingParams, SamplingRequest
-from pdserve.llm import LLM
 
 BLOCK_SIZE = 8
 PROMPTS = ["The capital of France is", "A list of fruits: apple,", "Hello, my name is", "In 1492, Columbus"]
-
-
-@pytest.fixture(scope="module")
-def offline(loaded_default, model_cache_dir):
-    return LLM(num_blocks=64, max_num_seqs=8, cache_dir=model_cache_dir, progress=False)
-
-
-@pytest.fixture
-def one_thread() -> Iterator[None]:
-    """Torch on one CPU thread: with other processes busy on a 2-core machine, the offline reference took
-    1.3-19.6 s on two threads (spinning threads contend) and a steady 2.5 s on one."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 class Deltas:

@@ -87,3 +87,40 @@ def one_shot(runner: ModelRunner, prompt: list[int]) -> tuple[list[torch.Tensor]
     output = runner.prefill([PrefillChunk(prompt, 0, table)])
     kv = [cache[:, table].reshape(2, -1, *cache.shape[3:])[:, :len(prompt)].clone() for cache in runner.kv_caches]
     return kv, int(output.logits[0].argmax())
+
+
+async def test_a_target_that_leaves_out_d_cached_blocks_gets_only_the_rest(loaded_default, one_thread) -> None:
+    """D holds the prompt's first 2 blocks (its own prefix cache): its target lists only blocks 2-3, and P, which
+    computes the whole prompt (its cache is empty), sends nothing before them, in any chunk."""
+    config = loaded_default.config
+    cache_config = CacheConfig(NUM_BLOCKS, BS)
+    runner = ModelRunner(config, cache_config, loaded_default.weights, "cpu", torch.float32, max_num_seqs=4)
+    d_pools = allocate_kv_caches(config, cache_config, "cpu", torch.float32)
+    completed: dict[str, int] = {}
+    receiver = TcpKVReceiver("127.0.0.1", 0, d_pools, lambda rid, tok, lp, top: completed.__setitem__(rid, tok),
+                             lambda rid, reason: pytest.fail(f"{rid}: {reason}"))
+    await receiver.start()
+    batcher = Batcher(PrefixCache(BlockPool(NUM_BLOCKS), BS), max_num_batched_tokens=24)  # chunks 0-24-48-50
+    engine = PrefillEngine(batcher, runner, Sampler(), TcpKVSender(), threading.RLock(), threading.Lock())
+    engine.start(asyncio.get_running_loop())
+    prompt = list(range(1000, 1050))
+    try:
+        target = receiver.expect("r", [20, 21], deadline=None, num_tokens=len(prompt) - 2 * BS)
+        request = PrefillRequest("r", prompt, SamplingParams(temperature=0.0), target,
+                                 block_hashes(prompt, BS, loaded_default.fingerprint))
+        result = await asyncio.wait_for(engine.submit(request), 60)
+        await asyncio.sleep(0.05)
+    finally:
+        engine.stop()
+        await engine.sender.close()
+        await receiver.close()
+    assert (result.num_cached_tokens, result.num_computed_tokens) == (0, 50) and completed == {"r": result.first_token_id}
+    # chunk 0-24 sends nothing (blocks 0-1 are D's), 24-48 block 2, 48-50 block 3
+    block_bytes = 2 * BS * config.num_kv_heads * config.head_dim * 4
+    assert engine.stats.transfer_bytes == 2 * config.num_layers * block_bytes
+    reference, _ = one_shot(runner, prompt)
+    others = [b for b in range(NUM_BLOCKS) if b not in (20, 21)]
+    for layer in range(config.num_layers):
+        got = d_pools[layer][:, [20, 21]].reshape(2, -1, config.num_kv_heads, config.head_dim)[:, :len(prompt) - 2 * BS]
+        torch.testing.assert_close(got, reference[layer][:, 2 * BS:], atol=2e-4, rtol=1e-4)
+        assert not d_pools[layer][:, others].any()

@@ -52,7 +52,7 @@ def test_least_kv_prefers_free_blocks_and_counts_fresh_reservations() -> None:
 
 def test_policy_names() -> None:
     assert set(PREFILL_POLICIES) == {"cache_aware", "round_robin", "least_loaded"}
-    assert set(DECODE_POLICIES) == {"least_kv", "round_robin"}
+    assert set(DECODE_POLICIES) == {"least_kv", "cache_aware", "round_robin"}
     assert isinstance(make_prefill_policy("least_loaded"), LeastLoaded)
     assert isinstance(make_decode_policy("round_robin"), RoundRobin)
     with pytest.raises(ValueError, match="unknown decode policy 'least_loaded'"):
