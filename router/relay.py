@@ -139,14 +139,15 @@ class Relay:
         except WorkerFailed as exc:
             failed[prefill.worker_id] = str(exc)
             raise
-        sub, request_id = channel.sub, channel.request_id
+        sub, request_id, link = channel.sub, channel.request_id, channel.prefill_link
+        assert link is not None  # use_prefill set it
         if reserved is None:
-            channel.prefill_link.send(Prefill(request_id, sub.prompt_token_ids, sub.sampling.to_dict(), sub.cache_salt))
+            link.send(Prefill(request_id, sub.prompt_token_ids, sub.sampling.to_dict(), sub.cache_salt))
             reserved = await self._reserve(channel, prompt)
-            channel.prefill_link.send(PrefillTarget(request_id, reserved.transfer))
+            link.send(PrefillTarget(request_id, reserved.transfer))
         else:
-            channel.prefill_link.send(Prefill(request_id, sub.prompt_token_ids, sub.sampling.to_dict(), sub.cache_salt,
-                                              reserved.transfer))
+            link.send(Prefill(request_id, sub.prompt_token_ids, sub.sampling.to_dict(), sub.cache_salt,
+                              reserved.transfer))
         channel.target_sent = True
 
     def _decode_finished(self, channel: Channel, finish_reason: str) -> None:
