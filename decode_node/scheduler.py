@@ -66,7 +66,7 @@ class Scheduler:
     def __init__(self, pool: BlockPool, block_size: int, output: OutputProcessor, max_num_seqs: int,
                  watermark_blocks: int = 1, prefix_cache: PrefixCache | None = None,
                  tiered: TieredKVCache | None = None, kv_load_failure_policy: str = "fail",
-                 max_waiting: int | None = None) -> None:
+                 max_waiting: int | None = None, max_local_prefill_tokens: int | None = None) -> None:
         if kv_load_failure_policy not in KV_LOAD_FAILURE_POLICIES:
             raise ValueError(f"kv_load_failure_policy must be one of {KV_LOAD_FAILURE_POLICIES}, "
                              f"got {kv_load_failure_policy!r}")
@@ -89,6 +89,9 @@ class Scheduler:
         self.num_finished = 0
         self.kv_load_failure_policy = kv_load_failure_policy
         self.max_waiting = max_waiting  # requests held beyond the running batch; more are refused (503)
+        # prompt tokens one step prefills for LOCAL_PREFILL requests (the worker's --max-num-batched-tokens: the
+        # shapes it warmed up for); None: no limit. A burst of turns waits a step or two instead of one long step
+        self.max_local_prefill_tokens = max_local_prefill_tokens
         self.num_kv_load_failures = 0  # transfers that failed, whatever the policy did then
         self.num_kv_recomputes = 0  # of those, requests D prefilled itself
         self.num_local_prefills = 0  # reservations D prefilled itself (conditional disaggregation)
@@ -313,10 +316,17 @@ class Scheduler:
 
     def _admit_local_prefills(self, batch: DecodeBatch) -> None:
         """Prompt tokens after the cached prefix but the last are prefilled in this step's forward; the last
-        one is the request's decode row, which samples the first token (as a recompute's does)."""
+        one is the request's decode row, which samples the first token (as a recompute's does). At most
+        `max_local_prefill_tokens` a step, but always the oldest one."""
+        budget = self.max_local_prefill_tokens
+        taken = 0
         while self.local_prefills and len(self.running) < self.max_num_seqs:
             request = self.local_prefills[0]
             prompt, start = request.prompt_token_ids, request.cached_tokens
+            tokens = max(0, len(prompt) - 1 - start)
+            if budget is not None and taken and taken + tokens > budget:
+                break
+            taken += tokens
             request.num_computed_tokens = len(prompt) - 1
             self._move(request, RequestState.RUNNING)
             if start < len(prompt) - 1:

@@ -242,7 +242,8 @@ class Worker:
         scheduler = Scheduler(self.pool, self.cache_config.block_size, output, limits.max_num_seqs,
                               limits.watermark_blocks, prefix_cache=shared_cache, tiered=self.tiered,
                               kv_load_failure_policy=limits.kv_load_failure_policy,
-                              max_waiting=limits.max_queued_requests)
+                              max_waiting=limits.max_queued_requests,
+                              max_local_prefill_tokens=limits.max_num_batched_tokens)
         return DecodeEngine(scheduler, self.runner, Sampler(self.device), self.state_lock, self.model_lock,
                             async_scheduling=limits.async_scheduling)
 

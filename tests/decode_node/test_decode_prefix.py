@@ -20,7 +20,8 @@ FP = "m"
 HISTORY = "abcdefghij"  # 10 prompt tokens; + "xyy" generated = 13 tokens, 12 with KV: 3 full blocks committed
 
 
-def build(num_blocks: int = 16, reuse: bool = True, max_num_seqs: int = 8) -> Scheduler:
+def build(num_blocks: int = 16, reuse: bool = True, max_num_seqs: int = 8,
+          max_local_prefill_tokens: int | None = None) -> Scheduler:
     """A disaggregated decode worker's scheduler: the pool's prefix cache (or none) and its tiered cache (device
     tier only: no host RAM, no Redis)."""
     pool = BlockPool(num_blocks)
@@ -28,7 +29,8 @@ def build(num_blocks: int = 16, reuse: bool = True, max_num_seqs: int = 8) -> Sc
     kv_caches = [torch.zeros((2, num_blocks, BS, 2, 8)) for _ in range(2)]
     tiered = TieredKVCache(cache, kv_caches, FP, TierConfig(), CachePolicy())
     return Scheduler(pool, BS, OutputProcessor((EOS_ID,), 1000), max_num_seqs, watermark_blocks=0,
-                     prefix_cache=cache if reuse else None, tiered=tiered)
+                     prefix_cache=cache if reuse else None, tiered=tiered,
+                     max_local_prefill_tokens=max_local_prefill_tokens)
 
 
 def request(tokenizer, rid: str, prompt: str, **sampling):
@@ -140,3 +142,30 @@ def test_an_abort_while_the_local_prefill_runs_ends_at_that_steps_update(char_to
     assert out.delta.finish_reason == "abort" and out.delta.token_ids == []
     assert sched.pool.num_cached == 3  # an aborted sequence is not committed
     assert_no_leak(sched.pool)
+
+
+def test_one_step_prefills_at_most_the_token_budget_of_local_prefills_but_always_the_oldest(char_tokenizer):
+    """A burst of turns prefilled on D is spread over steps of at most max_local_prefill_tokens prompt tokens
+    (the shapes the worker warmed up for), oldest first; one over the budget alone still runs."""
+    sched = build(num_blocks=32, max_local_prefill_tokens=6)
+    first_turn(sched, char_tokenizer)
+    turns = [request(char_tokenizer, f"turn{i}", HISTORY + "xyy" + "pqrs"[i] * 4, max_tokens=1) for i in range(3)]
+    for turn in turns:  # 17 tokens each, 12 cached: 4 to prefill, the last one is the decode row
+        assert sched.reserve(turn, max_local_prefill=100) is None and turn.state == RequestState.LOCAL_PREFILL
+    steps = []
+    while sched.local_prefills:
+        batch = sched.schedule()
+        steps.append([item.request.request_id for item in batch.recompute])
+        sched.update(batch, ids("t") * len(batch.decode))
+    assert steps == [["turn0"], ["turn1"], ["turn2"]]  # 4 + 4 > 6
+    big = build(num_blocks=32, max_local_prefill_tokens=2)
+    first_turn(big, char_tokenizer)
+    alone = request(char_tokenizer, "alone", HISTORY + "xyyqrs", max_tokens=1)
+    assert big.reserve(alone, max_local_prefill=100) is None
+    batch = big.schedule()
+    [item] = batch.recompute  # 3 tokens > 2: the oldest runs anyway
+    assert item.request is alone
+    big.update(batch, ids("t") * len(batch.decode))
+    for s in (sched, big):
+        run_to_end(s, lambda r: ids("t")[0])
+        assert_no_leak(s.pool)
