@@ -6,10 +6,11 @@
 
 One `schedule()` packs at most `max_num_batched_tokens` prompt tokens:
 
-    budget 512:  [ A: tokens 512..1023 (continues) ][ B: 0..99 ][ C: 0..311 (first chunk of 2,000) ]
+    budget 512:  [ A: tokens 512..1023 (continues) ][ B: 0..99 ][ C: 0..304 (first chunk of 2,000) ]
 
 Requests already PREFILLING go first (so a long prompt keeps moving), then queued ones in arrival order; the
-last one may get a partial chunk. A queued request whose blocks do not fit waits at the head of the queue
+last one may get a partial chunk, which ends on a block edge when one is in reach (a block split between two
+forwards would be sent to D twice). A queued request whose blocks do not fit waits at the head of the queue
 (FIFO, no overtaking: a long prompt is never starved by short ones). Only the suffix after the cached prefix
 is computed; at least one token always is, since its logits give the first token. A request that asks for prompt
 logprobs skips the cache and computes its whole prompt (engine/prompt_logprobs.py). With a tiered cache, the
@@ -167,7 +168,7 @@ class Batcher:
                 break
             if request.remaining <= 0:
                 continue  # computed; waiting for `finish`
-            take = min(request.remaining, budget)
+            take = self._take(request, budget)
             plan.chunks.append(ScheduledChunk(request, request.num_computed_tokens, request.num_computed_tokens + take))
             budget -= take
         return budget
@@ -186,9 +187,19 @@ class Batcher:
                 return
             request.num_computed_tokens = request.num_cached_tokens
             self._move(request, PrefillState.PREFILLING)
-            take = min(request.remaining, budget)
+            take = self._take(request, budget)
             plan.chunks.append(ScheduledChunk(request, request.num_computed_tokens, request.num_computed_tokens + take))
             budget -= take
+
+    def _take(self, request: PrefillRequest, budget: int) -> int:
+        """Tokens of `request` in this forward: all that remain if the budget allows, else a chunk that ends on a
+        block edge when one is in reach (a block split between two forwards is sent to D twice)."""
+        take = min(request.remaining, budget)
+        if take < request.remaining:
+            end = (request.num_computed_tokens + take) // self.block_size * self.block_size
+            if end > request.num_computed_tokens:
+                take = end - request.num_computed_tokens
+        return take
 
     def _allocate(self, request: PrefillRequest, needed: int) -> bool:
         """Cached prefix + new blocks for the prompt, or False when they do not fit now."""

@@ -68,10 +68,11 @@ async def test_chunked_prefix_reusing_prefill_lands_in_d_blocks(loaded_default, 
     assert [r.num_computed_tokens for r in results] == [50, 18]
     assert completed == {"r0": results[0].first_token_id, "r1": results[1].first_token_id}
     assert pool.num_free == NUM_BLOCKS  # P released its blocks (the committed ones stay cached)
-    # r0: chunks 0-24, 24-48, 48-50 send blocks [0, 1], [1, 2] (block 1 again, now full), [3];
-    # r1: one chunk 32-50, sending its cached prefix blocks too (D has none of them): [0, 1, 2, 3]
+    # r0: a budget of 24 gives chunks 0-16, 16-32, 32-50 (a chunk that stops early ends on a block edge, so no
+    # block is sent twice): blocks [0], [1], [2, 3]; r1: one chunk 32-50, sending its cached prefix blocks too
+    # (D has none of them): [0, 1, 2, 3]
     block_bytes = 2 * BS * config.num_kv_heads * config.head_dim * 4
-    assert engine.stats.transfer_bytes == (5 + 4) * config.num_layers * block_bytes
+    assert engine.stats.transfer_bytes == (4 + 4) * config.num_layers * block_bytes
     for prompt, dst, result in zip(prompts, d_blocks, results, strict=True):
         reference, first = one_shot(runner, prompt)
         assert result.first_token_id == first
@@ -100,7 +101,7 @@ async def test_a_target_that_leaves_out_d_cached_blocks_gets_only_the_rest(loade
     receiver = TcpKVReceiver("127.0.0.1", 0, d_pools, lambda rid, tok, lp, top: completed.__setitem__(rid, tok),
                              lambda rid, reason: pytest.fail(f"{rid}: {reason}"))
     await receiver.start()
-    batcher = Batcher(PrefixCache(BlockPool(NUM_BLOCKS), BS), max_num_batched_tokens=24)  # chunks 0-24-48-50
+    batcher = Batcher(PrefixCache(BlockPool(NUM_BLOCKS), BS), max_num_batched_tokens=24)  # chunks 0-16-32-50
     engine = PrefillEngine(batcher, runner, Sampler(), TcpKVSender(), threading.RLock(), threading.Lock())
     engine.start(asyncio.get_running_loop())
     prompt = list(range(1000, 1050))
@@ -115,7 +116,7 @@ async def test_a_target_that_leaves_out_d_cached_blocks_gets_only_the_rest(loade
         await engine.sender.close()
         await receiver.close()
     assert (result.num_cached_tokens, result.num_computed_tokens) == (0, 50) and completed == {"r": result.first_token_id}
-    # chunk 0-24 sends nothing (blocks 0-1 are D's), 24-48 block 2, 48-50 block 3
+    # chunks 0-16 and 16-32 send nothing (blocks 0-1 are D's), 32-50 blocks 2 and 3
     block_bytes = 2 * BS * config.num_kv_heads * config.head_dim * 4
     assert engine.stats.transfer_bytes == 2 * config.num_layers * block_bytes
     reference, _ = one_shot(runner, prompt)
