@@ -53,12 +53,16 @@ class ShmStore(SharedStore):
 
     def __init__(self, directory: str, socket_timeout_s: float = 10.0) -> None:
         self.directory = Path(directory)
-        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         probe = self._socket_path("pdserve:xfer:" + "0" * 16 + ":inbox:" + "0" * 32)  # the longest one
         if len(str(probe).encode()) > _MAX_SOCKET_PATH:
-            raise ValueError(f"transfer store directory {directory!r} is too long for a Unix socket path "
+            raise StoreError(f"transfer store directory {directory!r} is too long for a Unix socket path "
                              f"({len(str(probe))} > {_MAX_SOCKET_PATH} bytes): choose a shorter one")
-        super().__init__(f"shm:{self._read_or_make_id()}")
+        try:
+            self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            store_id = self._read_or_make_id()
+        except OSError as exc:
+            raise StoreError(f"cannot use {directory!r} as the transfer store: {exc}") from exc
+        super().__init__(f"shm:{store_id}")
         self.socket_timeout_s = socket_timeout_s
         self._counter = itertools.count()
         self._connections: dict[str, socket.socket] = {}
