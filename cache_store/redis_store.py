@@ -3,7 +3,8 @@
     pdserve:xfer:store-id        a random id, SET NX by whoever came first: equal ids = one Redis
     pdserve:xfer:{ns}:{id}       one value per key, SET with EX ttl (the reader UNLINKs it once read)
     pdserve:xfer:{ns}:inbox:{id} a decode worker's inbox: a list; senders RPUSH (and renew its EXPIRE), one
-                                 thread of the listener BLPOPs with a 1 s timeout (a blocking wait, no polling)
+                                 thread of the listener BLPOPs with a 1 s timeout (a blocking wait, no polling;
+                                 closing pushes an empty record that wakes it)
 
 `take` reads with STRLEN + GETRANGE 0..nbytes-1 + UNLINK in one round trip, so a value of another size than the
 one announced is refused having read at most the announced bytes. An inbox record is read whole by BLPOP
@@ -38,7 +39,8 @@ from pdserve.cache_store.shared_store import (
 logger = logging.getLogger(__name__)
 _ERRORS = (redis.RedisError, OSError)
 _ID_KEY = "pdserve:xfer:store-id"
-_BLOCK_S = 1  # BLPOP's timeout: how soon a closing listener's thread notices
+_BLOCK_S = 1  # BLPOP's timeout: how soon a closing listener's thread notices if its wake-up push failed
+_WAKE = b""  # pushed by close() to its own inbox: the thread's BLPOP returns now instead of within _BLOCK_S
 
 
 class RedisStore(SharedStore):
@@ -132,6 +134,8 @@ class _RedisListening(Listening):
                 failing = False
             if item is None:
                 continue
+            if self.closed.is_set():
+                return
             record = item[1]
             if len(record) > MAX_RECORD_BYTES:
                 logger.warning("dropped a %d-byte record from %s (limit %d)", len(record), self.inbox, MAX_RECORD_BYTES)
@@ -143,6 +147,10 @@ class _RedisListening(Listening):
 
     async def close(self) -> None:
         self.closed.set()
+        try:  # closing took the 1 s of BLPOP's timeout per listener (7 s of tests/kv_transfer/test_store.py)
+            await asyncio.to_thread(self._wake)
+        except _ERRORS:
+            pass  # the thread notices within _BLOCK_S
         await asyncio.to_thread(self.thread.join, _BLOCK_S + self.store.socket_timeout_s)
         try:
             self.store.client.unlink(self.inbox)
@@ -152,3 +160,9 @@ class _RedisListening(Listening):
             self.client.close()
         except _ERRORS:
             pass
+
+    def _wake(self) -> None:
+        pipe = self.store.client.pipeline(transaction=False)
+        pipe.rpush(self.inbox, _WAKE)
+        pipe.expire(self.inbox, 60)  # should the UNLINK below fail, the list still goes
+        pipe.execute()
