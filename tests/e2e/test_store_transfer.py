@@ -1,7 +1,7 @@
 """`pdserve serve --transfer-backend store` end to end, over both stores: shm (a tmpfs directory of this host)
 and redis (a real redis-server), each a deployment of router + 1 P + 1 D started as `pdserve serve` starts it.
 
-    greedy       short prompts and one of ~1,400 tokens (two prefill chunks: a block is sent twice) give the
+    greedy       short prompts and one of 858 tokens (two prefill chunks: a block is sent twice) give the
                  offline engine's text; every pool back to its free count, nothing left in the store
     P dies       D is stopped (SIGSTOP) once it reserved; P writes the KV into the store and answers the first
                  token; P is SIGKILLed; D is continued: it loads the KV P left and streams the rest, equal to the
@@ -32,24 +32,53 @@ from tests.e2e.deployments import MODEL, Deployment, launch
 
 MAX_TOKENS = 16
 PROMPTS = ["The capital of France is", "List three prime numbers:", "def fibonacci(n):"]
+# A prefill budget of 504 tokens (WORKER_FLAGS has 1024): two chunks from a prompt half as long, which halves
+# the prefill that dominates each test's time on one CPU thread; and not a multiple of the block size (16), so
+# that the chunks' boundary splits block 31, which P sends twice (its second copy is the complete one).
+BUDGET = 504
 STORE_FLAGS = ["--transfer-backend", "store", "--kv-load-failure-policy", "fail", "--heartbeat-timeout", "120",
-               "--stream-stall-timeout", "120", "--reserve-timeout", "30"]
+               "--stream-stall-timeout", "120", "--reserve-timeout", "30", "--max-num-batched-tokens", str(BUDGET)]
 
 
 def long_prompt(sentences: int) -> str:
     return " ".join(f"Entry {i}: the {i * 7 % 13}th lamp is left of the {i * 5 % 11}th door." for i in range(sentences))
 
 
-LONG = long_prompt(90)  # ~1,400 tokens: above --max-num-batched-tokens 1024, so prefilled in two chunks
-KILLED = long_prompt(60)  # ~950 tokens: a prefill of a few seconds on one CPU thread, the window to stop D in
+LONG = long_prompt(45)  # 858 tokens: prefilled in two chunks, 504 + 354
+KILLED = long_prompt(30)  # 569 tokens, LONG's prefix: the window to stop D in is P's prefill and send
+
+
+STORES = ("shm", "redis")
 
 
 @pytest.fixture(scope="module")
-def offline(model_cache_dir: Path, default_model_dir: Path) -> dict[str, object]:
-    """The reference texts (the offline engine, on one CPU thread while the deployment loads)."""
+def launched(tmp_path_factory: pytest.TempPathFactory, model_cache_dir: Path, default_model_dir: Path,
+             redis_server_factory) -> Iterator[dict[str, tuple[Deployment, str]]]:
+    """Both deployments, started at once (their loads overlap), each with what holds its store: the shm
+    directory or the Redis URL."""
+    tmp = tmp_path_factory.mktemp("store")
+    shm_dir = tempfile.mkdtemp(prefix="pdserve-e2e-", dir="/dev/shm" if Path("/dev/shm").is_dir() else None)
+    redis_url = redis_server_factory().url
+    flags = {"shm": ["--transfer-store", "shm", "--transfer-store-dir", shm_dir],
+             "redis": ["--transfer-store", "redis", "--redis-url", redis_url]}
+    locations = {"shm": shm_dir, "redis": redis_url}
+    deployments = {kind: launch(f"store-{kind}", [*STORE_FLAGS, *flags[kind]], tmp, model_cache_dir)
+                   for kind in STORES}
+    try:
+        yield {kind: (deployments[kind], locations[kind]) for kind in STORES}
+    finally:
+        for deployment in deployments.values():
+            deployment.kill_everything()
+        shutil.rmtree(shm_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def offline(launched: dict, model_cache_dir: Path) -> dict[str, object]:
+    """The reference texts: the offline engine on one CPU thread as the workers run (--torch-threads 1),
+    computed while the deployments load."""
     from pdserve.llm import LLM
 
-    llm = LLM(MODEL, num_blocks=512, max_num_seqs=16, max_num_batched_tokens=1024, cache_dir=model_cache_dir,
+    llm = LLM(MODEL, num_blocks=512, max_num_seqs=16, max_num_batched_tokens=BUDGET, cache_dir=model_cache_dir,
               progress=False)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -61,24 +90,12 @@ def offline(model_cache_dir: Path, default_model_dir: Path) -> dict[str, object]
     return dict(zip(prompts, outputs, strict=True))
 
 
-@pytest.fixture(scope="module", params=["shm", "redis"])
-def stored(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, model_cache_dir: Path,
-           default_model_dir: Path) -> Iterator[tuple[Deployment, str]]:
-    """(the deployment, what holds its store: the shm directory or the Redis URL)."""
-    tmp = tmp_path_factory.mktemp(f"store_{request.param}")
-    if request.param == "shm":
-        location = tempfile.mkdtemp(prefix="pdserve-e2e-", dir="/dev/shm" if Path("/dev/shm").is_dir() else None)
-        flags = ["--transfer-store", "shm", "--transfer-store-dir", location]
-    else:
-        location = request.getfixturevalue("redis_server_factory")().url
-        flags = ["--transfer-store", "redis", "--redis-url", location]
-    deployment = launch(f"store-{request.param}", [*STORE_FLAGS, *flags], tmp, model_cache_dir)
-    try:
-        yield deployment.wait_ready(), location
-    finally:
-        deployment.kill_everything()
-        if request.param == "shm":
-            shutil.rmtree(location, ignore_errors=True)
+@pytest.fixture(scope="module", params=STORES)
+def stored(request: pytest.FixtureRequest, launched: dict, offline: dict) -> tuple[Deployment, str]:
+    """(the deployment, what holds its store). Asks for `offline` first so that the reference is computed while
+    both deployments load: one wait instead of three."""
+    deployment, location = launched[request.param]
+    return deployment.wait_ready(), location
 
 
 def complete(deployment: Deployment, prompt: str) -> str:
