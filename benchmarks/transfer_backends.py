@@ -2,13 +2,15 @@
 one run, against one plain copy of the same bytes: tcp, store over shm and over Redis (at several value sizes),
 and on GPUs cuda_ipc (one host) and nccl (two GPUs). JSON to benchmarks/results/.
 
-    python benchmarks/transfer_backends.py --devices cpu cpu --backends copy tcp store-shm store-redis \
-        --presets smollm2-135m llama3-8b:bfloat16 --chunk-mib 1 4 16 --out benchmarks/results/transfer_backends_cpu.json
-    python benchmarks/transfer_backends.py --devices cuda:0 cuda:0 --backends copy tcp cuda_ipc store-shm store-redis \
-        --out benchmarks/results/transfer_backends_h200.json                        (one GPU: P and D share it)
-    python benchmarks/transfer_backends.py --backends copy cuda_ipc nccl --presets llama3-8b \
-        --out benchmarks/results/two_gpu_h200.json                                  (two GPUs, P on 0 and D on 1)
+    python benchmarks/transfer_backends.py --presets smollm2-135m llama3-8b:bfloat16 \
+        --out benchmarks/results/transfer_backends_cpu.json                     (CPUs: every backend but cuda_ipc)
+    python benchmarks/transfer_backends.py --out benchmarks/results/transfer_backends_h200.json     (GPUs: all)
     NCCL_P2P_DISABLE=1 python benchmarks/transfer_backends.py --backends nccl ...   (nccl without peer access)
+    OUT=dir bash benchmarks/transfer_backends_h200.sh        (the device call: wheels, redis-server, this script)
+
+By default every backend the devices can run, P and D on the first two GPUs (one GPU: both on it, and nccl,
+which needs two ranks on two devices, is listed under `skipped`; no GPU: both on the CPU, nccl over gloo), store
+rows at value sizes 0.25, 1, 4 and 16 MiB.
 
 Every backend is built through the kv_transfer registry as a worker builds it. D is this process (the receiver,
 pool of 2 x the request's blocks: transfers alternate halves); P is a child process (`_prefill SPEC`) that sends
@@ -28,7 +30,9 @@ import argparse
 import asyncio
 import json
 import os
+import shlex
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
@@ -50,6 +54,7 @@ SECRET = "transfer-backends-benchmark"
 FINGERPRINT = "transfer-backends-benchmark"
 BACKENDS = ("copy", "tcp", "cuda_ipc", "nccl", "store-shm", "store-redis")
 GPU_ONLY = ("cuda_ipc",)
+CHUNK_MIB = (0.25, 1.0, 4.0, 16.0)
 WARMUP = 2
 
 
@@ -59,26 +64,42 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--presets", nargs="+", default=["smollm2-135m", "llama3-8b"], metavar="PRESET[:DTYPE]",
                         help="model shapes (engine/presets.py), each with an optional dtype, e.g. llama3-8b:bfloat16")
     parser.add_argument("--repeat", type=int, default=3, help="timed transfers per backend (after 2 warm-ups)")
-    parser.add_argument("--backends", nargs="+", default=["copy", "cuda_ipc", "nccl"], choices=BACKENDS)
-    parser.add_argument("--chunk-mib", nargs="+", type=float, default=[4.0],
+    parser.add_argument("--backends", nargs="+", default=None, choices=BACKENDS,
+                        help="default: every backend the devices can run")
+    parser.add_argument("--chunk-mib", nargs="+", type=float, default=list(CHUNK_MIB),
                         help="store backends: the largest value, MiB (each size is one row)")
-    parser.add_argument("--devices", nargs=2, default=["cuda:0", "cuda:1"], metavar=("P", "D"))
+    parser.add_argument("--devices", nargs=2, default=None, metavar=("P", "D"),
+                        help="default: cuda:0 cuda:1, cuda:0 cuda:0 with one GPU, cpu cpu with none")
     parser.add_argument("--redis-url", default=None, help="store-redis: this server (default: start one)")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/transfer_backends.json"))
     return parser
 
 
 def check_args(args: argparse.Namespace) -> None:
+    """Fills the defaults that depend on the host (devices, backends); refuses what cannot run at all."""
     if args.tokens <= 0 or args.tokens % BLOCK_SIZE:
         raise SystemExit(f"--tokens must be a positive multiple of {BLOCK_SIZE}, got {args.tokens}")
     if args.repeat < 1:
         raise SystemExit(f"--repeat must be >= 1, got {args.repeat}")
+    if min(args.chunk_mib) <= 0:
+        raise SystemExit(f"--chunk-mib must be positive, got {args.chunk_mib}")
+    gpus = torch.cuda.device_count()
+    args.devices = args.devices or (["cuda:0", f"cuda:{min(gpus, 2) - 1}"] if gpus else ["cpu", "cpu"])
     on_cpu = [d for d in args.devices if not d.startswith("cuda")]
+    args.backends = args.backends or [b for b in BACKENDS if not (on_cpu and b in GPU_ONLY)]
     gpu_only = [b for b in args.backends if b in GPU_ONLY]
     if on_cpu and gpu_only:
         raise SystemExit(f"{gpu_only} need CUDA devices, --devices is {args.devices}")
-    if "nccl" in args.backends and args.devices[0] == args.devices[1] and not on_cpu:
-        raise SystemExit("nccl needs two devices: one GPU cannot be both ranks")
+    missing = [d for d in args.devices if d.startswith("cuda") and (torch.device(d).index or 0) >= gpus]
+    if missing:
+        raise SystemExit(f"--devices {args.devices}: this host has {gpus} CUDA devices")
+
+
+def unrunnable(backend: str, devices: list[torch.device]) -> str | None:
+    """Why a row cannot run on these devices (it is listed under `skipped`), or None."""
+    if backend == "nccl" and devices[0].type == "cuda" and devices[0] == devices[1]:
+        return f"nccl needs two GPUs (one rank each), P and D are both {devices[0]}"
+    return None
 
 
 def layout(preset: str, tokens: int, dtype: torch.dtype) -> dict[str, object]:
@@ -262,15 +283,20 @@ class Stores:
         binary = shutil.which("redis-server")
         if binary is None:
             raise Skipped("redis-server not found on this host and no --redis-url")
-        import socket
-
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             port = probe.getsockname()[1]
         self._server = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                                         "--appendonly", "no"], stdout=subprocess.DEVNULL)
-        time.sleep(0.5)
-        return f"redis://127.0.0.1:{port}/0"
+                                         "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 10
+        while self._server.poll() is None and time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                return f"redis://127.0.0.1:{port}/0"
+            except OSError:
+                time.sleep(0.1)
+        why = self._server.stderr.read().decode(errors="replace")[-500:] if self._server.poll() is not None else ""
+        raise Skipped(f"{binary} did not start on port {port}: {why or 'no answer in 10 s'}")
 
     def close(self) -> None:
         shutil.rmtree(self.shm, ignore_errors=True)
@@ -303,8 +329,8 @@ def host_info(devices: list[torch.device]) -> dict[str, object]:
 
 def run(args: argparse.Namespace) -> dict:
     devices = [torch.device(d) for d in args.devices]
-    report: dict = {"date": time.strftime("%Y-%m-%d %H:%M"), "host": host_info(devices), "repeat": args.repeat,
-                    "presets": {}, "errors": {}, "skipped": {}}
+    report: dict = {"command": shlex.join(["python", *sys.argv]), "date": time.strftime("%Y-%m-%d %H:%M"),
+                    "host": host_info(devices), "repeat": args.repeat, "presets": {}, "errors": {}, "skipped": {}}
     stores = Stores(args.redis_url)
     try:
         for item in args.presets:
@@ -315,6 +341,8 @@ def run(args: argparse.Namespace) -> dict:
             report["presets"][preset] = {"kv": kv, "results": results}
             for row in runs(args):
                 try:
+                    if why := unrunnable(row["backend"], devices):
+                        raise Skipped(why)
                     if row["name"] == "copy":
                         results["copy"] = plain_copy(kv, devices, args.repeat)
                     else:

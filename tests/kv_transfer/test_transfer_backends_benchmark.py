@@ -1,13 +1,20 @@
-"""benchmarks/transfer_backends.py's CPU-runnable parts: its arguments, its refusal of GPU-only backends on CPUs, and
-whole runs between two processes with a small shape that write the JSON: nccl over gloo, and tcp, store over shm
-and store over a real redis-server side by side. The GPU numbers are not produced here."""
+"""benchmarks/transfer_backends.py's CPU-runnable parts: its arguments and its refusal of GPU-only backends on
+CPUs (in this process: each run of the script costs a torch import, ~4 s on the 2-core CI box), and whole runs
+between two processes with a small shape that write the JSON: nccl over gloo, and tcp, store over shm and store
+over a real redis-server side by side. The GPU numbers are not produced here."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "benchmarks" / "transfer_backends.py"
@@ -19,12 +26,42 @@ def run(*argv: str) -> subprocess.CompletedProcess[str]:
                           timeout=300, cwd=REPO)
 
 
-def test_gpu_only_backends_are_refused_on_cpus(tmp_path: Path) -> None:
-    done = run("--devices", "cpu", "cpu", "--backends", "cuda_ipc", "tcp", "--out", str(tmp_path / "x.json"))
-    assert done.returncode != 0 and "['cuda_ipc'] need CUDA devices" in done.stderr
-    done = run("--tokens", "100", "--out", str(tmp_path / "x.json"))
-    assert done.returncode != 0 and "multiple of 16" in done.stderr
+def benchmark() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("transfer_backends", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(("argv", "why"), [
+    (["--devices", "cpu", "cpu", "--backends", "cuda_ipc", "tcp"], "['cuda_ipc'] need CUDA devices"),
+    (["--devices", "cuda:0", f"cuda:{torch.cuda.device_count()}"], "CUDA devices"),
+    (["--tokens", "100"], "multiple of 16"),
+    (["--chunk-mib", "0"], "--chunk-mib must be positive"),
+])
+def test_bad_arguments_are_refused_before_anything_runs(argv: list[str], why: str, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, "argv", [str(SCRIPT), *argv, "--out", str(tmp_path / "x.json")])
+    with pytest.raises(SystemExit, match=re.escape(why)):
+        benchmark().main()
     assert not (tmp_path / "x.json").exists()
+
+
+def test_defaults_fit_the_host_and_nccl_on_one_gpu_is_skipped() -> None:
+    module = benchmark()
+    args = module.build_parser().parse_args([])
+    module.check_args(args)
+    gpus = torch.cuda.device_count()
+    assert args.devices == {0: ["cpu", "cpu"], 1: ["cuda:0", "cuda:0"]}.get(gpus, ["cuda:0", "cuda:1"])
+    assert ("cuda_ipc" in args.backends) == (gpus > 0) and {"tcp", "nccl", "store-shm", "store-redis"} <= set(
+        args.backends)
+    assert args.chunk_mib == [0.25, 1, 4, 16]
+    one_gpu = [torch.device("cuda:0"), torch.device("cuda:0")]
+    assert "needs two GPUs" in module.unrunnable("nccl", one_gpu)
+    assert module.unrunnable("nccl", [torch.device("cuda:0"), torch.device("cuda:1")]) is None
+    assert module.unrunnable("nccl", [torch.device("cpu")] * 2) is None  # gloo
+    assert module.unrunnable("cuda_ipc", one_gpu) is None
 
 
 def test_an_nccl_run_over_gloo_writes_the_report(tmp_path: Path) -> None:
@@ -41,12 +78,13 @@ def test_an_nccl_run_over_gloo_writes_the_report(tmp_path: Path) -> None:
 
 def test_tcp_and_both_stores_side_by_side(tmp_path: Path, redis_server) -> None:
     out = tmp_path / "transfer.json"
-    done = run("--devices", "cpu", "cpu", "--presets", "smollm2-135m", "llama3-8b:bfloat16", "--tokens", "32",
+    done = run("--devices", "cpu", "cpu", "--presets", "llama3-8b:bfloat16", "--tokens", "32",
                "--backends", "copy", "tcp", "store-shm", "store-redis", "--chunk-mib", "0.05", "1",
                "--redis-url", redis_server.url, "--repeat", "1", "--out", str(out))
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(out.read_text())
     assert not report["errors"] and not report["skipped"]
+    assert report["command"].startswith("python ") and "--chunk-mib 0.05 1" in report["command"]
     rows = report["presets"]["llama3-8b"]["results"]
     assert report["presets"]["llama3-8b"]["kv"]["dtype"] == "bfloat16"
     assert set(rows) == {"copy", "tcp", "store-shm@0.05MiB", "store-shm@1MiB", "store-redis@0.05MiB",
