@@ -18,7 +18,9 @@ the way the prefill engine does: `prepare_sends` once, `submit_prepared` for eve
 then `await finish`. P starts a transfer only once D completed the previous one, `repeat` times after 2 warm-ups
 (handshake, Triton compile, store connections). Per transfer: `ms` is P's first layer handed over -> D's
 on_complete (CLOCK_MONOTONIC, shared by the processes of a host), the figure that matters; `p_ms` P's part alone
-(first layer -> finish returned: for store, D may still be loading then). D checks that the last transfer's blocks
+(first layer -> finish returned: for store, D may still be loading then); `p_cpu_ms`, `d_cpu_ms`,
+`server_cpu_ms` the CPU time each transfer cost P's process, D's and the redis-server started here, `cpu_ms`
+their sum: what other load on a shared machine changes least. D checks that the last transfer's blocks
 hold P's values. store-redis uses --redis-url or starts a redis-server on loopback (skipped, and said so, when
 there is neither); store-shm a fresh directory in /dev/shm. The copy: one copy_ of all the bytes and one per layer
 from P's device to D's. A preset takes the devices' dtype (bf16 on CUDA, fp32 on CPU) unless it names one.
@@ -31,16 +33,15 @@ import asyncio
 import json
 import os
 import shlex
-import shutil
-import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from transfer_common import WARMUP, Skipped, Stores, plain_copy, summary, synchronize, write_report
 
 from pdserve.cache_store.shared_store import open_store
 from pdserve.engine.presets import get_preset
@@ -55,7 +56,6 @@ FINGERPRINT = "transfer-backends-benchmark"
 BACKENDS = ("copy", "tcp", "cuda_ipc", "nccl", "store-shm", "store-redis")
 GPU_ONLY = ("cuda_ipc",)
 CHUNK_MIB = (0.25, 1.0, 4.0, 16.0)
-WARMUP = 2
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -119,53 +119,6 @@ def source_pool(shape: list[int], layer: int, dtype: torch.dtype, device: torch.
     return torch.randn(shape, generator=generator).to(dtype).to(device)
 
 
-def summary(times_ms: list[float], nbytes: int) -> dict[str, float | list[float]]:
-    median = statistics.median(times_ms)
-    return {"ms": median, "gbps": nbytes / median / 1e6, "ms_all": [round(t, 3) for t in times_ms]}
-
-
-def write_report(report: dict, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report, indent=1) + "\n")
-
-
-def synchronize(*devices: torch.device) -> None:
-    for device in devices:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-
-
-# ---- the plain copy --------------------------------------------------------------------------------------
-
-def plain_copy(kv: dict, devices: list[torch.device], repeat: int) -> dict[str, object]:
-    src_dev, dst_dev = devices
-    dtype, num_layers = DTYPES[str(kv["dtype"])], int(kv["num_layers"])
-    layer_elems = int(kv["layer_bytes"]) // dtype.itemsize
-    src = torch.empty(num_layers * layer_elems, dtype=dtype, device=src_dev).normal_()
-    dst = torch.empty(src.shape, dtype=dtype, device=dst_dev)
-
-    def timed(step: object) -> list[float]:
-        times = []
-        for i in range(WARMUP + repeat):
-            synchronize(src_dev, dst_dev)
-            t0 = time.perf_counter()
-            step()  # type: ignore[operator]
-            synchronize(src_dev, dst_dev)
-            if i >= WARMUP:
-                times.append((time.perf_counter() - t0) * 1e3)
-        return times
-
-    def per_layer() -> None:
-        for layer in range(num_layers):
-            dst[layer * layer_elems:(layer + 1) * layer_elems].copy_(src[layer * layer_elems:(layer + 1) * layer_elems])
-
-    result: dict[str, object] = {"whole": summary(timed(lambda: dst.copy_(src)), int(kv["bytes"])),
-                                 "per_layer": summary(timed(per_layer), int(kv["bytes"]))}
-    if src_dev.type == dst_dev.type == "cuda" and src_dev != dst_dev:
-        result["peer_access"] = torch.cuda.can_device_access_peer(src_dev.index or 0, dst_dev.index or 0)
-    return result
-
-
 # ---- a transfer between two processes ----------------------------------------------------------------------
 
 def environment(spec: dict, device: torch.device) -> TransferEnv:
@@ -175,8 +128,11 @@ def environment(spec: dict, device: torch.device) -> TransferEnv:
                        chunk_bytes=int(spec.get("chunk_bytes", 4 << 20)))
 
 
-async def transfer(spec: dict, kv: dict, devices: list[torch.device], repeat: int) -> dict[str, object]:
-    """D here, P in a child process that starts each transfer once D completed the previous one."""
+async def transfer(spec: dict, kv: dict, devices: list[torch.device], repeat: int,
+                   server_cpu: Callable[[], float] | None = None) -> dict[str, object]:
+    """D here, P in a child process that starts each transfer once D completed the previous one. Besides the
+    times, the CPU seconds that each transfer cost P, D and the store's server (`server_cpu`, where known): the
+    figure that other load on the machine changes least."""
     dtype, blocks, shape = DTYPES[str(kv["dtype"])], int(kv["blocks"]), list(kv["layer_shape"])
     pools = [torch.zeros([2, 2 * blocks, *shape[2:]], dtype=dtype, device=devices[1])
              for _ in range(int(kv["num_layers"]))]
@@ -196,9 +152,10 @@ async def transfer(spec: dict, kv: dict, devices: list[torch.device], repeat: in
     process = await asyncio.create_subprocess_exec(sys.executable, __file__, "_prefill", json.dumps(child),
                                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                                    stderr=subprocess.PIPE)
-    times, p_times = [], []
+    times, p_times, cpu = [], [], {"p_cpu_ms": [], "d_cpu_ms": [], "server_cpu_ms": []}
     try:
         for target in targets:
+            d_cpu, s_cpu = time.process_time(), server_cpu() if server_cpu else 0.0
             process.stdin.write(b"go\n")
             await process.stdin.drain()
             line = await asyncio.wait_for(process.stdout.readline(), timeout=300)
@@ -214,6 +171,9 @@ async def transfer(spec: dict, kv: dict, devices: list[torch.device], repeat: in
                 raise RuntimeError(f"{spec['name']}: {target.request_id} failed on D: {outcome}")
             times.append((done_at - sent["t0"]) * 1e3)
             p_times.append((sent["t1"] - sent["t0"]) * 1e3)
+            cpu["p_cpu_ms"].append(sent["cpu"] * 1e3)
+            cpu["d_cpu_ms"].append((time.process_time() - d_cpu) * 1e3)
+            cpu["server_cpu_ms"].append(((server_cpu() if server_cpu else 0.0) - s_cpu) * 1e3)
         process.stdin.close()
         _, stderr = await asyncio.wait_for(process.communicate(), timeout=60)
     finally:
@@ -228,8 +188,10 @@ async def transfer(spec: dict, kv: dict, devices: list[torch.device], repeat: in
         if not torch.equal(pools[layer][:, last].cpu(), source_pool(shape, layer, dtype, torch.device("cpu"))):
             raise RuntimeError(f"{spec['name']}: layer {layer} of D's pool does not hold P's blocks")
     nbytes = int(kv["bytes"])
-    return {**summary(times[WARMUP:], nbytes), "p_ms": statistics.median(p_times[WARMUP:]),
-            "first_ms": times[0]}
+    costs = {name: statistics.median(values[WARMUP:]) for name, values in cpu.items() if server_cpu or
+             name != "server_cpu_ms"}
+    return {**summary(times[WARMUP:], nbytes), "p_ms": statistics.median(p_times[WARMUP:]), **costs,
+            "cpu_ms": sum(costs.values()), "first_ms": times[0]}
 
 
 def compute_thread(sender: KVSender, chunk: ChunkSend, pools: list[torch.Tensor]) -> None:
@@ -252,58 +214,16 @@ async def prefill_side(spec: dict) -> None:
             break
         target = TransferTarget.from_dict(raw)
         synchronize(device)
-        t0 = time.monotonic()
+        t0, cpu = time.monotonic(), time.process_time()
         sender.begin(target)
 
         await asyncio.to_thread(compute_thread, sender, ChunkSend(target.request_id, src, target.block_ids), pools)
         await sender.finish(target.request_id, 0, None, kv["tokens"])
-        print(json.dumps({"t0": t0, "t1": time.monotonic()}), flush=True)
+        print(json.dumps({"t0": t0, "t1": time.monotonic(), "cpu": time.process_time() - cpu}), flush=True)
     await sender.close()
 
 
 # ---- the run -------------------------------------------------------------------------------------------
-
-class Skipped(RuntimeError):
-    """A row this host cannot run (no redis-server): listed under `skipped`, not a failure."""
-
-
-class Stores:
-    """The store backends' stores for the run: a /dev/shm directory, and a Redis (given, or started here)."""
-
-    def __init__(self, redis_url: str | None) -> None:
-        self.shm = tempfile.mkdtemp(prefix="pdserve-bench-", dir="/dev/shm" if Path("/dev/shm").is_dir() else None)
-        self.redis_url, self._server = redis_url, None
-
-    def spec(self, kind: str) -> dict[str, str | None]:
-        if kind == "redis" and self.redis_url is None:
-            self.redis_url = self._start_redis()
-        return {"kind": kind, "dir": self.shm, "url": self.redis_url}
-
-    def _start_redis(self) -> str:
-        binary = shutil.which("redis-server")
-        if binary is None:
-            raise Skipped("redis-server not found on this host and no --redis-url")
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
-        self._server = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                                         "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        deadline = time.monotonic() + 10
-        while self._server.poll() is None and time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                return f"redis://127.0.0.1:{port}/0"
-            except OSError:
-                time.sleep(0.1)
-        why = self._server.stderr.read().decode(errors="replace")[-500:] if self._server.poll() is not None else ""
-        raise Skipped(f"{binary} did not start on port {port}: {why or 'no answer in 10 s'}")
-
-    def close(self) -> None:
-        shutil.rmtree(self.shm, ignore_errors=True)
-        if self._server is not None:
-            self._server.terminate()
-            self._server.wait(timeout=10)
-
 
 def runs(args: argparse.Namespace) -> list[dict]:
     """(name, backend, chunk) of every row: store backends once per chunk size."""
@@ -347,7 +267,8 @@ def run(args: argparse.Namespace) -> dict:
                         results["copy"] = plain_copy(kv, devices, args.repeat)
                     else:
                         spec = {**row, "store": stores.spec(row["kind"]) if "kind" in row else None}
-                        results[row["name"]] = asyncio.run(transfer(spec, kv, devices, args.repeat))
+                        server_cpu = stores.server_cpu if row.get("kind") == "redis" and not args.redis_url else None
+                        results[row["name"]] = asyncio.run(transfer(spec, kv, devices, args.repeat, server_cpu))
                 except Skipped as exc:
                     report["skipped"][f"{preset}/{row['name']}"] = str(exc)
                 except (RuntimeError, OSError, TimeoutError) as exc:  # a finding; the other rows still run
@@ -379,7 +300,7 @@ def main() -> int:
         mib = entry["kv"]["bytes"] / 2**20
         for name, result in entry["results"].items():
             figure = result["whole"] if name == "copy" else result
-            extra = f", P's part {result['p_ms']:.1f} ms" if "p_ms" in result else ""
+            extra = f", P's part {result['p_ms']:.1f} ms, {result['cpu_ms']:.0f} CPU ms" if "p_ms" in result else ""
             ratio = f", {result['vs_tcp']:.2f}x tcp's time" if "vs_tcp" in result else ""
             print(f"{preset} {name}: {figure['ms']:.2f} ms, {figure['gbps']:.2f} GB/s for {mib:.0f} MiB{extra}{ratio}")
     for name, why in report["skipped"].items():
