@@ -45,6 +45,7 @@ def benchmark() -> ModuleType:
     (["--devices", "cuda:0", f"cuda:{torch.cuda.device_count()}"], "CUDA devices"),
     (["--tokens", "100"], "multiple of 16"),
     (["--chunk-mib", "0"], "--chunk-mib must be positive"),
+    (["--torch-threads", "0"], "--torch-threads must be >= 1"),
 ])
 def test_bad_arguments_are_refused_before_anything_runs(argv: list[str], why: str, tmp_path: Path,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
