@@ -185,9 +185,10 @@ async def transfer(spec: dict, kv: dict, devices: list[torch.device], repeat: in
         if process.returncode is None:
             process.kill()
         await receiver.close()
-    if process.returncode != 0 or len(times) != len(targets):
-        raise RuntimeError(f"{spec['name']}: P exited {process.returncode} after {len(times)}/{len(targets)} "
-                           f"transfers; its stderr: {stderr.decode()[-2000:]}")
+    exit_note = f"P exited {process.returncode} after {len(times)}/{len(targets)} transfers; its stderr: " \
+                f"{stderr.decode()[-2000:]}"
+    if len(times) != len(targets):
+        raise RuntimeError(f"{spec['name']}: {exit_note}")
     last = halves[(len(targets) - 1) % 2]
     for layer in (0, len(pools) - 1):
         if not torch.equal(pools[layer][:, last].cpu(), source_pool(shape, layer, dtype, torch.device("cpu"))):
@@ -195,8 +196,11 @@ async def transfer(spec: dict, kv: dict, devices: list[torch.device], repeat: in
     nbytes = int(kv["bytes"])
     costs = {name: statistics.median(values[WARMUP:]) for name, values in cpu.items() if server_cpu or
              name != "server_cpu_ms"}
-    return {**summary(times[WARMUP:], nbytes), "p_ms": statistics.median(p_times[WARMUP:]), **costs,
-            "cpu_ms": sum(costs.values()), "first_ms": times[0]}
+    result = {**summary(times[WARMUP:], nbytes), "p_ms": statistics.median(p_times[WARMUP:]), **costs,
+              "cpu_ms": sum(costs.values()), "first_ms": times[0]}
+    # every transfer done and checked, then P failed on its way out (seen: gloo's threads at exit, 1 run in 3):
+    # the figures stand, the exit is reported under `warnings`
+    return {**result, "p_exit": exit_note} if process.returncode != 0 else result
 
 
 def compute_thread(sender: KVSender, chunk: ChunkSend, pools: list[torch.Tensor]) -> None:
@@ -257,7 +261,8 @@ def host_info(devices: list[torch.device]) -> dict[str, object]:
 def run(args: argparse.Namespace) -> dict:
     devices = [torch.device(d) for d in args.devices]
     report: dict = {"command": shlex.join(["python", *sys.argv]), "date": time.strftime("%Y-%m-%d %H:%M"),
-                    "host": host_info(devices), "repeat": args.repeat, "presets": {}, "errors": {}, "skipped": {}}
+                    "host": host_info(devices), "repeat": args.repeat, "presets": {}, "errors": {}, "skipped": {},
+                    "warnings": {}}
     stores = Stores(args.redis_url)
     try:
         for item in args.presets:
@@ -276,6 +281,8 @@ def run(args: argparse.Namespace) -> dict:
                         spec = {**row, "store": stores.spec(row["kind"]) if "kind" in row else None}
                         server_cpu = stores.server_cpu if row.get("kind") == "redis" and not args.redis_url else None
                         results[row["name"]] = asyncio.run(transfer(spec, kv, devices, args.repeat, server_cpu))
+                        if "p_exit" in results[row["name"]]:
+                            report["warnings"][f"{preset}/{row['name']}"] = results[row["name"]].pop("p_exit")
                 except Skipped as exc:
                     report["skipped"][f"{preset}/{row['name']}"] = str(exc)
                 except (RuntimeError, OSError, TimeoutError) as exc:  # a finding; the other rows still run
@@ -311,6 +318,8 @@ def main() -> int:
             extra = f", P's part {result['p_ms']:.1f} ms, {result['cpu_ms']:.0f} CPU ms" if "p_ms" in result else ""
             ratio = f", {result['vs_tcp']:.2f}x tcp's time" if "vs_tcp" in result else ""
             print(f"{preset} {name}: {figure['ms']:.2f} ms, {figure['gbps']:.2f} GB/s for {mib:.0f} MiB{extra}{ratio}")
+    for name, note in report["warnings"].items():
+        print(f"{name}: {note}")
     for name, why in report["skipped"].items():
         print(f"{name} not run: {why}")
     for name, error in report["errors"].items():
