@@ -32,7 +32,9 @@ DTYPES = ("auto", "float32", "float16", "bfloat16")
 TRANSFER_BACKENDS = ("auto", "local", "tcp", "cuda_ipc", "nccl", "store")
 TRANSFER_STORES = ("auto", "shm", "redis")  # auto: redis when --redis-url is given, else shm (one host)
 DEFAULT_STORE_DIR = "/dev/shm/pdserve" if os.path.isdir("/dev/shm") else os.path.join(tempfile.gettempdir(), "pdserve")
-# one value of the store transfer holds at most this much of a layer's send: benchmarks/transfer_backends.py
+# one value of the store transfer holds at most this much of a layer's send. 4 MiB: the only size within 16% of
+# the fastest for shm and Redis in two CPU runs of a 512 MiB llama3-8b KV (0.25 MiB: 1.7-2.2x the time; 8-16 MiB:
+# Redis 1.1-1.6x); benchmarks/results/transfer_backends_cpu*.json, docs/architecture.md (the store's costs)
 DEFAULT_CHUNK_BYTES = 4 << 20
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 KV_LOAD_FAILURE_POLICIES = ("fail", "recompute")  # decode_node/scheduler.py
