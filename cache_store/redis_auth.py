@@ -7,6 +7,13 @@
         block id         hex(HMAC(name key, namespace ‖ salt ‖ block hash)[:16])
     value                kv_codec value ‖ HMAC-SHA256(seal key, len(key) ‖ key ‖ kv_codec value)   (32 bytes)
 
+The `store` KV transfer (kv_transfer/store/) names and seals with the same keys, under its own prefix, so its
+values never share a name with a cached block's:
+
+    chunk / record key   pdserve:xfer:{namespace}:{hex(HMAC(name key, "xfer" ‖ namespace ‖ token ‖ part)[:16])}
+    inbox key            pdserve:xfer:{namespace}:inbox:{hex(HMAC(name key, "inbox" ‖ namespace ‖ inbox)[:16])}
+        token            random per reservation (the decode worker's TransferTarget), part: a chunk's number
+
 The fingerprint and the cache salt are never in clear, and without the secret nobody can compute a block's
 key from guessed tokens (the block hash itself is public: cache_store/hashing.py), so reading Redis does not
 tell whether someone sent a given prompt. A value whose seal fails (forged, damaged, or moved to another key)
@@ -58,6 +65,16 @@ class RedisAuth:
         digest = hmac.digest(self._name_key, self.namespace.encode() + salted + block_hash, "sha256")
         return self._prefix + digest[:16].hex()
 
+    def transfer_key(self, token: str, part: str) -> str:
+        """The name of one value of a `store` transfer: `token` is the reservation's, `part` names the value."""
+        scope = self.namespace.encode() + _length_prefixed(token.encode()) + part.encode()
+        return f"pdserve:xfer:{self.namespace}:{hmac.digest(self._name_key, b'xfer' + scope, 'sha256')[:16].hex()}"
+
+    def inbox_key(self, inbox: str) -> str:
+        """The name of a decode worker's inbox of transfer records (a Redis list, or the shm store's socket)."""
+        digest = hmac.digest(self._name_key, b"inbox" + self.namespace.encode() + inbox.encode(), "sha256")
+        return f"pdserve:xfer:{self.namespace}:inbox:{digest[:16].hex()}"
+
     def seal(self, key: str, *parts: bytes | memoryview) -> bytes:
         """The seal of a value made of `parts` (the kv_codec header and raw bytes), to append to it."""
         mac = hmac.new(self._seal_key, _length_prefixed(key.encode()), "sha256")
@@ -65,7 +82,7 @@ class RedisAuth:
             mac.update(part)
         return mac.digest()
 
-    def open(self, key: str, value: bytes) -> memoryview:
+    def open(self, key: str, value: bytes | bytearray) -> memoryview:
         """The kv_codec value inside a stored one, once its seal is checked (else ForgedValueError)."""
         if len(value) < SEAL_BYTES:
             raise ForgedValueError(f"a {len(value)}-byte value holds no seal")

@@ -156,6 +156,14 @@ class DecodeNode:
             return True
         return self.engine.abort(request_id, reason, sender_may_write)
 
+    def sender_lost(self, request_id: str, reason: str) -> None:
+        """Event loop thread: the router saw the request's prefill worker go before its first token."""
+        with self.state_lock:
+            request = self.scheduler.requests.get(request_id)
+            waiting = request is not None and request.state == RequestState.WAITING_FOR_KV
+        if waiting:
+            self.receiver.sender_lost(request_id, reason)
+
     def waiting_reservation(self, request_id: str) -> tuple[list[int], int] | None:
         """(block ids, cached tokens) of a reservation still waiting for its KV; call under `state_lock`.
         The colocated prefill side computes straight into these blocks."""

@@ -5,6 +5,7 @@
     every step: engine deltas ─▶ grouped by origin ─▶ one TOKENS per router connection
     a delta that finishes its request ─▶ origins entry dropped
     ABORT ─▶ node.abort (a request inside a forward ends at that step's update)
+    SENDER_LOST ─▶ node.sender_lost (the KV receiver finishes or fails a transfer whose sender is gone)
     connection lost ─▶ every request it carried is aborted and its blocks freed
 """
 
@@ -16,7 +17,7 @@ import logging
 from pdserve.decode_node.node import DecodeNode
 from pdserve.decode_node.step import RequestOutput
 from pdserve.protocol.connection import Connection, ConnectionClosed
-from pdserve.protocol.messages import Abort, Refused, Reserve, TokenDelta, Tokens
+from pdserve.protocol.messages import Abort, Refused, Reserve, SenderLost, TokenDelta, Tokens
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +63,9 @@ class DecodeService:
         if message.request_id in self._reserving:
             self._reserving[message.request_id] = True
         self.node.abort(message.request_id, message.reason, message.sender_may_write)
+
+    def sender_lost(self, message: SenderLost) -> None:
+        self.node.sender_lost(message.request_id, message.reason)
 
     def publish(self, outputs: list[RequestOutput]) -> None:
         """Event loop thread: one TOKENS message per router connection for this batch of deltas."""

@@ -11,6 +11,9 @@
        (first_top: P's top-k [(token id, logprob), ...] of the first token, [] when not asked for)
        on_failure(request_id, reason)   on a lease timeout, a broken connection or a bad frame;
                                         the node then frees the reserved blocks
+    D: receiver.sender_lost(request_id, reason)   the router saw P go before the first token; a receiver that
+                                        would not notice by itself (store: no connection to P) ends the
+                                        transfer now if its KV did not land in full
 
 Receivers call both callbacks on their event loop thread; each request gets exactly one of them, unless
 the node `cancel`s it first (then neither).
@@ -19,15 +22,17 @@ the node `cancel`s it first (then neither).
 from __future__ import annotations
 
 import concurrent.futures
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from pdserve.kv_transfer.target import TransferTarget
 from pdserve.kv_transfer.transfer_table import TransferTable
-from pdserve.kv_transfer.wire import dtype_name
+from pdserve.kv_transfer.wire import DTYPES, FrameLimits, dtype_name
 
 OnComplete = Callable[[str, int, float | None, list[tuple[int, float]]], None]
 OnFailure = Callable[[str, str], None]
@@ -155,6 +160,7 @@ class KVReceiver(ABC):
     # the sender writes into our pool itself (cuda_ipc): a request given up before its "done" keeps its blocks
     # until the sender's part ended (`release_after_sender`); elsewhere we write, and drop late frames
     remote_writes: bool = False
+    limits: FrameLimits = FrameLimits()
 
     def __init__(self, pools: Sequence[torch.Tensor], on_complete: OnComplete, on_failure: OnFailure) -> None:
         self.pools = list(pools)
@@ -170,11 +176,10 @@ class KVReceiver(ABC):
         if bad:
             raise ValueError(f"block ids {bad[:5]} outside the pool's {self.layout.num_blocks} blocks")
         self.table.expect(request_id, block_ids, deadline, num_tokens)
-        host, port = self._address()
         return TransferTarget(
             backend=self.backend, request_id=request_id, block_ids=tuple(block_ids),
             num_layers=self.layout.num_layers, block_size=self.layout.block_size,
-            dtype=dtype_name(self.layout.dtype), host=host, port=port,
+            dtype=dtype_name(self.layout.dtype), **self._address(request_id),
         )
 
     def cancel(self, request_id: str) -> bool:
@@ -190,9 +195,35 @@ class KVReceiver(ABC):
         self.cancel(request_id)
         return False
 
+    def sender_lost(self, request_id: str, reason: str) -> None:
+        """The router lost the request's sender before its first token. Backends on a connection to the sender
+        see it close themselves; `store` has none and overrides this."""
+
     @property
     def num_pending(self) -> int:
         return len(self.table)
+
+    def _check_blocks(self, request_id: str, layer: int, block_ids: list[int], dtype: str, shape: list[int],
+                      nbytes: int) -> str | None:
+        """Why blocks announced by a header may not be read into the pool (None: they may): the checks of tcp's
+        kv frames, which nccl's kv_bulk headers and store's kv_stored records pass too."""
+        if request_id in self.table:
+            problem = self.table.check_layer(request_id, layer, block_ids)
+            if problem is not None:
+                return problem
+        elif not 0 <= layer < self.layout.num_layers or not 0 < len(block_ids) <= self.layout.num_blocks:
+            return f"layer {layer} / {len(block_ids)} blocks outside the pool"
+        if dtype not in DTYPES or dtype != dtype_name(self.layout.dtype):
+            return f"dtype {dtype!r} is not the pool's {dtype_name(self.layout.dtype)}"
+        expected_shape = self.layout.block_shape(len(block_ids))
+        if shape != expected_shape:
+            return f"shape {shape} != {expected_shape}"
+        expected_nbytes = math.prod(expected_shape) * self.layout.dtype.itemsize
+        if nbytes != expected_nbytes:
+            return f"nbytes {nbytes} != {expected_nbytes} for shape {expected_shape}"
+        if nbytes > self.limits.max_payload_bytes:
+            return f"payload of {nbytes} bytes exceeds the {self.limits.max_payload_bytes} byte limit"
+        return None
 
     async def start(self) -> None:
         """Begin accepting transfers."""
@@ -201,6 +232,6 @@ class KVReceiver(ABC):
         """Stop; every pending transfer fails with reason "receiver closed"."""
         self.table.fail_all("receiver closed")
 
-    def _address(self) -> tuple[str | None, int | None]:
-        """(host, port) a sender connects to; none for an in-process receiver."""
-        return None, None
+    def _address(self, request_id: str) -> dict[str, Any]:
+        """Where the sender of this (just expected) request writes: the target's backend-specific fields."""
+        return {}

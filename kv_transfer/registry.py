@@ -1,19 +1,45 @@
-"""Backend name (from the config) → sender and receiver classes.
+"""Backend name (from the config) → its sender and receiver, and how to build each side.
 
-Constructors differ per backend (`local` shares the receiver object, `tcp` takes an address), so the
-registry hands out classes and the node that owns the config builds them.
+Constructors differ per backend (`local` shares the receiver object, `tcp` takes an address, `store` a shared
+store), so each backend registers two builders over one `TransferEnv`: what a worker knows that a backend may
+need. The worker (pdserve/worker_transfer.py) and the benchmarks build both sides through them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
-from pdserve.kv_transfer.base import KVReceiver, KVSender
+import torch
+
+from pdserve.cache_store.shared_store import SharedStore
+from pdserve.kv_transfer.base import KVReceiver, KVSender, OnComplete, OnFailure
 from pdserve.kv_transfer.cuda_ipc import CudaIpcKVReceiver, CudaIpcKVSender
 from pdserve.kv_transfer.local import LocalKVReceiver, LocalKVSender
 from pdserve.kv_transfer.nccl import NcclKVReceiver, NcclKVSender
+from pdserve.kv_transfer.store import StoreKVReceiver, StoreKVSender
 from pdserve.kv_transfer.tcp_receiver import TcpKVReceiver
 from pdserve.kv_transfer.tcp_sender import TcpKVSender
+
+
+@dataclass(frozen=True)
+class TransferEnv:
+    """What building a backend's sides may take: the pool's device, the deployment's secret, where a receiver
+    listens (tcp, cuda_ipc, nccl), and for `store` the shared store with its chunk size and values' TTL."""
+
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    secret: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 0  # 0: any free port
+    advertise_host: str | None = None
+    model_fingerprint: str = ""
+    store: SharedStore | None = None
+    chunk_bytes: int = 4 << 20
+    ttl_s: int = 300
+
+
+SenderBuilder = Callable[[TransferEnv, KVReceiver | None], KVSender]  # (env, this worker's receiver: local's)
+ReceiverBuilder = Callable[[TransferEnv, Sequence[torch.Tensor], OnComplete, OnFailure], KVReceiver]
 
 
 @dataclass(frozen=True)
@@ -21,6 +47,8 @@ class KVBackend:
     name: str
     sender: type[KVSender]
     receiver: type[KVReceiver]
+    build_sender: SenderBuilder
+    build_receiver: ReceiverBuilder
 
 
 _BACKENDS: dict[str, KVBackend] = {}
@@ -42,7 +70,49 @@ def backend_names() -> list[str]:
     return sorted(_BACKENDS)
 
 
-register_backend(KVBackend("local", LocalKVSender, LocalKVReceiver))
-register_backend(KVBackend("tcp", TcpKVSender, TcpKVReceiver))
-register_backend(KVBackend("cuda_ipc", CudaIpcKVSender, CudaIpcKVReceiver))
-register_backend(KVBackend("nccl", NcclKVSender, NcclKVReceiver))
+# ---- the builders ---------------------------------------------------------------------------------------
+
+def _local_sender(env: TransferEnv, receiver: KVReceiver | None) -> KVSender:
+    if not isinstance(receiver, LocalKVReceiver):
+        raise TypeError("the local backend's sender needs the worker's own local receiver (--role both)")
+    return LocalKVSender(receiver)
+
+
+def _local_receiver(env: TransferEnv, pools: Sequence[torch.Tensor], on_complete: OnComplete,
+                    on_failure: OnFailure) -> KVReceiver:
+    return LocalKVReceiver(pools, on_complete, on_failure)
+
+
+def _listening(cls: type[TcpKVReceiver]) -> ReceiverBuilder:
+    def build(env: TransferEnv, pools: Sequence[torch.Tensor], on_complete: OnComplete,
+              on_failure: OnFailure) -> KVReceiver:
+        return cls(env.host, env.port, pools, on_complete, on_failure, secret=env.secret,
+                   advertise_host=env.advertise_host)
+    return build
+
+
+def _store(env: TransferEnv) -> SharedStore:
+    if env.store is None:
+        raise ValueError("the store backend needs a shared store (--transfer-store shm or redis)")
+    return env.store
+
+
+def _store_sender(env: TransferEnv, receiver: KVReceiver | None) -> KVSender:
+    return StoreKVSender(_store(env), secret=env.secret, model_fingerprint=env.model_fingerprint,
+                         chunk_bytes=env.chunk_bytes, ttl_s=env.ttl_s)
+
+
+def _store_receiver(env: TransferEnv, pools: Sequence[torch.Tensor], on_complete: OnComplete,
+                    on_failure: OnFailure) -> KVReceiver:
+    return StoreKVReceiver(pools, on_complete, on_failure, store=_store(env), secret=env.secret,
+                           model_fingerprint=env.model_fingerprint, expire_after_s=env.ttl_s)
+
+
+register_backend(KVBackend("local", LocalKVSender, LocalKVReceiver, _local_sender, _local_receiver))
+register_backend(KVBackend("tcp", TcpKVSender, TcpKVReceiver, lambda env, _: TcpKVSender(secret=env.secret),
+                           _listening(TcpKVReceiver)))
+register_backend(KVBackend("cuda_ipc", CudaIpcKVSender, CudaIpcKVReceiver,
+                           lambda env, _: CudaIpcKVSender(env.device, secret=env.secret), _listening(CudaIpcKVReceiver)))
+register_backend(KVBackend("nccl", NcclKVSender, NcclKVReceiver,
+                           lambda env, _: NcclKVSender(env.device, secret=env.secret), _listening(NcclKVReceiver)))
+register_backend(KVBackend("store", StoreKVSender, StoreKVReceiver, _store_sender, _store_receiver))

@@ -11,8 +11,9 @@ class TransferTarget:
     """A reservation on a decode worker.
 
     `block_ids` are D's blocks, in token order (block i holds tokens i*block_size ..). `host`/`port` are
-    unset for the in-process `local` backend. The shape fields let P refuse a mismatched D before it
-    computes anything.
+    unset for the in-process `local` backend and for `store`, which names instead the shared store D reads
+    (`store`: its store_id), D's inbox there and the reservation's random `token` (kv_transfer/store/). The
+    shape fields let P refuse a mismatched D before it computes anything.
     """
 
     backend: str
@@ -23,6 +24,9 @@ class TransferTarget:
     dtype: str
     host: str | None = None
     port: int | None = None
+    store: str | None = None
+    inbox: str | None = None
+    token: str | None = None
 
     def __post_init__(self) -> None:
         if not self.block_ids:
@@ -31,6 +35,9 @@ class TransferTarget:
             raise ValueError(f"bad target shape: {self.num_layers} layers, block_size {self.block_size}")
         if (self.host is None) != (self.port is None):
             raise ValueError(f"host and port go together, got host={self.host!r} port={self.port!r}")
+        if self.backend == "store" and None in (self.store, self.inbox, self.token):
+            raise ValueError(f"a store target names its store, inbox and token, got {self.store!r}, {self.inbox!r}, "
+                             f"{self.token!r}")
 
     @property
     def address(self) -> tuple[str, int]:
@@ -54,8 +61,12 @@ class TransferTarget:
         host, port = data.get("host"), data.get("port")
         if not (host is None or type(host) is str) or not (port is None or type(port) is int):
             raise ValueError(f"transfer target address must be str/int, got {host!r}:{port!r}")
+        store = {name: data.get(name) for name in ("store", "inbox", "token")}
+        for name, value in store.items():
+            if not (value is None or type(value) is str):
+                raise ValueError(f"transfer target field {name!r} must be str or null, got {value!r}")
         return cls(
             backend=data["backend"], request_id=data["request_id"], block_ids=tuple(data["block_ids"]),
             num_layers=data["num_layers"], block_size=data["block_size"], dtype=data["dtype"],
-            host=host, port=port,
+            host=host, port=port, **store,
         )

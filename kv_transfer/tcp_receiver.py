@@ -29,16 +29,15 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import math
 import os
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
 from pdserve.kernels.block_copy import scatter_blocks
 from pdserve.kv_transfer.base import KVReceiver, OnComplete, OnFailure
 from pdserve.kv_transfer.wire import (
-    DTYPES,
     Auth,
     BulkKVHeader,
     Done,
@@ -47,12 +46,13 @@ from pdserve.kv_transfer.wire import (
     Header,
     Hello,
     KVHeader,
+    Lost,
     Pools,
     ProtocolError,
     Ready,
     Rendezvous,
+    StoredKV,
     check_auth,
-    dtype_name,
     encode_frame,
     read_header,
     read_payload,
@@ -106,8 +106,8 @@ class TcpKVReceiver(KVReceiver):
             await self._server.wait_closed()
         await super().close()
 
-    def _address(self) -> tuple[str | None, int | None]:
-        return self.advertise_host, self.port
+    def _address(self, request_id: str) -> dict[str, Any]:
+        return {"host": self.advertise_host, "port": self.port}
 
     # ---- one connection -------------------------------------------------------------------------
 
@@ -155,7 +155,7 @@ class TcpKVReceiver(KVReceiver):
         """What a backend on this control path sends once a sender is authenticated (cuda_ipc: its pools)."""
 
     async def _handle(self, header: Header, reader: asyncio.StreamReader, carried: set[str]) -> None:
-        if isinstance(header, Hello | Auth | Ready | Pools | Rendezvous | BulkKVHeader):
+        if isinstance(header, Hello | Auth | Ready | Pools | Rendezvous | BulkKVHeader | StoredKV | Lost):
             raise ProtocolError(f"unexpected {header.KIND} frame on a {self.backend} connection after the handshake")
         live = header.request_id in self.table
         if not live and not self.table.recently_ended(header.request_id):
@@ -192,25 +192,3 @@ class TcpKVReceiver(KVReceiver):
     def _check_kv(self, header: KVHeader) -> str | None:
         return self._check_blocks(header.request_id, header.layer, header.block_ids, header.dtype, header.shape,
                                   header.nbytes)
-
-    def _check_blocks(self, request_id: str, layer: int, block_ids: list[int], dtype: str, shape: list[int],
-                      nbytes: int) -> str | None:
-        """Why blocks announced by a header may not be read into the pool (None: they may); the nccl
-        backend checks its kv_bulk headers with this too."""
-        if request_id in self.table:
-            problem = self.table.check_layer(request_id, layer, block_ids)
-            if problem is not None:
-                return problem
-        elif not 0 <= layer < self.layout.num_layers or not 0 < len(block_ids) <= self.layout.num_blocks:
-            return f"layer {layer} / {len(block_ids)} blocks outside the pool"
-        if dtype not in DTYPES or dtype != dtype_name(self.layout.dtype):
-            return f"dtype {dtype!r} is not the pool's {dtype_name(self.layout.dtype)}"
-        expected_shape = self.layout.block_shape(len(block_ids))
-        if shape != expected_shape:
-            return f"shape {shape} != {expected_shape}"
-        expected_nbytes = math.prod(expected_shape) * self.layout.dtype.itemsize
-        if nbytes != expected_nbytes:
-            return f"nbytes {nbytes} != {expected_nbytes} for shape {expected_shape}"
-        if nbytes > self.limits.max_payload_bytes:
-            return f"payload of {nbytes} bytes exceeds the {self.limits.max_payload_bytes} byte limit"
-        return None

@@ -29,6 +29,15 @@ sees them:
     error  sender → receiver   {request_id, reason}              the sender gave the request up
            receiver → sender   {request_id: "", reason}          handshake refused (bad secret, version)
 
+The `store` backend (kv_transfer/store/) sends no frames on a socket of its own: its records are these headers,
+msgpack without the length prefix, each sealed, pushed to the decode worker's inbox in the shared store:
+
+    kv_stored sender → inbox   {request_id, layer, block_ids, dtype, shape, stored_nbytes, checksum, part}
+                               as kv, but the payload waits in the store under the key of `part` (nbytes 0)
+    done, error                as above
+    lost   receiver → own inbox {request_id, reason}             the router saw the sender go: every record it
+                               pushed before is ahead of this one
+
 After the handshake the receiver never writes: a sender learns of a dropped connection from its next
 write, and the decode node learns of every failure through its receiver's on_failure.
 
@@ -142,6 +151,26 @@ class BulkKVHeader:
 
 
 @dataclass(frozen=True)
+class StoredKV:
+    KIND: ClassVar[str] = "kv_stored"
+    request_id: str
+    layer: int
+    block_ids: list[int]
+    dtype: str
+    shape: list[int]
+    stored_nbytes: int
+    checksum: int
+    part: int
+
+
+@dataclass(frozen=True)
+class Lost:
+    KIND: ClassVar[str] = "lost"
+    request_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
 class Done:
     KIND: ClassVar[str] = "done"
     request_id: str
@@ -159,9 +188,10 @@ class Error:
     reason: str
 
 
-Header = Hello | Auth | Ready | Pools | Rendezvous | KVHeader | BulkKVHeader | Done | Error
+Header = Hello | Auth | Ready | Pools | Rendezvous | KVHeader | BulkKVHeader | StoredKV | Lost | Done | Error
 _HEADER_TYPES: dict[str, type[Header]] = {
-    cls.KIND: cls for cls in (Hello, Auth, Ready, Pools, Rendezvous, KVHeader, BulkKVHeader, Done, Error)
+    cls.KIND: cls for cls in (Hello, Auth, Ready, Pools, Rendezvous, KVHeader, BulkKVHeader, StoredKV, Lost, Done,
+                              Error)
 }
 _FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "bytes": (bytes,), "bytes | None": (bytes, NoneType), "str": (str,), "int": (int,),
@@ -191,10 +221,16 @@ def check_auth(secret: str | None, nonce: bytes, auth: Auth) -> None:
 
 def encode_frame(header: Header, payload: memoryview | bytes = b"") -> list[bytes | memoryview]:
     """Buffers to write in order (the payload is not copied)."""
+    packed = pack_header(header)
+    return [_LENGTH.pack(len(packed)) + packed, payload]
+
+
+def pack_header(header: Header) -> bytes:
+    """A header's msgpack map, which `decode_header` reads back (a frame prefixes its length)."""
     fields_map = {f.name: getattr(header, f.name) for f in fields(header)}
     fields_map.setdefault("nbytes", 0)
-    packed = msgpack.packb({"version": WIRE_VERSION, "kind": header.KIND, **fields_map}, use_bin_type=True)
-    return [_LENGTH.pack(len(packed)) + packed, payload]
+    packed: bytes = msgpack.packb({"version": WIRE_VERSION, "kind": header.KIND, **fields_map}, use_bin_type=True)
+    return packed
 
 
 def done_frame(request_id: str, first_token_id: int, first_logprob: float | None, num_tokens: int,

@@ -11,7 +11,10 @@ command modules do that and pass values in.
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import re
+import tempfile
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -25,7 +28,15 @@ ROLES = ("prefill", "decode")
 DEFAULT_MODEL = "smollm2-135m-instruct"
 LOAD_FORMATS = ("auto", "gguf", "hf", "dummy")  # hf: a Hugging Face directory of safetensors
 DTYPES = ("auto", "float32", "float16", "bfloat16")
-TRANSFER_BACKENDS = ("auto", "local", "tcp", "cuda_ipc", "nccl")  # cuda_ipc: one host's GPUs; nccl: torch.distributed
+# cuda_ipc: one host's GPUs; nccl: torch.distributed; store: through a store both pools reach (kv_transfer/store/)
+TRANSFER_BACKENDS = ("auto", "local", "tcp", "cuda_ipc", "nccl", "store")
+TRANSFER_STORES = ("auto", "shm", "redis")  # auto: redis when --redis-url is given, else shm (one host)
+DEFAULT_STORE_DIR = "/dev/shm/pdserve" if os.path.isdir("/dev/shm") else os.path.join(tempfile.gettempdir(), "pdserve")
+# one value of the store transfer holds at most this much of a layer's send. 4 MiB: the only size within 16% of
+# the fastest for shm and Redis in two CPU runs of a 512 MiB llama3-8b KV (0.25 MiB: 1.7-2.2x the time; 8-16 MiB:
+# Redis 1.1-1.6x); benchmarks/results/transfer_backends_cpu*.json, docs/architecture.md (the store's costs)
+DEFAULT_CHUNK_BYTES = 4 << 20
+_LOOPBACK = ("127.0.0.1", "localhost", "::1")
 KV_LOAD_FAILURE_POLICIES = ("fail", "recompute")  # decode_node/scheduler.py
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20,
                "mib": 1 << 20, "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30}
@@ -172,17 +183,26 @@ class SchedulerSettings:
 class TransferSettings:
     """KV transfer backend; host/port are where this worker's receiver listens (decode role, tcp).
 
-    `auto` is `local` for a `--role both` worker (no copy, one pool) and `tcp` otherwise."""
+    `auto` is `local` for a `--role both` worker (no copy, one pool) and `tcp` otherwise. The `store` backend
+    goes through `store` (shm: `store_dir` on this host; redis: the tiers' --redis-url) in values of at most
+    `chunk_bytes`; WorkerSettings resolves its `auto`."""
 
     backend: str = "auto"
     host: str = "127.0.0.1"
     port: int = 0  # 0: any free port
+    store: str = "auto"
+    store_dir: str = DEFAULT_STORE_DIR
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES
 
     def __post_init__(self) -> None:
         if self.backend not in TRANSFER_BACKENDS:
             raise ValueError(f"unknown transfer backend {self.backend!r}; choose one of {TRANSFER_BACKENDS}")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"transfer port must be in [0, 65535], got {self.port}")
+        if self.store not in TRANSFER_STORES:
+            raise ValueError(f"unknown transfer store {self.store!r}; choose one of {TRANSFER_STORES}")
+        if self.chunk_bytes <= 0:
+            raise ValueError(f"--transfer-chunk-size must be positive, got {self.chunk_bytes} bytes")
 
 
 @dataclass(frozen=True)
@@ -244,9 +264,26 @@ class WorkerSettings:
                              f"GiB) and Redis ({self.tiers.redis_url}) tiers would hold nothing: drop one or the other")
         if self.transfer.backend == "auto":
             backend = "local" if self.colocated else "tcp"
-            object.__setattr__(self, "transfer", TransferSettings(backend, self.transfer.host, self.transfer.port))
+            object.__setattr__(self, "transfer", dataclasses.replace(self.transfer, backend=backend))
         if not self.colocated and self.transfer.backend == "local":
             raise ValueError(f"the local transfer backend needs --role both, this worker is {self.roles}")
+        if self.transfer.backend == "store":
+            object.__setattr__(self, "transfer", dataclasses.replace(self.transfer, store=self._transfer_store()))
+
+    def _transfer_store(self) -> str:
+        """`--transfer-store auto`: redis with --redis-url, else shm, which only one host's workers share."""
+        store, redis_url = self.transfer.store, self.tiers.redis_url
+        if store == "redis" and not redis_url:
+            raise ValueError("--transfer-store redis needs --redis-url: the store every worker writes and reads")
+        if store != "auto":
+            return store
+        if redis_url:
+            return "redis"
+        if self.server.host not in _LOOPBACK and not self.server.host.startswith("127."):
+            raise ValueError(f"--transfer-backend store on a worker reachable from other hosts (--host "
+                             f"{self.server.host}) needs a store that every host reaches: give --redis-url, or "
+                             f"--transfer-store shm if every worker runs on this host ({self.transfer.store_dir})")
+        return "shm"
 
     @property
     def colocated(self) -> bool:

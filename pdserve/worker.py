@@ -1,8 +1,8 @@
 """The worker process: loads the engine once and serves the prefill role, the decode role, or both.
 
     load_model ─▶ ModelRunner (weights + KV pool tensors) ─▶ BlockPool + PrefixCache
-        prefill role: Batcher ─ PrefillEngine ─ KV sender (tcp; `local` when colocated)
-        decode role:  Scheduler ─ DecodeEngine ─ KV receiver (tcp server on --transfer-port; `local`)
+        prefill role: Batcher ─ PrefillEngine ─ KV sender      } both built through the kv_transfer registry
+        decode role:  Scheduler ─ DecodeEngine ─ KV receiver   } (pdserve/worker_transfer.py): tcp, local, ...
     KV cache tiers: TieredKVCache over the pool (host RAM, Redis; pdserve/worker_cache.py), shared by both roles
     the data plane (--data-port): the routers' connections, each message to its role's service
         (decode_node/service.py, prefill_node/service.py, pdserve/worker_data_plane.py)
@@ -51,13 +51,8 @@ from pdserve.engine.runner import ModelRunner
 from pdserve.engine.sampling import Sampler
 from pdserve.engine.weights import LoadedModel, ModelSpec, load_model, parse_dtype, resolve_model
 from pdserve.gc_tuning import quiet_garbage_collector
-from pdserve.kv_transfer.base import KVReceiver, KVSender
-from pdserve.kv_transfer.cuda_ipc import CudaIpcKVSender
-from pdserve.kv_transfer.local import LocalKVReceiver, LocalKVSender
-from pdserve.kv_transfer.nccl import NcclKVSender
 from pdserve.kv_transfer.registry import get_backend
 from pdserve.kv_transfer.tcp_receiver import TcpKVReceiver
-from pdserve.kv_transfer.tcp_sender import TcpKVSender
 from pdserve.kv_transfer.wire import dtype_name
 from pdserve.prefill_node.batcher import Batcher
 from pdserve.prefill_node.engine import PrefillEngine
@@ -81,6 +76,7 @@ from pdserve.worker_control import (
 )
 from pdserve.worker_data_plane import WorkerDataPlane
 from pdserve.worker_metrics import WorkerMetrics
+from pdserve.worker_transfer import transfer_env
 
 logger = logging.getLogger("pdserve.worker")
 
@@ -185,28 +181,22 @@ class Worker:
     def _build_roles(self) -> None:
         """Both nodes over the one pool, whatever the roles: the role admitted can change at run time
         (pdserve/worker_control.py). Only a colocated worker on the `local` backend builds just its own."""
-        secret = self.settings.server.secret
+        backend = get_backend(self.settings.transfer.backend)
+        env = transfer_env(self.settings, self.device, self.loaded.fingerprint,
+                           self.advertised(self.settings.transfer.host))
         built = self.settings.roles if self.settings.transfer.backend == "local" else ROLES
         grammars = self._grammar_backend()
         decode_engine = None
         if "decode" in built:
             decode_engine = self._decode_engine()
-            receiver = self._receiver(decode_engine, secret)
+            receiver = backend.build_receiver(env, self.runner.kv_caches, decode_engine.kv_complete,
+                                              decode_engine.kv_failed)
             node_config = DecodeNodeConfig(self.config.max_model_len, self.config.vocab_size,
                                            self.cache_config.block_size, self.settings.scheduler.kv_lease_timeout_s,
                                            self.loaded.fingerprint, fetch_lower_tiers=self.settings.colocated)
             self.roles.decode = DecodeNode(decode_engine, receiver, self.loaded.tokenizer, node_config, grammars)
         if "prefill" in built:
-            sender: KVSender
-            if self.settings.transfer.backend == "local":
-                assert self.roles.decode is not None and isinstance(self.roles.decode.receiver, LocalKVReceiver)
-                sender = LocalKVSender(self.roles.decode.receiver)
-            elif self.settings.transfer.backend == "cuda_ipc":
-                sender = CudaIpcKVSender(self.device, secret=secret)
-            elif self.settings.transfer.backend == "nccl":
-                sender = NcclKVSender(self.device, secret=secret)
-            else:
-                sender = TcpKVSender(secret=secret)
+            sender = backend.build_sender(env, self.roles.decode.receiver if self.roles.decode is not None else None)
             batcher = Batcher(self.prefix_cache, self.settings.scheduler.max_num_batched_tokens,
                               self.settings.scheduler.max_num_seqs, tiered=self.tiered)
             engine = PrefillEngine(batcher, self.runner, Sampler(self.device), sender, self.state_lock, self.model_lock,
@@ -246,18 +236,6 @@ class Worker:
                               max_local_prefill_tokens=limits.max_num_batched_tokens)
         return DecodeEngine(scheduler, self.runner, Sampler(self.device), self.state_lock, self.model_lock,
                             async_scheduling=limits.async_scheduling)
-
-    def _receiver(self, engine: DecodeEngine, secret: str | None) -> KVReceiver:
-        pools = self.runner.kv_caches
-        if self.settings.transfer.backend == "local":
-            return LocalKVReceiver(pools, engine.kv_complete, engine.kv_failed)
-        transfer = self.settings.transfer
-        receiver = get_backend(transfer.backend).receiver  # tcp, cuda_ipc, nccl: one constructor (an address)
-        if not issubclass(receiver, TcpKVReceiver):
-            raise TypeError(f"KV transfer backend {transfer.backend!r}: its receiver {receiver.__name__} does not "
-                             "listen on an address (only `local` may, and it is built above)")
-        return receiver(transfer.host, transfer.port, pools, engine.kv_complete, engine.kv_failed,
-                        secret=secret, advertise_host=self.advertised(transfer.host))
 
     # ---- lifecycle ----------------------------------------------------------------------------------
 

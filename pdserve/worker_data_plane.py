@@ -3,6 +3,7 @@
     RESERVE ─▶ decode service   (REFUSED 503 + retry_after when the worker takes no decode work now)
     PREFILL ─▶ prefill service  (PREFILL_FAILED 503 likewise), PREFILL_TARGET ─▶ prefill service
     ABORT ─▶ both services (the id is known to at most one of them, or to both when colocated)
+    SENDER_LOST ─▶ decode service (its KV receiver decides: kv_transfer/base.py)
     a router connection lost ─▶ both services abort what it carried
 """
 
@@ -22,6 +23,7 @@ from pdserve.protocol.messages import (
     PrefillTarget,
     Refused,
     Reserve,
+    SenderLost,
 )
 from pdserve.worker_control import RETRY_AFTER_S, WorkerControl
 
@@ -52,6 +54,9 @@ class WorkerDataPlane:
             for service in (self.prefill, self.decode):
                 if service is not None:
                     service.abort(message)
+        elif isinstance(message, SenderLost):
+            if self.decode is not None:
+                self.decode.sender_lost(message)
         else:
             logger.warning("unexpected %s from %s on the data plane", type(message).__name__, connection.peer)
             connection.send(Error(f"a worker does not take {type(message).__name__} messages"))

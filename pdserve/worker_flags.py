@@ -15,6 +15,7 @@ from pdserve.settings import (
     KV_LOAD_FAILURE_POLICIES,
     LOAD_FORMATS,
     TRANSFER_BACKENDS,
+    TRANSFER_STORES,
     KVCacheSettings,
     ModelSettings,
     SchedulerSettings,
@@ -143,13 +144,27 @@ def add_worker_arguments(parser: argparse.ArgumentParser, role: str) -> None:
                              "(a second SIGTERM stops at once)")
     parser.add_argument("--transfer-backend", default="auto", choices=TRANSFER_BACKENDS,
                         help="how KV moves P → D: auto is local for --role both, tcp otherwise; cuda_ipc: P writes "
-                             "into D's GPU pool (one host); nccl: control on tcp, bytes through torch.distributed")
+                             "into D's GPU pool (one host); nccl: control on tcp, bytes through torch.distributed; "
+                             "store: P writes into a store both pools reach, D loads from it (--transfer-store)")
     parser.add_argument("--transfer-host", default=None, help="address of the KV receiver (default: --host)")
     parser.add_argument("--transfer-port", type=int, default=0, help="KV receiver port (0: any free port)")
+    add_transfer_store_arguments(parser)
     add_log_arguments(parser)
     add_model_arguments(parser)
     add_engine_arguments(parser)
     add_cache_arguments(parser)
+
+
+def add_transfer_store_arguments(parser: argparse.ArgumentParser) -> None:
+    """The `store` backend's flags (docs/kv_cache.md: when to choose it)."""
+    parser.add_argument("--transfer-store", default=TransferSettings.store, choices=TRANSFER_STORES,
+                        help="with --transfer-backend store: shm (a tmpfs directory: workers of this host), redis "
+                             "(--redis-url: any hosts); auto: redis when --redis-url is given, else shm")
+    parser.add_argument("--transfer-store-dir", default=TransferSettings.store_dir,
+                        help="the shm transfer store's directory (every worker of the host gives the same one)")
+    parser.add_argument("--transfer-chunk-size", type=parse_size, default=TransferSettings.chunk_bytes,
+                        help="largest value of the store transfer, e.g. 4MiB: a layer's blocks go in values of at "
+                             "most this size")
 
 
 def model_settings_from_args(args: argparse.Namespace, cache_dir: str | None) -> ModelSettings:
@@ -178,7 +193,8 @@ def worker_settings_from_args(args: argparse.Namespace, cache_dir: str | None,
                                     max_queued_requests=args.max_queued_requests,
                                     async_scheduling=args.async_scheduling),
         transfer=TransferSettings(backend=args.transfer_backend, host=args.transfer_host or args.host,
-                                  port=args.transfer_port),
+                                  port=args.transfer_port, store=args.transfer_store,
+                                  store_dir=args.transfer_store_dir, chunk_bytes=args.transfer_chunk_size),
         server=ServerSettings(host=args.host, port=args.port, data_port=args.data_port, router_url=args.router,
                               router_resolve_interval_s=args.router_resolve_interval, secret=secret,
                               worker_id=args.worker_id, advertise_host=args.advertise_host,

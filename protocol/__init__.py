@@ -15,6 +15,8 @@ health, metrics, registration and admin. Torch-free: the router, both nodes and 
                                  ◀──────────   P: PREFILLED {id, first token + its text} | PREFILL_FAILED
                                  ◀──────────   D: TOKENS [delta, delta, ...]   one message per decode step
     ABORT {id, reason} ────────────────────▶   P and D free what the request holds
+    SENDER_LOST {id, reason} ──────────────▶   D: P went before the first token (the store backend's D
+                                                   completes what landed, fails the rest at once)
     PING {seq} ◀──────────────────────────▶   PONG {seq}   liveness in both directions
 
 A frame is a 4-byte big-endian length and one msgpack array `[kind, field, field, ...]` (kinds are ints,

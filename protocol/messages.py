@@ -29,6 +29,7 @@ class Kind(enum.IntEnum):
     PREFILLED = 22
     PREFILL_FAILED = 23
     ABORT = 30
+    SENDER_LOST = 31
     TOKENS = 40
 
 
@@ -202,6 +203,17 @@ class Abort:
     sender_may_write: bool = True
 
 
+@dataclass(frozen=True, slots=True)
+class SenderLost:
+    """Router -> D: the request's prefill worker went away before its first token. A D whose transfer has no
+    connection to P (`store`) learns it only so: it completes the request if its KV landed in full, else fails
+    the transfer now (then recomputes or errors, per --kv-load-failure-policy). Others ignore it."""
+
+    KIND: ClassVar[Kind] = Kind.SENDER_LOST
+    request_id: str
+    reason: str
+
+
 @dataclass(slots=True)
 class TokenDelta:
     """One request's output of one step: new token ids and the text they completed (held-back text excluded).
@@ -231,8 +243,8 @@ class Tokens:
 
 
 Message = (Hello | Auth | Welcome | Error | Ping | Pong | Reserve | Reserved | Refused | Prefill | PrefillTarget
-           | Prefilled | PrefillFailed | Abort | Tokens)
+           | Prefilled | PrefillFailed | Abort | SenderLost | Tokens)
 MESSAGE_TYPES: tuple[type[Message], ...] = (
     Hello, Auth, Welcome, Error, Ping, Pong, Reserve, Reserved, Refused, Prefill, PrefillTarget, Prefilled,
-    PrefillFailed, Abort, Tokens,
+    PrefillFailed, Abort, SenderLost, Tokens,
 )

@@ -119,6 +119,7 @@ class Channel:
         self.decode_finished = False  # D sent its last delta: nothing to abort there
         self.decode_counted = False  # the relay counted this channel in the decode worker's `inflight`
         self.target_sent = False  # P has D's transfer target: its copies may be on their way to D's blocks
+        self.through_store = False  # the target is the `store` backend's: P's KV may outlive P there
 
     @property
     def decode(self) -> Worker:

@@ -10,7 +10,10 @@
                                      comes first (router/channel.py) ─▶ the channel is started
                  failed before it (P failed, D's KV load failed, D lost): ABORT to both, then once more with
                  another P (the same P again when D was what failed), else 503. P's link lost: the same when
-                 another P is up; else D's KV lease decides (it recomputes the prompt, or fails the request)
+                 another P is up; else D's KV lease decides (it recomputes the prompt, or fails the request).
+                 With the `store` backend, P's KV may have landed in the store before P went: D is sent
+                 SENDER_LOST and decides at once (its first delta if the KV landed; else a recompute, or an
+                 error that is retried as above)
 
 Conditional disaggregation (router/decode_reuse.py): when a decode worker holds so much of the prompt that
 fewer than --local-prefill-threshold tokens are left, that D is asked first, alone, with RESERVE.max_local_prefill:
@@ -31,7 +34,7 @@ import logging
 import time
 from typing import Any
 
-from pdserve.protocol.messages import Prefill, PrefillTarget, Refused, Reserve, Reserved
+from pdserve.protocol.messages import Prefill, PrefillTarget, Refused, Reserve, Reserved, SenderLost
 from pdserve.router.channel import Channel, DeltaSink, WorkerFailed
 from pdserve.router.config import RouterConfig
 from pdserve.router.decode_reuse import DecodeReuse
@@ -149,6 +152,7 @@ class Relay:
             link.send(Prefill(request_id, sub.prompt_token_ids, sub.sampling.to_dict(), sub.cache_salt,
                               reserved.transfer))
         channel.target_sent = True
+        channel.through_store = reserved.transfer.get("backend") == "store"
 
     def _decode_finished(self, channel: Channel, finish_reason: str) -> None:
         self._reuse.finished(channel.decode, channel.sub, channel.output_token_ids, finish_reason)
@@ -159,12 +163,7 @@ class Relay:
                 waiting: set[asyncio.Future[Any]] = {channel.started, channel.prefill_lost}
                 await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
                 if not channel.started.done():
-                    lost = channel.prefill_lost.result()
-                    others = [w for w in self._registry.candidates("prefill") if w is not channel.prefill]
-                    if others or channel.sub.needs_prefill_answer:  # D cannot recompute P's prompt logprobs
-                        raise WorkerFailed(lost)
-                    log.warning("%s: %s and no other prefill worker is up; waiting for the decode worker's KV "
-                                "lease (recompute or error)", channel.request_id, lost)
+                    self._prefill_lost(channel, channel.prefill_lost.result())
                 await asyncio.shield(channel.started)
         except TimeoutError:
             prefill = channel.prefill.worker_id if channel.prefill_link is not None else "no prefill worker"
@@ -175,6 +174,21 @@ class Relay:
             if exc.role == "client":
                 raise APIError(400, str(exc)) from exc
             raise
+
+    def _prefill_lost(self, channel: Channel, lost: str) -> None:
+        """P's link went before the first token: retry now (WorkerFailed), or let D finish or fail it."""
+        if channel.sub.needs_prefill_answer:  # D cannot recompute P's prompt logprobs
+            raise WorkerFailed(lost)
+        if channel.through_store and channel.decode_link is not None:
+            try:  # its KV may be in the store already: D completes the request, or fails it at once
+                channel.decode_link.send(SenderLost(channel.request_id, lost))
+                return
+            except LinkDown:
+                raise WorkerFailed(lost) from None
+        if [w for w in self._registry.candidates("prefill") if w is not channel.prefill]:
+            raise WorkerFailed(lost)
+        log.warning("%s: %s and no other prefill worker is up; waiting for the decode worker's KV lease "
+                    "(recompute or error)", channel.request_id, lost)
 
     async def _ready(self, worker: Worker, role: str) -> WorkerLink:
         try:

@@ -14,7 +14,7 @@ header's size (see group.py: gloo ends the process on a larger message). A recei
 deadline (`group_timeout_s`: a dead or stalled peer) drops the connection like a bad frame. One receive is in
 flight per connection; its frames are handled in order, which is the order the sender posted its sends. That
 costs a round trip per layer: about 2.3 ms per layer over gloo on the 2-core dev box (30 layers of 96 KiB, P and D
-in two processes: `python benchmarks/two_gpu.py --devices cpu cpu --preset smollm2-135m --tokens 64 --backends
+in two processes: `python benchmarks/transfer_backends.py --devices cpu cpu --presets smollm2-135m --tokens 64 --backends
 nccl`), mostly the thread hand-offs; if the two-GPU run shows it dominating (16 MiB layers take ~0.1 ms over
 NVLink), post the next receives before the current one completes.
 Frames of a request that ended meanwhile are still received (the group's stream must stay aligned) and dropped.

@@ -23,6 +23,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 
 def run(args: argparse.Namespace) -> int:
+    from pdserve.cache_store.shared_store import StoreError
     from pdserve.engine.weights.hub import ModelNotFoundError
     from pdserve.worker import run_worker
 
@@ -34,5 +35,5 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"pdserve decode: {exc}") from None
     try:
         return run_worker(settings)
-    except ModelNotFoundError as exc:
+    except (ModelNotFoundError, StoreError) as exc:
         raise SystemExit(f"pdserve decode: {exc}") from None

@@ -21,7 +21,12 @@ from pdserve.cache_store.policy import add_cache_arguments, cache_argv
 from pdserve.router_flags import SECRET_FLAGS, add_router_arguments, parse_list
 from pdserve.settings import TRANSFER_BACKENDS, LaunchSettings
 from pdserve.supervision import RestartPolicy
-from pdserve.worker_flags import add_engine_arguments, add_log_arguments, add_model_arguments
+from pdserve.worker_flags import (
+    add_engine_arguments,
+    add_log_arguments,
+    add_model_arguments,
+    add_transfer_store_arguments,
+)
 
 # what the router needs of the model (it loads the tokenizer and config), and the log level: to every process
 _MODEL_FLAGS = ("model", "revision", "download_dir", "served_model_name", "load_format", "model_preset",
@@ -29,7 +34,7 @@ _MODEL_FLAGS = ("model", "revision", "download_dir", "served_model_name", "load_
 _WORKER_ONLY_FLAGS = ("device", "dtype", "seed", "torch_threads", "enforce_eager", "num_blocks", "kv_cache_memory",
                       "gpu_memory_utilization", "enable_prefix_caching", "decode_prefix_cache", "max_num_seqs",
                       "max_num_batched_tokens", "kv_lease_timeout", "kv_load_failure_policy", "max_queued_requests",
-                      "async_scheduling")
+                      "async_scheduling", "transfer_store", "transfer_store_dir", "transfer_chunk_size")
 _ROUTER_ONLY_FLAGS = ("prefill_policy", "cache_aware_max_imbalance", "decode_policy", "local_prefill_threshold",
                       "heartbeat_interval",
                       "heartbeat_timeout", "reserve_timeout", "stream_stall_timeout", "status_window",
@@ -67,7 +72,8 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--transfer-backend", default="auto",
                         choices=[b for b in TRANSFER_BACKENDS if b != "local"],
                         help="how KV moves from prefill to decode workers: auto is cuda_ipc when they run on this "
-                             "host's GPUs (P writes into D's pool), tcp otherwise")
+                             "host's GPUs (P writes into D's pool), tcp otherwise; store: through --transfer-store")
+    add_transfer_store_arguments(parser)
     add_log_arguments(parser)
     add_model_arguments(parser)
     add_engine_arguments(parser)

@@ -86,5 +86,5 @@ async def test_lease_expiry_and_close(local: tuple[LocalKVReceiver, LocalKVSende
 
 def test_registry() -> None:
     assert get_backend("local").sender is LocalKVSender
-    with pytest.raises(ValueError, match=r"unknown KV transfer backend 'rdma'; choose one of \['cuda_ipc', 'local', 'nccl', 'tcp'\]"):
+    with pytest.raises(ValueError, match=r"unknown KV transfer backend 'rdma'; choose one of \['cuda_ipc', 'local', 'nccl', 'store', 'tcp'\]"):
         get_backend("rdma")
