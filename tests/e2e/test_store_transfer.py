@@ -1,7 +1,7 @@
 """`pdserve serve --transfer-backend store` end to end, over both stores: shm (a tmpfs directory of this host)
 and redis (a real redis-server), each a deployment of router + 1 P + 1 D started as `pdserve serve` starts it.
 
-    greedy       short prompts and one of 858 tokens (two prefill chunks: a block is sent twice) give the
+    greedy       short prompts and one of 858 tokens (two prefill chunks, 496 + 362) give the
                  offline engine's text; every pool back to its free count, nothing left in the store
     P dies       D is stopped (SIGSTOP) once it reserved; P writes the KV into the store and answers the first
                  token; P is SIGKILLed; D is continued: it loads the KV P left and streams the rest, equal to the
@@ -33,8 +33,8 @@ from tests.e2e.deployments import MODEL, Deployment, launch
 MAX_TOKENS = 16
 PROMPTS = ["The capital of France is", "List three prime numbers:", "def fibonacci(n):"]
 # A prefill budget of 504 tokens (WORKER_FLAGS has 1024): two chunks from a prompt half as long, which halves
-# the prefill that dominates each test's time on one CPU thread; and not a multiple of the block size (16), so
-# that the chunks' boundary splits block 31, which P sends twice (its second copy is the complete one).
+# the prefill that dominates each test's time on one CPU thread. The first chunk ends on a block edge (496), so
+# no block is sent twice; a block that is (its second copy the complete one) is tests/kv_transfer/test_store.py's.
 BUDGET = 504
 STORE_FLAGS = ["--transfer-backend", "store", "--kv-load-failure-policy", "fail", "--heartbeat-timeout", "120",
                "--stream-stall-timeout", "120", "--reserve-timeout", "30", "--max-num-batched-tokens", str(BUDGET)]
