@@ -220,10 +220,14 @@ def _multiturn_reuse(data: dict[str, Any]) -> PerfSource:
         later = row["turns"][1:]
         sent, bound = (sum(t[key] for t in later) / 2**20 for key in ("bytes_p_to_d", "new_turn_bytes"))
         speedup = row.get("later_turns_ttft_p50_speedup_vs_today")
+        compared = [f"{speedup:.2f}× today's TTFT"] if name != "today" and speedup else []
+        if row.get("ratio_to_engine_bound") is not None:
+            compared.append(f"{row['ratio_to_engine_bound']:.2f} of the engine-bound "
+                            f"{data['engine_bound']['output_tok_s']:,.0f} tokens/s")
         rows.append(PerfRow(f"multi-turn ShareGPT, {_MULTITURN_PATHS.get(name, name)}",
                             f"turns ≥ 2: TTFT p50 {row['later_turns_ttft_p50_ms']:,.0f} ms, P → D {sent:,.1f} MiB "
                             f"(their new blocks: {bound:,.1f}); all turns: {row['output_tok_per_s']:,.1f} output "
-                            "tokens/s", f"{speedup:.2f}× today's TTFT" if name != "today" and speedup else ""))
+                            "tokens/s", "; ".join(compared)))
     command = re.sub(r" --(out|logs) \S+", "", data["command"]).replace(".bench_data/tokenizer", "DIR")
     command = command.replace(".bench_data/", "../shared/data/")  # the device call's copy of the shared sample
     first, last = next(iter(data["rows"].values())), list(data["rows"].values())[-1]
