@@ -11,9 +11,8 @@ serving_common.Deployment) in turn on the same conversations:
              whole (P still finds the history in its own prefix cache and computes only the new part)
     dcache   --local-prefill-threshold 0: D's reservation takes the history it holds, P sends only the rest (delta)
     local    the defaults: dcache + conditional disaggregation (a suffix under 256 tokens is prefilled on D, no P)
-    store    today's path with KV through the transfer store (issue 22 item 1, `--transfer-backend store`): offered
-             only where the launcher knows that backend (pdserve.settings.TRANSFER_BACKENDS); a row is one entry of
-             ROWS, so a combination (dcache + store) is one more line
+    store    today's path with KV through the transfer store (`--transfer-backend store`: shm on one host); a row
+             is one entry of ROWS, so a combination (dcache + store) is one more line
 --transfer-backend goes to every row (a row's own --transfer-backend wins).
 
 Workload: --conversations ShareGPT conversations of >= 2 exchanges (`pdserve bench`'s multi-turn sampler over the
@@ -63,14 +62,12 @@ from pdserve.bench.client import ApiTarget, RequestOutput, send_request
 from pdserve.bench.metrics import MetricStats, compute_metrics
 from pdserve.bench.tokenizer import CountingTokenizer, load_tokenizer
 from pdserve.engine.presets import get_preset
-from pdserve.settings import TRANSFER_BACKENDS
 
 REPO = Path(__file__).resolve().parents[1]
 ROWS = {"today": ["--no-decode-prefix-cache", "--local-prefill-threshold", "0"],
         "dcache": ["--local-prefill-threshold", "0"],
         "local": []}
-if "store" in TRANSFER_BACKENDS:  # issue 22 item 1, on its own branch until merged
-    ROWS["store"] = [*ROWS["today"], "--transfer-backend", "store"]
+ROWS["store"] = [*ROWS["today"], "--transfer-backend", "store"]  # today's path, KV through the transfer store
 COUNTERS = {"prefill": ("pdserve_prefill_transfer_bytes", "pdserve_prefill_computed_tokens",
                         "pdserve_prefill_cached_tokens"),
             "decode": ("pdserve_decode_reused_prompt_tokens", "pdserve_decode_local_prefills",
