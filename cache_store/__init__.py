@@ -2,7 +2,7 @@
 
     block_pool, prefix_cache, hashing, eviction, policy    torch-free (the router imports `hashing`)
     tiered.TieredKVCache                                   device → host RAM → Redis, for one worker
-      host_tier, redis_tier, kv_codec, tier_writer, tier_stats, admission: its parts
+      host_tier, redis_tier, kv_codec, tier_reader, tier_writer, tier_stats, admission: its parts
 
 This `__init__` imports nothing, so importing `pdserve.cache_store.hashing` (the router does) loads that module
 alone (tests/lint/test_import_boundaries.py); import each part from its module

@@ -4,6 +4,7 @@ A prompt's life with it on a prefill worker (`hashes` = its full blocks' chained
 
     event loop / any thread          fetched = await cache.fetch_async(lookup, salt)
       device peek, then host copy, then Redis (I/O thread, per-request deadline): blocks staged in host RAM
+      (the reading: cache_store/tier_reader.py); then hits counted for admission, Redis hits promoted to host
     step thread (pool lock)          seq = cache.allocate(lookup, num_blocks, fetched)
       device hits acquired, new blocks allocated; the fetched blocks that continue the device prefix are
       copied into the first new blocks and named, so seq.num_cached_tokens covers device + host + Redis
@@ -23,20 +24,17 @@ through Redis). `update(policy)` changes eviction, write and admission policies 
 
 Threads: `fetch` runs anywhere except the step thread (it waits for Redis up to the deadline);
 `allocate`, `commit`, `commit_sequence` run on the step thread and take `lock` (pass the worker's pool
-lock). Redis I/O never runs on the step thread; copies to host and Redis go through the writer thread.
+lock). Redis I/O never runs on the step thread (lookups: the reader's I/O threads, cache_store/tier_reader.py);
+copies to host and Redis go through the writer thread (cache_store/tier_writer.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass
 
 import torch
 
@@ -46,48 +44,12 @@ from pdserve.cache_store.host_tier import HostTier
 from pdserve.cache_store.kv_codec import BlockLayout, gather_to_host, scatter_from_host
 from pdserve.cache_store.policy import CachePolicy, TierConfig
 from pdserve.cache_store.prefix_cache import PrefixCache, SequenceBlocks
-from pdserve.cache_store.redis_tier import PrefixSink, RedisTier, connect_redis, redacted_url
+from pdserve.cache_store.redis_tier import RedisTier, connect_redis, redacted_url
 from pdserve.cache_store.summary import RecentHashes
+from pdserve.cache_store.tier_reader import FetchedPrefix, TierReader
 from pdserve.cache_store.tier_stats import TieredCacheStats
 from pdserve.cache_store.tier_writer import RedisTarget, TierWriter, WriteJob
 from pdserve.protocol.prefix_summary import DEFAULT_SUMMARY_BLOCKS
-
-logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class FetchedPrefix:
-    """Blocks found in host RAM and Redis, staged in host memory; they continue the device prefix.
-
-    hashes[i] names block start_block + i of the prompt; the first `num_host_blocks` came from the host
-    tier, the rest from Redis. Holds no pool blocks: dropping it unused leaks nothing.
-    """
-
-    start_block: int
-    hashes: tuple[bytes, ...]
-    chunks: tuple[torch.Tensor, ...]  # concatenated: [len(hashes), layers, 2, block_size, Hkv, D]
-    num_host_blocks: int
-    salt: str | None
-    seconds: float
-
-    @property
-    def num_blocks(self) -> int:
-        return len(self.hashes)
-
-    def pieces(self, lo: int, hi: int) -> list[torch.Tensor]:
-        """Blocks lo..hi (indices into `hashes`) as views of the staged chunks, in order (no copy)."""
-        parts, offset = [], 0
-        for chunk in self.chunks:
-            a, b = max(lo - offset, 0), min(hi - offset, chunk.shape[0])
-            if a < b:
-                parts.append(chunk[a:b])
-            offset += chunk.shape[0]
-        return parts
-
-    def blocks(self, lo: int, hi: int) -> torch.Tensor:
-        """Blocks lo..hi as one tensor (a copy when they span chunks)."""
-        parts = self.pieces(lo, hi)
-        return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 class TieredKVCache:
@@ -108,7 +70,7 @@ class TieredKVCache:
         self._policy = policy
         self.host = HostTier(self.layout, config.host_capacity_bytes, policy.host_eviction, config.pin_host_memory)
         self.redis = self._connect(config, secret)
-        self._io = ThreadPoolExecutor(config.redis_io_threads, thread_name_prefix="kv-redis-io")
+        self._reader = TierReader(self.host, self.redis, config, self.stats)
         self._writer = TierWriter(self._process, self.stats, config.max_pending_write_bytes)
         self._hits = HitCounter(4 * (self.pool.num_total + self.host.num_slots) + 1024)
         self._salts: OrderedDict[bytes, str | None] = OrderedDict()  # device blocks' salts, for write-back keys
@@ -162,49 +124,17 @@ class TieredKVCache:
         deadline = started + (timeout_s if timeout_s is not None else self._policy.lookup_timeout_s)
         with self.lock:
             start = self.prefix_cache.peek(hashes).num_blocks
-        rest = list(hashes[start:start + self.config.max_fetch_blocks])
-        host_blocks = self.host.read_prefix(rest, self.config.pin_host_memory) if rest else self.layout.empty(0)
-        num_host = host_blocks.shape[0]
-        redis_chunks = [blocks for _, blocks in self._fetch_redis(rest[num_host:], salt, deadline)]
-        num_redis = sum(blocks.shape[0] for blocks in redis_chunks)
-        chunks = ([host_blocks] if num_host else []) + redis_chunks
-        found = rest[:num_host + num_redis]
-        fetched = FetchedPrefix(start, tuple(found), tuple(chunks), num_host, salt, time.monotonic() - started)
-        self._after_fetch(rest, fetched)
+        fetched = self._reader.read(hashes, start, salt, started, deadline, self._policy.redis_ttl_s)
+        self._promote(fetched)
         return fetched
 
     async def fetch_async(self, hashes: Sequence[bytes], salt: str | None,
                           timeout_s: float | None = None) -> FetchedPrefix:
         return await asyncio.to_thread(self.fetch, hashes, salt, timeout_s)
 
-    def _fetch_redis(self, hashes: list[bytes], salt: str | None,
-                     deadline: float) -> list[tuple[tuple[bytes, ...], torch.Tensor]]:
-        if self.redis is None or not hashes:
-            return []
-        if self.redis.backing_off:  # skip the thread hop while Redis is known to be down
-            self.stats.count(redis_skipped=1)
-            return []
-        sink = PrefixSink()
-        try:
-            future = self._io.submit(self.redis.fetch_prefix, hashes, salt, sink, deadline, self._policy.redis_ttl_s)
-        except RuntimeError:  # closed
-            return []
-        try:
-            future.result(timeout=max(deadline - time.monotonic(), 0.0))
-        except FutureTimeout:
-            self.redis.mark_failed(timed_out=True)
-        except Exception as exc:  # a cache bug must cost a miss, not the request
-            logger.exception("Redis lookup of %d blocks failed", len(hashes))
-            self.redis.mark_failed(error=exc)
-        return sink.close()
-
-    def _after_fetch(self, rest: list[bytes], fetched: FetchedPrefix) -> None:
-        """Counters, admission by hits, and promotion of Redis hits to the host tier."""
+    def _promote(self, fetched: FetchedPrefix) -> None:
+        """Admission by hits (host hits that crossed it go on to Redis), and Redis hits up to the host tier."""
         num_host, num_redis = fetched.num_host_blocks, fetched.num_blocks - fetched.num_host_blocks
-        redis_queried = len(rest) - num_host if self.redis is not None else 0
-        self.stats.count(lookups=1, host_queried_blocks=len(rest) if self.host.num_slots else 0,
-                         host_hit_blocks=num_host, redis_queried_blocks=redis_queried, redis_hit_blocks=num_redis)
-        self.stats.observe_load(fetched.seconds)
         crossed = set(self._hits.hit(fetched.hashes, self._policy.redis_admission_hits))
         host_crossed = [i for i in range(num_host) if fetched.hashes[i] in crossed]
         if host_crossed and self._policy.write == "write_through" and self.redis is not None:
@@ -400,6 +330,6 @@ class TieredKVCache:
         with self.lock:
             self.pool.on_evict = None
         self._writer.close()
-        self._io.shutdown(wait=False, cancel_futures=True)
+        self._reader.close()
         if self.redis is not None:
             self.redis.close()

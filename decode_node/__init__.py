@@ -1,6 +1,6 @@
 """The decode role: reserve KV blocks, receive a prompt's KV from P, decode under continuous batching, stream.
 
-Life of a request on D (one `RequestState`, changed only by `Scheduler._move`):
+Life of a request on D (one `RequestState`, changed only by `DecodeQueues.move`):
 
     POST /internal/reserve ──▶ WAITING_FOR_KV   blocks for prompt + 1 reserved; the KV receiver expects the
         │                        │               blocks P writes, under a lease (--kv-lease-timeout)
@@ -31,10 +31,13 @@ decode step. D does run such a prefill, though the decode role otherwise never r
 copy of the KV, no round trip through a prefill worker, and it stays rare when the pool is sized for the load.
 Seeded sampling draws per (seed, step), so a preempted request continues exactly as it would have.
 
-Queues: `Scheduler.requests` (all live), `waiting`, `running`, `preempted`; per request an asyncio queue of
-frames that `/internal/stream/{id}` drains. Threads: the event loop (HTTP, KV receiver callbacks) and one step
-thread (`DecodeEngine`), sharing the scheduler under a lock that is never held during a forward.
+Queues (`Scheduler.queues`, decode_node/queues.py): `requests` (all live), `waiting`, `running`, `preempted`,
+`local_prefills`; per request an asyncio queue of frames that `/internal/stream/{id}` drains. Threads: the event
+loop (HTTP, KV receiver callbacks) and one step thread (`DecodeEngine`), sharing the scheduler under a lock that
+is never held during a forward.
 
-Modules: request.py (state, request, frame), scheduler.py (phases of a step), output.py (finish checks,
-text), engine.py (the step thread), node.py (reserve, status, metrics), app.py (HTTP routes).
+Modules: request.py (state, request), queues.py (the queues, the one place a state changes), scheduler.py
+(phases of a step), step.py (a step's batch and frames), prefix.py (reservations' cached prefix), engine.py (the
+step thread), node.py (reserve, status, metrics), service.py (the data-plane messages); finish checks and text:
+engine/output.py.
 """

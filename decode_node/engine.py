@@ -153,7 +153,7 @@ class DecodeEngine:
         frame can write its blocks once they are free; where the sender writes the pool itself (cuda_ipc) and
         may have begun, its blocks are held until the receiver says its part ended."""
         with self.state_lock:
-            request = self.scheduler.requests.get(request_id)
+            request = self.scheduler.queues.requests.get(request_id)
             held = False
             if request is not None and request.state == RequestState.WAITING_FOR_KV:
                 if sender_may_write:
@@ -167,7 +167,7 @@ class DecodeEngine:
     def _release_held(self, request_id: str) -> None:
         """Receiver callback (event loop thread): the sender of an aborted request cannot write any more."""
         with self.state_lock:
-            self.scheduler.release_held(request_id)
+            self.scheduler.queues.release_held(request_id)
 
     # ---- the step thread ----------------------------------------------------------------------------
     #

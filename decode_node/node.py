@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from pdserve.cache_store.hashing import block_hashes
-from pdserve.cache_store.tiered import FetchedPrefix
+from pdserve.cache_store.tier_reader import FetchedPrefix
 from pdserve.decode_node.engine import DecodeEngine
 from pdserve.decode_node.request import DecodeRequest, RequestState
 from pdserve.decode_node.scheduler import Scheduler
@@ -159,7 +159,7 @@ class DecodeNode:
     def sender_lost(self, request_id: str, reason: str) -> None:
         """Event loop thread: the router saw the request's prefill worker go before its first token."""
         with self.state_lock:
-            request = self.scheduler.requests.get(request_id)
+            request = self.scheduler.queues.requests.get(request_id)
             waiting = request is not None and request.state == RequestState.WAITING_FOR_KV
         if waiting:
             self.receiver.sender_lost(request_id, reason)
@@ -167,7 +167,7 @@ class DecodeNode:
     def waiting_reservation(self, request_id: str) -> tuple[list[int], int] | None:
         """(block ids, cached tokens) of a reservation still waiting for its KV; call under `state_lock`.
         The colocated prefill side computes straight into these blocks."""
-        request = self.scheduler.requests.get(request_id)
+        request = self.scheduler.queues.requests.get(request_id)
         if request is None or request.state != RequestState.WAITING_FOR_KV:
             return None
         return list(request.block_ids), request.cached_tokens
@@ -176,10 +176,10 @@ class DecodeNode:
 
     def status(self) -> dict[str, int]:
         with self.state_lock:
-            sched = self.scheduler
-            return {"queue_len": sched.num_waiting_for_kv, "num_running": len(sched.running),
-                    "num_waiting": sched.num_waiting, "free_blocks": sched.pool.num_free,
-                    "total_blocks": sched.pool.num_total, "num_preempted": len(sched.preempted)}
+            queues, pool = self.scheduler.queues, self.scheduler.pool
+            return {"queue_len": queues.num_waiting_for_kv, "num_running": len(queues.running),
+                    "num_waiting": queues.num_waiting, "free_blocks": pool.num_free,
+                    "total_blocks": pool.num_total, "num_preempted": len(queues.preempted)}
 
     def collect(self) -> Iterator[Metric]:
         """Prometheus metrics (a custom collector: read at scrape time, no global registry)."""

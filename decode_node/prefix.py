@@ -22,7 +22,8 @@ import logging
 
 from pdserve.cache_store.block_pool import BlockPool
 from pdserve.cache_store.prefix_cache import PrefixCache, SequenceBlocks
-from pdserve.cache_store.tiered import FetchedPrefix, TieredKVCache
+from pdserve.cache_store.tier_reader import FetchedPrefix
+from pdserve.cache_store.tiered import TieredKVCache
 from pdserve.decode_node.request import DecodeRequest
 
 logger = logging.getLogger(__name__)

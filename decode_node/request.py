@@ -1,6 +1,6 @@
 """One decode-side request: its state, its tokens, its blocks and its output stream state.
 
-`state` is written by `Scheduler._move` only (decode_node/scheduler.py); everything else reads it.
+`state` is written by `DecodeQueues.move` only (decode_node/queues.py); everything else reads it.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ class RequestState(enum.IntEnum):
         return RequestState.FINISHED_STOPPED <= self <= RequestState.FINISHED_ERROR
 
 
-# Which moves are legal; `Scheduler._move` refuses anything else.
+# Which moves are legal; `DecodeQueues.move` refuses anything else.
 TRANSITIONS: dict[RequestState, frozenset[RequestState]] = {
     # PREEMPTED from WAITING_FOR_KV: the KV never came (--kv-load-failure-policy recompute): D prefills it itself;
     # LOCAL_PREFILL: the reservation found so much of the prompt cached that D computes the rest (no transfer)

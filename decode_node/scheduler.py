@@ -14,6 +14,9 @@ vLLM's option of that name: "fail" ends the request with an error frame; "recomp
 blocks and treats the request as preempted with no output yet: D prefills the prompt but its last token, then
 its next decode step feeds that last token and samples the first one (greedy and seeded outputs are the same).
 
+Every live request sits in the queue of its state, which changes in one place only: `DecodeQueues.move`
+(decode_node/queues.py, with what each move does to the request's blocks); the scheduler decides the moves.
+
 A step is `schedule()` (phases `_resume_preempted`, `_admit_waiting`, `_grow_running`) then, after the model
 ran, `update()`. The engine overlaps them (decode_node/engine.py): step N+1 is scheduled and launched while
 step N runs on the device, so a running request may have one token sampled that the host has not read yet
@@ -44,18 +47,17 @@ blocks are freed: they stay EVICTABLE, the next turn's cached prefix.
 from __future__ import annotations
 
 import logging
-from collections import deque
-from collections.abc import Callable
 
 from pdserve.cache_store.block_pool import BlockPool, blocks_needed
 from pdserve.cache_store.prefix_cache import PrefixCache
-from pdserve.cache_store.tiered import FetchedPrefix, TieredKVCache
+from pdserve.cache_store.tier_reader import FetchedPrefix
+from pdserve.cache_store.tiered import TieredKVCache
 from pdserve.decode_node.prefix import DecodePrefix
-from pdserve.decode_node.request import TRANSITIONS, DecodeRequest, RequestState
+from pdserve.decode_node.queues import DecodeQueues
+from pdserve.decode_node.request import DecodeRequest, RequestState
 from pdserve.decode_node.step import DecodeBatch, DecodeItem, RecomputeItem, Refusal, RequestOutput
-from pdserve.engine.output import OutputProcessor, logprobs_to_wire
+from pdserve.engine.output import OutputProcessor
 from pdserve.engine.sampling import TokenLogprobs
-from pdserve.protocol.messages import TokenDelta
 
 logger = logging.getLogger(__name__)
 KV_LOAD_FAILURE_POLICIES = ("fail", "recompute")
@@ -78,15 +80,9 @@ class Scheduler:
         # reservations take their cached prefix from `prefix_cache` (None: new blocks only); finished sequences
         # are committed to `tiered` (the next turn's prefix)
         self.prefix = DecodePrefix(pool, block_size, prefix_cache, tiered)
-        self.requests: dict[str, DecodeRequest] = {}  # every request not finished
-        self.waiting: deque[DecodeRequest] = deque()
-        self.running: list[DecodeRequest] = []
-        self.preempted: deque[DecodeRequest] = deque()
-        self.local_prefills: deque[DecodeRequest] = deque()  # LOCAL_PREFILL, oldest first
+        self.queues = DecodeQueues(pool, self.prefix)  # every live request, by state (decode_node/queues.py)
         self._rows: dict[str, int] = {}  # request id -> its row in the last scheduled batch
-        self.held: dict[str, DecodeRequest] = {}  # finished, blocks kept while P may still write them
         self.num_preemptions = 0
-        self.num_finished = 0
         self.kv_load_failure_policy = kv_load_failure_policy
         self.max_waiting = max_waiting  # requests held beyond the running batch; more are refused (503)
         # prompt tokens one step prefills for LOCAL_PREFILL requests (the worker's --max-num-batched-tokens: the
@@ -96,7 +92,6 @@ class Scheduler:
         self.num_kv_recomputes = 0  # of those, requests D prefilled itself
         self.num_local_prefills = 0  # reservations D prefilled itself (conditional disaggregation)
         self.num_reused_tokens = 0  # prompt tokens reservations found in this worker's prefix cache (not sent)
-        self.on_finish: Callable[[DecodeRequest], None] = lambda request: None
 
     @property
     def prefix_cache(self) -> PrefixCache | None:
@@ -105,20 +100,6 @@ class Scheduler:
     @property
     def tiered(self) -> TieredKVCache | None:
         return self.prefix.tiered
-
-    # ---- counters ---------------------------------------------------------------------------------
-
-    @property
-    def num_waiting_for_kv(self) -> int:
-        return sum(r.state == RequestState.WAITING_FOR_KV for r in self.requests.values())
-
-    @property
-    def num_waiting(self) -> int:
-        return len(self.waiting) + len(self.preempted) + len(self.local_prefills) + self.num_waiting_for_kv
-
-    @property
-    def has_work(self) -> bool:
-        return bool(self.running or self.waiting or self.preempted or self.local_prefills)
 
     # ---- requests coming in -------------------------------------------------------------------------
 
@@ -129,28 +110,28 @@ class Scheduler:
 
         With a prefix cache the cached prefix is taken from it, and `fetched` (host / Redis blocks staged for
         the request by `TieredKVCache.fetch`) is loaded after it."""
-        if request.request_id in self.requests:
+        if request.request_id in self.queues.requests:
             return Refusal(f"request {request.request_id!r} is already reserved on this worker", 0.0, 409)
         needed = blocks_needed(len(request.prompt_token_ids) + 1, self.block_size)
         if needed > self.pool.num_total - self.watermark_blocks:
             return Refusal(f"prompt of {len(request.prompt_token_ids)} tokens needs {needed} KV blocks; this "
                            f"worker has {self.pool.num_total} in all", 0.0, 400)
-        if self.max_waiting is not None and self.num_waiting >= self.max_waiting:
-            return Refusal(f"queue full: {self.num_waiting} requests wait on this decode worker already "
+        if self.max_waiting is not None and self.queues.num_waiting >= self.max_waiting:
+            return Refusal(f"queue full: {self.queues.num_waiting} requests wait on this decode worker already "
                            f"(--max-queued-requests {self.max_waiting})", self._retry_after())
         lookup = self.prefix.lookup_hashes(request)
-        if self.preempted or not self.prefix.can_reserve(lookup, needed + self.watermark_blocks):
+        if self.queues.preempted or not self.prefix.can_reserve(lookup, needed + self.watermark_blocks):
             return Refusal(f"no room: {needed} KV blocks needed, {self.pool.num_free} of {self.pool.num_total} "
-                           f"free, {len(self.preempted)} preempted requests waiting", self._retry_after())
+                           f"free, {len(self.queues.preempted)} preempted requests waiting", self._retry_after())
         blocks = self.prefix.allocate(lookup, needed, fetched)
         request.block_ids = list(blocks.block_ids)
         request.cached_tokens = blocks.num_cached_tokens
         self.num_reused_tokens += blocks.num_cached_tokens
-        self.requests[request.request_id] = request
+        self.queues.add(request)
         uncached = len(request.prompt_token_ids) - request.cached_tokens
         if uncached < max_local_prefill and request.sampling.prompt_logprobs is None:
             self.num_local_prefills += 1
-            self._move(request, RequestState.LOCAL_PREFILL)
+            self.queues.move(request, RequestState.LOCAL_PREFILL)
         return None
 
     def expected_block_ids(self, request: DecodeRequest) -> list[int]:
@@ -164,19 +145,19 @@ class Scheduler:
     def kv_complete(self, request_id: str, first_token_id: int, cached_tokens: int = 0,
                     logprobs: TokenLogprobs | None = None) -> list[RequestOutput]:
         """P's done frame arrived: emit the first token at once, then wait for a running slot."""
-        request = self.requests.get(request_id)
+        request = self.queues.requests.get(request_id)
         if request is None or request.state != RequestState.WAITING_FOR_KV:
             return []
         request.num_computed_tokens = len(request.prompt_token_ids)
         request.cached_tokens = max(request.cached_tokens, cached_tokens)
         result = self.output.append_token(request, first_token_id)
         reason = result.finish_reason
-        self._move(request, RequestState.WAITING if reason is None else _FINISHED[reason])
-        return [self._delta(request, [first_token_id], result.text, logprobs)]
+        self.queues.move(request, RequestState.WAITING if reason is None else _FINISHED[reason])
+        return [RequestOutput.of(request, [first_token_id], result.text, logprobs)]
 
     def kv_failed(self, request_id: str, error: str) -> list[RequestOutput]:
         """The KV will not come (lease, P gone, P gave up): fail the request, or recompute it here."""
-        request = self.requests.get(request_id)
+        request = self.queues.requests.get(request_id)
         if request is None or request.state != RequestState.WAITING_FOR_KV:
             return []
         self.num_kv_load_failures += 1
@@ -185,28 +166,27 @@ class Scheduler:
                            len(request.prompt_token_ids))
             self.num_kv_recomputes += 1
             request.cached_tokens = 0
-            self._move(request, RequestState.PREEMPTED)
+            self.queues.move(request, RequestState.PREEMPTED)
             return []
         request.error = error
-        self._move(request, RequestState.FINISHED_ERROR)
-        return [self._delta(request, [], "")]
+        self.queues.move(request, RequestState.FINISHED_ERROR)
+        return [RequestOutput.of(request, [], "")]
 
     def abort(self, request_id: str, error: str | None = None, hold_blocks: bool = False) -> list[RequestOutput]:
         """Free everything the request holds, now or once nothing writes its blocks any more (see above).
         `hold_blocks`: its KV sender may still write them (cuda_ipc): finish it, but keep them until
-        `release_held` (the receiver's word that the sender's part ended)."""
-        request = self.requests.get(request_id)
+        `queues.release_held` (the receiver's word that the sender's part ended)."""
+        request = self.queues.requests.get(request_id)
         if request is None:
             return []
         request.error = error
         if hold_blocks:
-            request.held_by_sender = True
-            self.held[request_id] = request
+            self.queues.hold(request)
         if request.num_pending:  # a launched step still writes its blocks: its update() finishes it
             request.abort_requested = True
             return []
-        self._move(request, RequestState.FINISHED_ABORTED)
-        return [self._delta(request, [], "")]
+        self.queues.move(request, RequestState.FINISHED_ABORTED)
+        return [RequestOutput.of(request, [], "")]
 
     # ---- one step ---------------------------------------------------------------------------------
 
@@ -221,7 +201,7 @@ class Scheduler:
         # a request resumed above may have been preempted again by an older one growing
         batch.recompute = [item for item in batch.recompute if item.request.state == RequestState.RUNNING]
         rows: dict[str, int] = {}
-        for request in self.running:
+        for request in self.queues.running:
             if request.abort_requested or self._ends_in_flight(request):
                 continue
             if request.num_pending:  # the step in flight samples its next input on the device
@@ -237,13 +217,13 @@ class Scheduler:
     def _needs_drain(self) -> bool:
         """Whether scheduling now could need what a step in flight still holds: its sampled tokens (penalties
         read the whole output) or its blocks (preemption)."""
-        pending = [r for r in self.running if r.num_pending]
+        pending = [r for r in self.queues.running if r.num_pending]
         if not pending:
             return False
-        if self.preempted or any(r.needs_history for r in pending):
+        if self.queues.preempted or any(r.needs_history for r in pending):
             return True
         missing = sum(max(0, blocks_needed(r.num_tokens + r.num_pending, self.block_size) - len(r.block_ids))
-                      for r in self.running)
+                      for r in self.queues.running)
         return missing > self.pool.num_free
 
     def _ends_in_flight(self, request: DecodeRequest) -> bool:
@@ -261,19 +241,19 @@ class Scheduler:
             request.num_pending -= 1
             if request.state.finished:  # ended at an earlier step while this one was in flight
                 if not request.num_pending:
-                    self._release_blocks(request)
+                    self.queues.release_blocks(request)
                 continue
             if request.abort_requested:
                 if not request.num_pending:
-                    self._move(request, RequestState.FINISHED_ABORTED)
-                    outputs.append(self._delta(request, [], ""))
+                    self.queues.move(request, RequestState.FINISHED_ABORTED)
+                    outputs.append(RequestOutput.of(request, [], ""))
                 continue
             request.num_computed_tokens = request.num_tokens
             result = self.output.append_token(request, token_ids[row])
             if result.finish_reason is not None:
-                self._move(request, _FINISHED[result.finish_reason])
+                self.queues.move(request, _FINISHED[result.finish_reason])
             entry = logprobs[row] if logprobs is not None else None
-            outputs.append(self._delta(request, [token_ids[row]], result.text, entry))
+            outputs.append(RequestOutput.of(request, [token_ids[row]], result.text, entry))
         return outputs
 
     def fail_batch(self, batch: DecodeBatch, error: str) -> list[RequestOutput]:
@@ -286,33 +266,33 @@ class Scheduler:
             request.num_pending -= 1
             if request.state.finished:
                 if not request.num_pending:
-                    self._release_blocks(request)
+                    self.queues.release_blocks(request)
                 continue
             request.error = error
-            self._move(request, RequestState.FINISHED_ERROR)
-            outputs.append(self._delta(request, [], ""))
+            self.queues.move(request, RequestState.FINISHED_ERROR)
+            outputs.append(RequestOutput.of(request, [], ""))
         return outputs
 
     # ---- phases -----------------------------------------------------------------------------------
 
     def _resume_preempted(self, batch: DecodeBatch) -> None:
         """Oldest preempted first; it needs blocks for all its tokens, plus the watermark."""
-        while self.preempted and len(self.running) < self.max_num_seqs:
-            request = self.preempted[0]
+        while self.queues.preempted and len(self.queues.running) < self.max_num_seqs:
+            request = self.queues.preempted[0]
             needed = blocks_needed(request.num_tokens, self.block_size)
-            if not self.pool.can_allocate(needed + self.watermark_blocks) and self.running:
+            if not self.pool.can_allocate(needed + self.watermark_blocks) and self.queues.running:
                 return
             if not self.pool.can_allocate(needed):
                 return
             request.block_ids = list(self.pool.allocate(needed).block_ids)
             request.num_computed_tokens = request.num_tokens - 1
-            self._move(request, RequestState.RUNNING)
+            self.queues.move(request, RequestState.RUNNING)
             if request.num_tokens > 1:  # a one-token prompt whose KV never came has nothing to prefill
                 batch.recompute.append(RecomputeItem(request, request.all_token_ids[:-1], request.block_ids))
 
     def _admit_waiting(self) -> None:
-        while self.waiting and len(self.running) < self.max_num_seqs:
-            self._move(self.waiting[0], RequestState.RUNNING)
+        while self.queues.waiting and len(self.queues.running) < self.max_num_seqs:
+            self.queues.move(self.queues.waiting[0], RequestState.RUNNING)
 
     def _admit_local_prefills(self, batch: DecodeBatch) -> None:
         """Prompt tokens after the cached prefix but the last are prefilled in this step's forward; the last
@@ -320,15 +300,15 @@ class Scheduler:
         `max_local_prefill_tokens` a step, but always the oldest one."""
         budget = self.max_local_prefill_tokens
         taken = 0
-        while self.local_prefills and len(self.running) < self.max_num_seqs:
-            request = self.local_prefills[0]
+        while self.queues.local_prefills and len(self.queues.running) < self.max_num_seqs:
+            request = self.queues.local_prefills[0]
             prompt, start = request.prompt_token_ids, request.cached_tokens
             tokens = max(0, len(prompt) - 1 - start)
             if budget is not None and taken and taken + tokens > budget:
                 break
             taken += tokens
             request.num_computed_tokens = len(prompt) - 1
-            self._move(request, RequestState.RUNNING)
+            self.queues.move(request, RequestState.RUNNING)
             if start < len(prompt) - 1:
                 batch.recompute.append(RecomputeItem(request, prompt[start:-1], request.block_ids, start, local=True))
 
@@ -336,8 +316,8 @@ class Scheduler:
         """Give each running request room for its next token, preempting the newest when blocks run out (only
         ever with no step in flight: `_needs_drain`)."""
         index = 0
-        while index < len(self.running):
-            request = self.running[index]
+        while index < len(self.queues.running):
+            request = self.queues.running[index]
             missing = blocks_needed(request.num_tokens + request.num_pending, self.block_size) - len(request.block_ids)
             if missing <= 0:
                 index += 1
@@ -345,7 +325,7 @@ class Scheduler:
                 request.block_ids.extend(self.pool.allocate(missing).block_ids)
                 index += 1
             else:
-                victim = self.running[-1]
+                victim = self.queues.running[-1]
                 self._preempt(victim)
                 if victim is request:
                     return
@@ -355,63 +335,8 @@ class Scheduler:
             raise RuntimeError(f"request {request.request_id}: preempted while a launched step holds its blocks")
         request.num_preemptions += 1
         self.num_preemptions += 1
-        self._move(request, RequestState.PREEMPTED)
-
-    # ---- the one place a state changes ----------------------------------------------------------
-
-    def _move(self, request: DecodeRequest, state: RequestState) -> None:
-        if state not in TRANSITIONS.get(request.state, frozenset()):
-            raise RuntimeError(f"request {request.request_id}: illegal move {request.state.name} -> {state.name}")
-        self._leave_queue(request)
-        request.state = state
-        if state == RequestState.WAITING:
-            self.waiting.append(request)
-        elif state == RequestState.RUNNING:
-            self.running.append(request)
-        elif state == RequestState.PREEMPTED:
-            self._release_blocks(request)
-            self.preempted.append(request)
-        elif state == RequestState.LOCAL_PREFILL:
-            self.local_prefills.append(request)
-        elif state.finished:
-            if state in (RequestState.FINISHED_STOPPED, RequestState.FINISHED_LENGTH):
-                self.prefix.commit(request)
-            if not request.num_pending and not request.held_by_sender:  # else freed by the last launched step's
-                self._release_blocks(request)                          # update, or by release_held
-            del self.requests[request.request_id]
-            self.num_finished += 1
-            self.on_finish(request)
-
-    def _leave_queue(self, request: DecodeRequest) -> None:
-        queue = {RequestState.WAITING: self.waiting, RequestState.RUNNING: self.running,
-                 RequestState.PREEMPTED: self.preempted,
-                 RequestState.LOCAL_PREFILL: self.local_prefills}.get(request.state)
-        if queue is not None:
-            queue.remove(request)
-
-    def release_held(self, request_id: str) -> None:
-        """The KV sender of an aborted request can write its blocks no more: free them."""
-        request = self.held.pop(request_id, None)
-        if request is not None:
-            request.held_by_sender = False
-            self._release_blocks(request)
-
-    def _release_blocks(self, request: DecodeRequest) -> None:
-        self.pool.free(request.block_ids)
-        request.block_ids = []
-        request.num_computed_tokens = 0
-
-    def _delta(self, request: DecodeRequest, token_ids: list[int], text: str,
-               logprobs: TokenLogprobs | None = None) -> RequestOutput:
-        """`logprobs`: the one new token's, when the request asked and the step computed them."""
-        wire = None
-        if request.sampling.logprobs is not None and logprobs is not None:
-            wire = [logprobs_to_wire(logprobs)]
-        delta = TokenDelta(request.request_id, token_ids, text, request.finish_reason, wire,
-                           len(request.prompt_token_ids), len(request.output_token_ids), request.cached_tokens,
-                           request.error)
-        return RequestOutput(request.request_id, delta)
+        self.queues.move(request, RequestState.PREEMPTED)
 
     def _retry_after(self) -> float:
         """A guess: about one running request finishes per step; 0.5 s is a few steps on CPU."""
-        return 0.5 if self.running else 0.1
+        return 0.5 if self.queues.running else 0.1

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from pdserve.decode_node.request import DecodeRequest
+from pdserve.engine.output import logprobs_to_wire
+from pdserve.engine.sampling import TokenLogprobs
 from pdserve.protocol.messages import TokenDelta
 
 
@@ -21,6 +23,19 @@ class Refusal:
 class RequestOutput:
     request_id: str
     delta: TokenDelta
+
+    @classmethod
+    def of(cls, request: DecodeRequest, token_ids: list[int], text: str,
+           logprobs: TokenLogprobs | None = None) -> RequestOutput:
+        """The request's next frame: `token_ids` and `text` new since the last one, its finish reason and counts.
+        `logprobs`: the one new token's, when the request asked and the step computed them."""
+        wire = None
+        if request.sampling.logprobs is not None and logprobs is not None:
+            wire = [logprobs_to_wire(logprobs)]
+        delta = TokenDelta(request.request_id, token_ids, text, request.finish_reason, wire,
+                           len(request.prompt_token_ids), len(request.output_token_ids), request.cached_tokens,
+                           request.error)
+        return cls(request.request_id, delta)
 
 
 @dataclass(frozen=True)

@@ -150,7 +150,7 @@ def nodes_idle(prefill: PrefillNode | None, decode: DecodeNode | None, state_loc
     with state_lock:
         if prefill is not None and prefill.batcher.requests:
             return False
-        if decode is not None and decode.scheduler.requests:
+        if decode is not None and decode.scheduler.queues.requests:
             return False
     return open_requests() == 0
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pdserve.cache_store.block_pool import blocks_needed
-from pdserve.cache_store.tiered import FetchedPrefix
+from pdserve.cache_store.tier_reader import FetchedPrefix
 from pdserve.engine.sampling_params import SamplingParams
 from pdserve.kv_transfer.target import TransferTarget
 

@@ -25,7 +25,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 def run(args: argparse.Namespace) -> int:
     from pdserve.cache_store.shared_store import StoreError
     from pdserve.engine.weights.hub import ModelNotFoundError
-    from pdserve.worker import run_worker
+    from pdserve.worker_app import run_worker
 
     try:
         settings = worker_settings_from_args(

@@ -86,7 +86,7 @@ async def generate(loaded_default, offline, params: list[SamplingParams], async_
     finally:
         engine.stop()
     assert_no_leak(pool)
-    assert not scheduler.requests and all(r.num_pending == 0 for r in scheduler.running)
+    assert not scheduler.queues.requests and all(r.num_pending == 0 for r in scheduler.queues.running)
     return list(out)
 
 

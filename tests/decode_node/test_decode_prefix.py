@@ -81,7 +81,7 @@ def test_a_short_uncached_suffix_is_prefilled_on_d_and_its_decode_row_samples_th
     turn2 = request(char_tokenizer, "turn2", HISTORY + "xyyqrs", max_tokens=3)
     assert sched.reserve(turn2, max_local_prefill=5) is None  # 16 - 12 = 4 tokens to compute, < 5
     assert turn2.state == RequestState.LOCAL_PREFILL and sched.num_local_prefills == 1
-    assert sched.num_waiting == 1 and sched.has_work
+    assert sched.queues.num_waiting == 1 and sched.queues.has_work
     batch = sched.schedule()
     [local] = batch.recompute
     assert local.local and local.start == 12 and local.token_ids == ids("yqr")  # the last one is the decode row's
@@ -124,7 +124,7 @@ def test_local_prefills_wait_for_a_slot_and_an_abort_frees_their_blocks(char_tok
     sched.update(batch, ids("q") * len(batch.decode))
     held = list(queued.block_ids)
     [out] = sched.abort("queued", "client gone")
-    assert out.delta.finish_reason == "abort" and not sched.local_prefills
+    assert out.delta.finish_reason == "abort" and not sched.queues.local_prefills
     assert [sched.pool.ref_count(b) for b in held] == [0] * len(held)  # the history evictable, the rest free
     sched.abort("busy")
     run_to_end(sched, lambda r: ids("q")[0])
@@ -153,7 +153,7 @@ def test_one_step_prefills_at_most_the_token_budget_of_local_prefills_but_always
     for turn in turns:  # 17 tokens each, 12 cached: 4 to prefill, the last one is the decode row
         assert sched.reserve(turn, max_local_prefill=100) is None and turn.state == RequestState.LOCAL_PREFILL
     steps = []
-    while sched.local_prefills:
+    while sched.queues.local_prefills:
         batch = sched.schedule()
         steps.append([item.request.request_id for item in batch.recompute])
         sched.update(batch, ids("t") * len(batch.decode))

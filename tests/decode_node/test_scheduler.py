@@ -44,7 +44,7 @@ def run_to_end(sched: Scheduler, next_token, max_steps: int = 200) -> list:
     """Step until idle; next_token(request) plays the model. Returns every frame produced."""
     frames = []
     for _ in range(max_steps):
-        if not sched.has_work:
+        if not sched.queues.has_work:
             return frames
         batch: DecodeBatch = sched.schedule()
         frames += batch.outputs
@@ -80,7 +80,7 @@ def test_first_token_frame_then_batch_limited_by_max_num_seqs(char_tokenizer):
     batch = sched.schedule()
     assert [item.request.request_id for item in batch.decode] == ["a", "b"]
     assert [item.position for item in batch.decode] == [2, 2]  # prompt of 2, first token at position 2
-    assert sched.waiting[0].request_id == "c"
+    assert sched.queues.waiting[0].request_id == "c"
     sched.update(batch, ids("yy"))
     frames = run_to_end(sched, lambda r: ids("z")[0])
     finals = {f.request_id: f.delta for f in frames if f.delta.finish_reason}
@@ -99,7 +99,7 @@ def test_preemption_recomputes_and_nothing_leaks(char_tokenizer):
     recomputed = []
     text = {rid: "d" for rid in "abc"}
     for _ in range(100):
-        if not sched.has_work:
+        if not sched.queues.has_work:
             break
         batch = sched.schedule()
         recomputed += [(item.request.request_id, len(item.token_ids)) for item in batch.recompute]
@@ -184,8 +184,8 @@ def test_max_tokens_one_finishes_at_kv_complete(char_tokenizer):
     sched.reserve(make(char_tokenizer, "a", "abc", max_tokens=1))
     [out] = sched.kv_complete("a", ids("z")[0])
     assert out.delta.finish_reason == "length" and out.delta.text == "z"
-    assert not sched.has_work and sched.requests == {}
-    assert sched.requests == {} and RequestState.FINISHED_LENGTH.finished
+    assert not sched.queues.has_work and sched.queues.requests == {}
+    assert sched.queues.requests == {} and RequestState.FINISHED_LENGTH.finished
     assert_no_leak(sched.pool)
 
 
@@ -235,11 +235,11 @@ def test_an_abort_held_for_its_sender_frees_the_blocks_only_when_released(char_t
     sched = scheduler(num_blocks=3)
     assert sched.reserve(make(char_tokenizer, "a", "abcdefg")) is None  # 2 blocks
     [out] = sched.abort("a", "client gone", hold_blocks=True)
-    assert out.delta.finish_reason == "abort" and "a" not in sched.requests
-    assert sched.pool.num_free == 1 and set(sched.held) == {"a"}
+    assert out.delta.finish_reason == "abort" and "a" not in sched.queues.requests
+    assert sched.pool.num_free == 1 and set(sched.queues.held) == {"a"}
     assert sched.reserve(make(char_tokenizer, "b", "abcdefg")) is not None  # the held blocks are not free
-    sched.release_held("a")
-    assert sched.pool.num_free == 3 and not sched.held
+    sched.queues.release_held("a")
+    assert sched.pool.num_free == 3 and not sched.queues.held
     assert sched.reserve(make(char_tokenizer, "b", "abcdefg")) is None
     sched.abort("b")
     assert_no_leak(sched.pool)
