@@ -98,7 +98,8 @@ class DecodeNode:
         deadline = time.monotonic() + self.config.kv_lease_timeout_s
         carried = len(request.prompt_token_ids) - request.cached_tokens
         try:
-            target = self.receiver.expect(request_id, expected, deadline, num_tokens=carried)
+            target = self.receiver.expect(request_id, expected, deadline, num_tokens=carried,
+                                          first_block=request.cached_tokens // self.config.block_size)
         except ValueError as exc:  # a bookkeeping bug: give the blocks back rather than leak them
             self.engine.kv_failed(request_id, f"cannot expect the transfer: {exc}")
             return Refused(request_id, 500, f"cannot expect the transfer of {request_id!r}: {exc}")

@@ -168,9 +168,11 @@ class KVReceiver(ABC):
         self.table = TransferTable(self.layout.num_layers, self.layout.block_size, on_complete, on_failure)
 
     def expect(
-        self, request_id: str, block_ids: Sequence[int], deadline: float | None, num_tokens: int | None = None
+        self, request_id: str, block_ids: Sequence[int], deadline: float | None, num_tokens: int | None = None,
+        first_block: int = 0,
     ) -> TransferTarget:
-        """Register reserved blocks; `deadline` is a time.monotonic() instant (None: no lease).
+        """Register reserved blocks, for the prompt's blocks `first_block` on (the ones before are this side's
+        cached prefix); `deadline` is a time.monotonic() instant (None: no lease).
         Call on the receiver's event loop."""
         bad = [b for b in block_ids if not 0 <= b < self.layout.num_blocks]
         if bad:
@@ -179,7 +181,7 @@ class KVReceiver(ABC):
         return TransferTarget(
             backend=self.backend, request_id=request_id, block_ids=tuple(block_ids),
             num_layers=self.layout.num_layers, block_size=self.layout.block_size,
-            dtype=dtype_name(self.layout.dtype), **self._address(request_id),
+            dtype=dtype_name(self.layout.dtype), first_block=first_block, **self._address(request_id),
         )
 
     def cancel(self, request_id: str) -> bool:

@@ -10,7 +10,10 @@ from typing import Any
 class TransferTarget:
     """A reservation on a decode worker.
 
-    `block_ids` are D's blocks, in token order (block i holds tokens i*block_size ..). `host`/`port` are
+    `block_ids` are D's blocks for the prompt's blocks `first_block` on, in token order (block i of the list holds
+    tokens (first_block + i) * block_size ..); the leading `first_block` blocks are D's own cached prefix, never
+    sent (a delta transfer), so a target fits a prompt exactly when first_block + len(block_ids) blocks hold
+    it. `host`/`port` are
     unset for the in-process `local` backend and for `store`, which names instead the shared store D reads
     (`store`: its store_id), D's inbox there and the reservation's random `token` (kv_transfer/store/). The
     shape fields let P refuse a mismatched D before it computes anything.
@@ -27,10 +30,13 @@ class TransferTarget:
     store: str | None = None
     inbox: str | None = None
     token: str | None = None
+    first_block: int = 0
 
     def __post_init__(self) -> None:
         if not self.block_ids:
             raise ValueError(f"transfer target for {self.request_id!r} has no blocks")
+        if self.first_block < 0:
+            raise ValueError(f"transfer target for {self.request_id!r}: first_block {self.first_block} < 0")
         if self.num_layers <= 0 or self.block_size <= 0:
             raise ValueError(f"bad target shape: {self.num_layers} layers, block_size {self.block_size}")
         if (self.host is None) != (self.port is None):
@@ -65,8 +71,11 @@ class TransferTarget:
         for name, value in store.items():
             if not (value is None or type(value) is str):
                 raise ValueError(f"transfer target field {name!r} must be str or null, got {value!r}")
+        first_block = data.get("first_block", 0)
+        if type(first_block) is not int:
+            raise ValueError(f"transfer target field 'first_block' must be int, got {first_block!r}")
         return cls(
             backend=data["backend"], request_id=data["request_id"], block_ids=tuple(data["block_ids"]),
             num_layers=data["num_layers"], block_size=data["block_size"], dtype=data["dtype"],
-            host=host, port=port, **store,
+            host=host, port=port, **store, first_block=first_block,
         )

@@ -210,9 +210,9 @@ class PrefillNode:
             raise ValueError(f"decode worker's KV layout ({target.num_layers} layers, block_size {target.block_size}, "
                              f"{target.dtype}) differs from ours ({cfg.num_layers}, {cfg.block_size}, {cfg.kv_dtype})")
         needed = blocks_needed(num_tokens, cfg.block_size)
-        if target.backend != "local" and len(target.block_ids) > needed:  # fewer: D holds the leading ones
-            raise ValueError(f"transfer target has {len(target.block_ids)} blocks; a prompt of {num_tokens} tokens "
-                             f"fills {needed}")
+        if target.backend != "local" and target.first_block + len(target.block_ids) != needed:
+            raise ValueError(f"transfer target has {len(target.block_ids)} blocks after the {target.first_block} D "
+                             f"holds; a prompt of {num_tokens} tokens fills {needed}")
 
     def _take_local_blocks(self, request: PrefillRequest) -> None:
         """Colocated: compute straight into D's reserved blocks, holding our own reference on them."""

@@ -42,8 +42,10 @@ class TwoRouters:
     """The launcher's children, started by the launcher; a router can be restarted on its own port."""
 
     def __init__(self, cache_dir: Path) -> None:
+        # --local-prefill-threshold 0: prefixes go to the prefill worker holding them, never prefilled on D
         settings = LaunchSettings(port=free_port(), num_routers=2, num_prefill=2, num_decode=1,
-                                  worker_args=WORKER_FLAGS, ready_timeout_s=300)
+                                  worker_args=WORKER_FLAGS, router_args=("--local-prefill-threshold", "0"),
+                                  ready_timeout_s=300)
         env = {**os.environ, "PDSERVE_CACHE_DIR": str(cache_dir), "PDSERVE_SECRET": SECRET}
         self.launcher = Launcher(settings, grace_s=15, env=env)
 

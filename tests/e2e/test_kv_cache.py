@@ -29,7 +29,9 @@ AUTH = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 MAX_TOKENS = 8
 # host tier of ~140 blocks per worker (737 KB per 16-token block of SmolLM2-135M in fp32); lookups may take up to
 # 5 s on a loaded 2-core machine (the 0.5 s default would give up on a 40-block Redis read there)
-CACHE_FLAGS = ["--host-cache-gb", "0.1", "--cache-timeout", "5"]
+# --local-prefill-threshold 0: every prompt through a prefill worker's tiers (a repeated prompt would otherwise be
+# prefilled on the decode worker that holds it: conditional disaggregation)
+CACHE_FLAGS = ["--host-cache-gb", "0.1", "--cache-timeout", "5", "--local-prefill-threshold", "0"]
 
 
 @pytest.fixture(scope="module")

@@ -36,7 +36,9 @@ PROMPTS = ["The capital of France is", "List three prime numbers:", "def fibonac
 # the prefill that dominates each test's time on one CPU thread. The first chunk ends on a block edge (496), so
 # no block is sent twice; a block that is (its second copy the complete one) is tests/kv_transfer/test_store.py's.
 BUDGET = 504
-STORE_FLAGS = ["--transfer-backend", "store", "--kv-load-failure-policy", "fail", "--heartbeat-timeout", "120",
+# --local-prefill-threshold 0: every prompt's KV through the store (not prefilled on D when D holds most of it)
+STORE_FLAGS = ["--transfer-backend", "store", "--local-prefill-threshold", "0", "--kv-load-failure-policy", "fail",
+               "--heartbeat-timeout", "120",
                "--stream-stall-timeout", "120", "--reserve-timeout", "30", "--max-num-batched-tokens", str(BUDGET)]
 
 

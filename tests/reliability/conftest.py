@@ -31,7 +31,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, model_cache_dir: Path,
     tmp = tmp_path_factory.mktemp("reliability")
     cluster = Cluster(tmp, model_cache_dir, tmp / "pickle_guard.log")
     try:
-        cluster.launch("--max-inflight-requests", str(MAX_INFLIGHT))
+        # every prompt through a prefill worker: these tests break P, D and the P -> D path; a prompt whose
+        # short suffix D could prefill itself (conditional disaggregation, docs/kv_cache.md) would skip P
+        cluster.launch("--max-inflight-requests", str(MAX_INFLIGHT), "--local-prefill-threshold", "0")
         fail_d = cluster.start_worker("decode", "decode-fail", *WORKER_FLAGS, "--kv-lease-timeout", "1",
                                       "--kv-load-failure-policy", "fail", register=False)
         cluster.supervise()
