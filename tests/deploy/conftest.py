@@ -36,7 +36,11 @@ def topology(cpu_services: dict, tmp_path_factory: pytest.TempPathFactory, model
         redis_args = [str(a) for a in cpu_services["redis"]["command"][1:]]
         redis = RedisServerProcess(shutil.which("redis-server") or "", tuple(redis_args))
         redis.start()
-    deployment = Topology(cpu_services, tmp, model_cache_dir, ADMIN_TOKEN, redis.url if redis else None)
+    # local prefill off: the chat template's system prompt fills a block, so with it on every chat request would be
+    # prefilled on the decode worker that served the first one (conditional disaggregation weighs no load yet),
+    # and the role-switch test needs a new decode worker to get work within a few requests
+    deployment = Topology(cpu_services, tmp, model_cache_dir, ADMIN_TOKEN, redis.url if redis else None,
+                          router_env={"PDSERVE_LOCAL_PREFILL_THRESHOLD": "0"})
     try:
         yield deployment.start(WORKERS)
     finally:

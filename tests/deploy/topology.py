@@ -107,6 +107,7 @@ class Topology:
     cache_dir: Path
     admin_token: str
     redis_url: str | None
+    router_env: dict[str, str] = field(default_factory=dict)  # more of the router's environment (PDSERVE_<FLAG>)
     router: Process | None = None
     workers: list[Process] = field(default_factory=list)
 
@@ -144,6 +145,7 @@ class Topology:
         assert result.returncode == 0, f"model fetch failed:\n{result.stdout[-2000:]}{result.stderr[-2000:]}"
         self.router = self.process("router")
         self.router.env["PDSERVE_ADMIN_TOKEN"] = self.admin_token
+        self.router.env |= self.router_env
         self.router.start()
         wait_until(lambda: _answers(f"{self.router.url}/v1/models"), READY_TIMEOUT_S, "the router to listen",
                    self._check_alive)
