@@ -9,7 +9,9 @@ turn of a conversation finds its whole history there. The router's view of it, p
                next turn is usually sent within milliseconds of the last one's answer, before any heartbeat
 
     local_choice(candidates, sub, prompt) ─▶ the decode-only worker holding the longest cached prefix of the
-        prompt, when that is at least one block and leaves fewer than `threshold` tokens to compute; else None
+        prompt, when that is at least one block and leaves fewer than `threshold` tokens to compute, and that
+        worker runs at most `max_imbalance` sequences more than the least loaded one (else a prefix every
+        request shares, a chat template's system prompt, would send them all to one worker); else None
         (then P prefills, as always). The relay asks it with RESERVE.max_local_prefill = threshold: D itself
         checks against what it holds, and prefills locally only if the suffix is still short; else it reserves
         as usual and the relay hands the prefill to a P (a fallback, counted).
@@ -26,18 +28,19 @@ from collections.abc import Sequence
 
 from pdserve.cache_store.hashing import block_hashes
 from pdserve.router.plan import SubRequest
-from pdserve.router.policies import LeastKV, Prompt, matched_blocks
+from pdserve.router.policies import LeastKV, Prompt, decode_load, matched_blocks
 from pdserve.router.registry import Worker
 
 FINISH_REASONS_COMMITTED = ("stop", "length")  # a decode worker commits these sequences' blocks, not the others
 
 
 class DecodeReuse:
-    def __init__(self, block_size: int, threshold: int) -> None:
+    def __init__(self, block_size: int, threshold: int, max_imbalance: int = 4) -> None:
         if threshold < 0:
             raise ValueError(f"local_prefill_threshold must be >= 0, got {threshold}")
         self.block_size = block_size
         self.threshold = threshold  # 0: never prefill on a decode worker
+        self.max_imbalance = max_imbalance  # --cache-aware-max-imbalance, as the cache-aware policies take it
 
     def local_choice(self, candidates: list[Worker], sub: SubRequest, prompt: Prompt) -> Worker | None:
         """The decode worker that should prefill this request itself, or None (see the module docstring)."""
@@ -51,6 +54,8 @@ class DecodeReuse:
                 best, best_blocks = worker, blocks
         if best is None or len(prompt.token_ids) - best_blocks * self.block_size >= self.threshold:
             return None
+        if decode_load(best) > min(decode_load(w) for w in decode_only) + self.max_imbalance:
+            return None  # through a P to the decode policy's choice
         return best
 
     def finished(self, worker: Worker, sub: SubRequest, output_token_ids: Sequence[int], finish_reason: str) -> None:

@@ -62,7 +62,7 @@ class Relay:
         self._decode_policy = decode_policy
         self._config = config
         self._metrics = metrics
-        self._reuse = DecodeReuse(config.block_size, config.local_prefill_threshold)
+        self._reuse = DecodeReuse(config.block_size, config.local_prefill_threshold, config.cache_aware_max_imbalance)
 
     def set_policies(self, prefill: Policy, decode: Policy) -> None:
         """Swap the policies (admin API); sub-requests already started keep the workers they were given."""

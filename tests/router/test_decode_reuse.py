@@ -1,0 +1,46 @@
+"""The router's conditional-disaggregation choice (router/decode_reuse.py): the decode worker holding the longest
+prefix prefills a short suffix itself, unless it is too busy against the least loaded decode worker."""
+
+from __future__ import annotations
+
+from pdserve.cache_store.hashing import block_hashes
+from pdserve.engine.sampling_params import SamplingParams
+from pdserve.protocol.prefix_summary import encode_summary
+from pdserve.router.decode_reuse import DecodeReuse
+from pdserve.router.plan import SubRequest
+from pdserve.router.policies import Prompt
+from pdserve.router.registry import Worker, WorkerLoad
+
+FP = "model-fp"
+BS = 16
+HISTORY = list(range(100, 100 + 4 * BS))  # 4 full blocks a decode worker may hold
+PROMPT = Prompt(HISTORY + list(range(500, 520)))  # + 20 new tokens
+
+
+def _decode(name: str, holds: int = 0, **load: int) -> Worker:
+    worker = Worker(worker_id=name, url=f"http://{name}", roles=("decode",), static=False, last_seen=0.0,
+                    load=WorkerLoad(**load), fingerprint=FP)
+    if holds:
+        worker.prefixes.report(encode_summary(block_hashes(HISTORY, BS, FP)[:holds]))
+    return worker
+
+
+def _sub(**sampling: object) -> SubRequest:
+    return SubRequest("r-0", 0, 0, list(PROMPT.token_ids), SamplingParams(max_tokens=4, **sampling), None)
+
+
+def test_the_worker_holding_the_history_prefills_the_short_suffix() -> None:
+    reuse = DecodeReuse(BS, threshold=256)
+    holder, other = _decode("holder", holds=4), _decode("other", holds=1)
+    assert reuse.local_choice([other, holder], _sub(), PROMPT) is holder
+    assert DecodeReuse(BS, threshold=20).local_choice([other, holder], _sub(), PROMPT) is None  # 20 left: not < 20
+    assert reuse.local_choice([_decode("cold")], _sub(), PROMPT) is None  # nothing held: through a P
+
+
+def test_a_busy_holder_is_passed_over_beyond_the_imbalance() -> None:
+    reuse = DecodeReuse(BS, threshold=256, max_imbalance=4)
+    idle = _decode("idle")
+    assert reuse.local_choice([idle, _decode("holder", holds=4, num_running=4)], _sub(), PROMPT).worker_id == "holder"
+    busy = _decode("holder", holds=4, num_running=5)  # 5 > 0 + 4: a shared prefix would pile every request here
+    assert reuse.local_choice([idle, busy], _sub(), PROMPT) is None
+    assert reuse.local_choice([busy], _sub(), PROMPT) is busy  # the only decode worker: no one less loaded
