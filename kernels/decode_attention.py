@@ -4,6 +4,7 @@ decode_attention(q, kv_cache, seq_lens, block_tables, scale) -> out
 # q: [B, Hq, D]; seq_lens: [B] int32 (including the token being decoded, whose K/V is already written)
 # block_tables: [B, max_blocks] int32; kv_cache: [2, num_blocks, block_size, Hkv, D]; out: [B, Hq, D]
 A sequence with seq_len 0 (a padded CUDA-graph slot) yields zeros.
+k_scale, v_scale: the layer's fp8 scales; an fp8 kv_cache is read as fp8 * scale (kernels/fp8.py), others as is.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from pdserve.kernels.dispatch import use_triton
+from pdserve.kernels.fp8 import dequantize_kv_ref
 
 
 def decode_attention_ref(
@@ -19,6 +21,8 @@ def decode_attention_ref(
     seq_lens: torch.Tensor,
     block_tables: torch.Tensor,
     scale: float,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """All sequences at once, padded to the longest: one block gather for K and V, then torch's fused attention.
 
@@ -35,8 +39,9 @@ def decode_attention_ref(
     num_blocks = (max_len + block_size - 1) // block_size
     length = num_blocks * block_size
     blocks = block_tables[:, :num_blocks].reshape(-1).long()  # rows past a sequence's end are masked below
-    kv = kv_cache.index_select(1, blocks).view(2, batch, length, num_kv_heads, dim).float()
-    k, v = kv[0].transpose(1, 2), kv[1].transpose(1, 2)  # [B, Hkv, L, D] views
+    kv = kv_cache.index_select(1, blocks).view(2, batch, length, num_kv_heads, dim)
+    k = dequantize_kv_ref(kv[0], k_scale).transpose(1, 2)  # [B, Hkv, L, D] views
+    v = dequantize_kv_ref(kv[1], v_scale).transpose(1, 2)
     qg = q.float().reshape(batch, num_kv_heads, num_heads // num_kv_heads, dim)  # query head h: kv head h // G
     valid = torch.arange(length, device=q.device)[None, :] < seq_lens[:, None]  # [B, L]
     out = torch.nn.functional.scaled_dot_product_attention(qg, k, v, attn_mask=valid[:, None, None, :], scale=scale)
@@ -50,9 +55,11 @@ def decode_attention(
     seq_lens: torch.Tensor,
     block_tables: torch.Tensor,
     scale: float,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     if use_triton(q):
         from pdserve.kernels.decode_attention_triton import decode_attention_triton
 
-        return decode_attention_triton(q, kv_cache, seq_lens, block_tables, scale)
-    return decode_attention_ref(q, kv_cache, seq_lens, block_tables, scale)
+        return decode_attention_triton(q, kv_cache, seq_lens, block_tables, scale, k_scale, v_scale)
+    return decode_attention_ref(q, kv_cache, seq_lens, block_tables, scale, k_scale, v_scale)

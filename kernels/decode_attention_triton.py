@@ -11,6 +11,10 @@ host sync (CUDA-graph safe); S itself comes from the batch size and the block ta
 split kernel writes the output directly and the reduce kernel is skipped. Splits past seq_len are empty
 (lse = -inf); seq_len 0 gives zeros.
 
+An fp8 cache (float8_e4m3fn) is loaded as fp8 and converted to the query's dtype in registers (exact: e4m3
+fits in bf16 and fp16); its K scale is folded into qk_scale and its V scale multiplies the (linear) output of
+each split, so the dots and the fp32 accumulation are those of a bf16 cache.
+
 What is compiled: the model's GROUP, HEAD_DIM, PAGE, the dtype's PRECISION and tile, and the split count S
 through SINGLE (S == 1), BLOCK_S = S and the partials' strides. S = num_splits_for(batch, Hkv, table width)
 is a power of two in 1..64, so at most 7 split kernels and 6 reduce kernels per model, whatever the batch;
@@ -26,6 +30,8 @@ import torch
 import triton
 import triton.language as tl
 
+from pdserve.kernels.fp8 import is_fp8
+
 _LOG2E = 1.4426950408889634
 _MIN_SPLIT_TOKENS = 256  # below this a split's fixed costs (q load, reduction) outweigh its parallelism
 
@@ -33,7 +39,7 @@ _MIN_SPLIT_TOKENS = 256  # below this a split's fixed costs (q load, reduction) 
 @triton.jit(do_not_specialize=["num_splits"])  # SINGLE and the part strides carry it
 def _decode_split_kernel(
     q_ptr, cache_ptr, seq_lens_ptr, block_tables_ptr, out_ptr, part_out_ptr, part_lse_ptr,
-    qk_scale, num_splits,
+    qk_scale, v_scale, num_splits,
     stride_qb, stride_qh, stride_ob, stride_oh, stride_bt,
     stride_ckv, stride_cblk, stride_ctok, stride_ch,
     stride_pb, stride_ph, stride_ps, stride_lb, stride_lh,
@@ -68,19 +74,19 @@ def _decode_split_kernel(
         page = tl.load(table + offs_n // PAGE, mask=n_mask, other=0).to(tl.int64)
         rows = page * stride_cblk + (offs_n % PAGE) * stride_ctok  # [BLOCK_N]
         kv_mask = n_mask[:, None] & (d < HEAD_DIM)[None, :]
-        k = tl.load(k_base + rows[:, None] + d[None, :], mask=kv_mask, other=0.0)  # [BLOCK_N, BLOCK_D]
+        k = tl.load(k_base + rows[:, None] + d[None, :], mask=kv_mask, other=0.0).to(q.dtype)  # [BLOCK_N, BLOCK_D]
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # [BLOCK_G, BLOCK_N], log2 domain
         s = tl.where(n_mask[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_base + rows[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(v_base + rows[:, None] + d[None, :], mask=kv_mask, other=0.0).to(q.dtype)
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
         m_i = m_new
 
     has_keys = l_i > 0
-    acc = acc / tl.where(has_keys, l_i, 1.0)[:, None]
+    acc = acc * (v_scale / tl.where(has_keys, l_i, 1.0))[:, None]
     if SINGLE:
         o_ptrs = out_ptr + b.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + d[None, :]
         tl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=gd_mask)
@@ -142,13 +148,13 @@ def _check(q, kv_cache, seq_lens, block_tables):
         raise ValueError(f"q heads {q_heads} x dim {dim} do not fit kv_cache heads {kv_heads} x dim {kv_cache.shape[4]}")
     if seq_lens.shape != (batch,) or block_tables.dim() != 2 or block_tables.shape[0] != batch:
         raise ValueError(f"seq_lens {tuple(seq_lens.shape)} / block_tables {tuple(block_tables.shape)} need batch {batch}")
-    if q.dtype != kv_cache.dtype:
+    if q.dtype != kv_cache.dtype and not is_fp8(kv_cache.dtype):
         raise ValueError(f"q dtype {q.dtype} != kv_cache dtype {kv_cache.dtype}")
     if q.stride(-1) != 1 or kv_cache.stride(-1) != 1 or block_tables.stride(-1) != 1:
         raise ValueError("q, kv_cache and block_tables need unit stride in their last dim")
 
 
-def _launch(q, kv_cache, seq_lens, block_tables, scale, num_splits=None, config=None):
+def _launch(q, kv_cache, seq_lens, block_tables, scale, num_splits=None, config=None, k_scale=1.0, v_scale=1.0):
     _check(q, kv_cache, seq_lens, block_tables)
     batch, q_heads, dim = q.shape
     kv_heads, page = kv_cache.shape[3], kv_cache.shape[2]
@@ -165,7 +171,7 @@ def _launch(q, kv_cache, seq_lens, block_tables, scale, num_splits=None, config=
     part_out = out if single else torch.empty((batch, q_heads, num_splits, dim), dtype=torch.float32, device=q.device)
     part_lse = out if single else torch.empty((batch, q_heads, num_splits), dtype=torch.float32, device=q.device)
     _decode_split_kernel[(batch, kv_heads, num_splits)](
-        q, kv_cache, seq_lens, block_tables, out, part_out, part_lse, scale * _LOG2E, num_splits,
+        q, kv_cache, seq_lens, block_tables, out, part_out, part_lse, scale * _LOG2E * k_scale, v_scale, num_splits,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         *kv_cache.stride()[:4], part_out.stride(0), part_out.stride(1), part_out.stride(2),
         part_lse.stride(0), part_lse.stride(1),
@@ -188,5 +194,9 @@ def decode_attention_triton(
     seq_lens: torch.Tensor,
     block_tables: torch.Tensor,
     scale: float,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
-    return _launch(q, kv_cache, seq_lens, block_tables, scale)
+    if not is_fp8(kv_cache.dtype):  # scales belong to fp8 caches only (kernels/fp8.py)
+        k_scale = v_scale = 1.0
+    return _launch(q, kv_cache, seq_lens, block_tables, scale, k_scale=k_scale, v_scale=v_scale)

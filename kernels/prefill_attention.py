@@ -5,6 +5,7 @@ prefill_attention(q, kv_cache, cu_seqlens_q, seq_lens, block_tables, scale, k=No
 # cu_seqlens_q: [B + 1] int32; seq_lens: [B] int32 = cached prefix + this chunk (K/V of the chunk already written)
 # block_tables: [B, max_blocks] int32; kv_cache: [2, num_blocks, block_size, Hkv, D]; out: [T, Hq, D]
 # k, v: [T, Hkv, D] the chunks' own rotated keys and values (optional); shape: what the host knows (optional)
+# k_scale, v_scale: the layer's fp8 scales; an fp8 kv_cache is read as fp8 * scale (kernels/fp8.py)
 Row j of sequence i is at absolute position seq_lens[i] - q_len_i + j and sees keys 0..that position (GQA:
 query head h reads kv head h // (Hq // Hkv)).
 
@@ -17,7 +18,9 @@ the shortest prompt it wins from, the most prompts per batch: one SDPA call each
 `python benchmarks/prefill_attention_sdpa.py` on that device. Without an entry ours runs everywhere. Off
 CUDA everything is the reference. Where each wins on the H200 is not measured side by side yet (no table
 entry ships); the kernel table of 2026-11-29 had ours at 0.75x SDPA for one 4,096-token prompt (371 vs 496
-TFLOP/s in graph replay, 362 vs 529 under do_bench: benchmarks/results/kernels_h200.md).
+TFLOP/s in graph replay, 362 vs 529 under do_bench: benchmarks/results/kernels_h200.md). An fp8 cache never
+goes to SDPA: k and v are the unquantized values, and attending to them would give a prompt other numbers
+than its decode steps, which read the fp8 cache.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from pdserve.kernels.dispatch import use_triton
+from pdserve.kernels.fp8 import dequantize_kv_ref, is_fp8
 from pdserve.kernels.paged import attend_ref, gather_sequence_kv
 from pdserve.kernels.tuning import default_prefill_table, device_name, prefill_key
 
@@ -86,12 +90,15 @@ def prefill_attention_ref(
     seq_lens: torch.Tensor,
     block_tables: torch.Tensor,
     scale: float,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     out = torch.empty_like(q)
     cu = cu_seqlens_q.tolist()
     for i, seq_len in enumerate(seq_lens.tolist()):
         start, end = cu[i], cu[i + 1]
         k, v = gather_sequence_kv(kv_cache, block_tables[i], seq_len)
+        k, v = dequantize_kv_ref(k, k_scale), dequantize_kv_ref(v, v_scale)
         out[start:end] = attend_ref(q[start:end], k, v, scale, prefix=seq_len - (end - start))
     return out
 
@@ -106,14 +113,16 @@ def prefill_attention(
     k: torch.Tensor | None = None,
     v: torch.Tensor | None = None,
     shape: PrefillShape | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     if use_triton(q):
-        if k is not None and v is not None and shape is not None:
+        if k is not None and v is not None and shape is not None and not is_fp8(kv_cache.dtype):
             entry = sdpa_entry(q.device, q.dtype, q.shape[1], k.shape[1], q.shape[2])
             backend = sdpa_choice(shape, entry)
             if backend is not None:
                 return prefill_attention_sdpa(q, k, v, shape.q_lens, scale, backend)
         from pdserve.kernels.prefill_attention_triton import prefill_attention_triton
 
-        return prefill_attention_triton(q, kv_cache, cu_seqlens_q, seq_lens, block_tables, scale)
-    return prefill_attention_ref(q, kv_cache, cu_seqlens_q, seq_lens, block_tables, scale)
+        return prefill_attention_triton(q, kv_cache, cu_seqlens_q, seq_lens, block_tables, scale, k_scale, v_scale)
+    return prefill_attention_ref(q, kv_cache, cu_seqlens_q, seq_lens, block_tables, scale, k_scale, v_scale)

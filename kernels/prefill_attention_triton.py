@@ -16,6 +16,10 @@ prefix before the chunk needs nothing special: prefix_i = seq_len_i - q_len_i. G
 h // GROUP; consecutive programs are consecutive heads, so a group's K/V tile is read once from DRAM and
 then from L2. The sequence/tile lookup is done on the device from cu_seqlens (no host sync).
 
+An fp8 cache (float8_e4m3fn) is loaded as fp8 and converted to the query's dtype in registers (exact for bf16
+and fp16 queries); the K scale is folded into qk_scale, the V scale multiplies the output once, so the dots and
+the fp32 accumulation are those of a bf16 cache.
+
 What is compiled (issue 23: no compile after start). The constexprs are the model's (GROUP, HEAD_DIM, PAGE),
 the dtype's (PRECISION) and the tile config's (BLOCK_M, BLOCK_N, num_warps, num_stages, from
 `_default_config`: on the GPU two configs for bf16/fp16 with head_dim <= 128, chosen by the token count, one
@@ -29,6 +33,8 @@ model and dtype, whatever its sequence count or lengths.
 import torch
 import triton
 import triton.language as tl
+
+from pdserve.kernels.fp8 import is_fp8
 
 _LOG2E = 1.4426950408889634
 
@@ -50,14 +56,14 @@ def _attend_block(
     rows = (page * stride_cblk + (offs_n % PAGE) * stride_ctok)[:, None] + d[None, :]  # [BLOCK_N, BLOCK_D]
     if MASKED:
         kv_mask = n_ok[:, None] & (d < HEAD_DIM)[None, :]
-        k = tl.load(k_base + rows, mask=kv_mask, other=0.0)
-        v = tl.load(v_base + rows, mask=kv_mask, other=0.0)
+        k = tl.load(k_base + rows, mask=kv_mask, other=0.0).to(q.dtype)
+        v = tl.load(v_base + rows, mask=kv_mask, other=0.0).to(q.dtype)
     elif BLOCK_D != HEAD_DIM:
-        k = tl.load(k_base + rows, mask=(d < HEAD_DIM)[None, :], other=0.0)
-        v = tl.load(v_base + rows, mask=(d < HEAD_DIM)[None, :], other=0.0)
+        k = tl.load(k_base + rows, mask=(d < HEAD_DIM)[None, :], other=0.0).to(q.dtype)
+        v = tl.load(v_base + rows, mask=(d < HEAD_DIM)[None, :], other=0.0).to(q.dtype)
     else:
-        k = tl.load(k_base + rows)
-        v = tl.load(v_base + rows)
+        k = tl.load(k_base + rows).to(q.dtype)  # a no-op unless the cache is fp8
+        v = tl.load(v_base + rows).to(q.dtype)
     s = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # [BLOCK_M, BLOCK_N]
     if MASKED:
         s = tl.where((offs_n[None, :] <= pos[:, None]) & n_ok[None, :], s * qk_scale, float("-inf"))
@@ -74,7 +80,7 @@ def _attend_block(
 
 @triton.jit(do_not_specialize=["num_seqs", "stride_bt"])  # per-batch values: one kernel for every batch
 def _prefill_attention_kernel(
-    q_ptr, cache_ptr, cu_q_ptr, seq_lens_ptr, block_tables_ptr, out_ptr, qk_scale, num_seqs,
+    q_ptr, cache_ptr, cu_q_ptr, seq_lens_ptr, block_tables_ptr, out_ptr, qk_scale, v_scale, num_seqs,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_bt, stride_ckv, stride_cblk, stride_ctok, stride_ch,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, SEARCH: tl.constexpr,
@@ -130,7 +136,7 @@ def _prefill_attention_kernel(
                 acc, l_i, m_i, q, k_base, v_base, table, n0, pos, seq_len, qk_scale, stride_cblk, stride_ctok,
                 True, HEAD_DIM, PAGE, PRECISION, BLOCK_N, BLOCK_D,
             )
-        out = acc / l_i[:, None]
+        out = acc * (v_scale / l_i)[:, None]
         o_ptrs = out_ptr + tokens * stride_ot + head * stride_oh + d[None, :]
         tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=md_mask)
 
@@ -147,7 +153,7 @@ def _check(q, kv_cache, cu_seqlens_q, seq_lens, block_tables):
     kv_heads = kv_cache.shape[3]
     if kv_cache.shape[4] != dim or q_heads % kv_heads:
         raise ValueError(f"q heads {q_heads} x dim {dim} do not fit kv_cache heads {kv_heads} x dim {kv_cache.shape[4]}")
-    if q.dtype != kv_cache.dtype:
+    if q.dtype != kv_cache.dtype and not is_fp8(kv_cache.dtype):
         raise ValueError(f"q dtype {q.dtype} != kv_cache dtype {kv_cache.dtype}")
     batch = seq_lens.shape[0]
     if cu_seqlens_q.shape != (batch + 1,) or block_tables.dim() != 2 or block_tables.shape[0] != batch:
@@ -178,7 +184,7 @@ def _default_config(dim: int, dtype: torch.dtype, device: torch.device, tokens: 
 _SEARCH = 128  # cu_seqlens entries a program compares per step: one step for up to 128 sequences
 
 
-def _launch(q, kv_cache, cu_seqlens_q, seq_lens, block_tables, scale, config=None):
+def _launch(q, kv_cache, cu_seqlens_q, seq_lens, block_tables, scale, config=None, k_scale=1.0, v_scale=1.0):
     _check(q, kv_cache, cu_seqlens_q, seq_lens, block_tables)
     tokens, q_heads, dim = q.shape
     batch = seq_lens.shape[0]
@@ -188,7 +194,7 @@ def _launch(q, kv_cache, cu_seqlens_q, seq_lens, block_tables, scale, config=Non
     block_m, block_n, num_warps, num_stages = config or _default_config(dim, q.dtype, q.device, tokens, q_heads)
     grid = (q_heads, triton.cdiv(tokens, block_m) + batch)  # >= first_{B-1} + cdiv(q_len_{B-1}, BLOCK_M)
     _prefill_attention_kernel[grid](
-        q, kv_cache, cu_seqlens_q, seq_lens, block_tables, out, scale * _LOG2E, batch,
+        q, kv_cache, cu_seqlens_q, seq_lens, block_tables, out, scale * _LOG2E * k_scale, v_scale, batch,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0), *kv_cache.stride()[:4],
         GROUP=q_heads // kv_cache.shape[3], HEAD_DIM=dim, PAGE=kv_cache.shape[2], PRECISION=_precision(q.dtype),
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=triton.next_power_of_2(dim), SEARCH=_SEARCH,
@@ -204,5 +210,9 @@ def prefill_attention_triton(
     seq_lens: torch.Tensor,
     block_tables: torch.Tensor,
     scale: float,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
-    return _launch(q, kv_cache, cu_seqlens_q, seq_lens, block_tables, scale)
+    if not is_fp8(kv_cache.dtype):  # scales belong to fp8 caches only (kernels/fp8.py)
+        k_scale = v_scale = 1.0
+    return _launch(q, kv_cache, cu_seqlens_q, seq_lens, block_tables, scale, k_scale=k_scale, v_scale=v_scale)

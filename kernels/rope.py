@@ -5,7 +5,8 @@ rope_kv_write(q, k, v, positions, cos_sin_cache, kv_cache, slot_mapping) -> q
 # cos_sin_cache: [max_positions, D] fp32, cos in [:, :D/2], sin in [:, D/2:]
 # kv_cache: [2, num_blocks, block_size, Hkv, D]; slot_mapping: [T] int64, slot = block * block_size + offset;
 #   a negative slot means "do not write" (padding)
-Rotated k and raw v land in kv_cache at their slots.
+# k_scale, v_scale: the layer's fp8 scales (kernels/fp8.py); ignored unless kv_cache is float8_e4m3fn
+Rotated k and raw v land in kv_cache at their slots (an fp8 cache gets k / k_scale and v / v_scale, saturated).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from pdserve.kernels.dispatch import use_triton
+from pdserve.kernels.fp8 import quantize_kv_ref
 
 
 @dataclass(frozen=True)
@@ -60,14 +62,15 @@ def apply_rope_ref(x: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torc
 
 
 def write_kv_ref(
-    k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
+    k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
+    k_scale: float = 1.0, v_scale: float = 1.0,
 ) -> None:
     _, num_blocks, block_size, heads, dim = kv_cache.shape
     flat = kv_cache.view(2, num_blocks * block_size, heads, dim)
     keep = slot_mapping >= 0
     slots = slot_mapping[keep].long()
-    flat[0, slots] = k[keep].to(kv_cache.dtype)
-    flat[1, slots] = v[keep].to(kv_cache.dtype)
+    flat[0, slots] = quantize_kv_ref(k[keep], k_scale, kv_cache.dtype)
+    flat[1, slots] = quantize_kv_ref(v[keep], v_scale, kv_cache.dtype)
 
 
 def rope_kv_write_ref(
@@ -78,10 +81,12 @@ def rope_kv_write_ref(
     cos_sin_cache: torch.Tensor,
     kv_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     q.copy_(apply_rope_ref(q, positions, cos_sin_cache))
     k.copy_(apply_rope_ref(k, positions, cos_sin_cache))
-    write_kv_ref(k, v, kv_cache, slot_mapping)
+    write_kv_ref(k, v, kv_cache, slot_mapping, k_scale, v_scale)
     return q
 
 
@@ -93,9 +98,11 @@ def rope_kv_write(
     cos_sin_cache: torch.Tensor,
     kv_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     if use_triton(q):
         from pdserve.kernels.rope_triton import rope_kv_write_triton
 
-        return rope_kv_write_triton(q, k, v, positions, cos_sin_cache, kv_cache, slot_mapping)
-    return rope_kv_write_ref(q, k, v, positions, cos_sin_cache, kv_cache, slot_mapping)
+        return rope_kv_write_triton(q, k, v, positions, cos_sin_cache, kv_cache, slot_mapping, k_scale, v_scale)
+    return rope_kv_write_ref(q, k, v, positions, cos_sin_cache, kv_cache, slot_mapping, k_scale, v_scale)

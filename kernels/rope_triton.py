@@ -4,7 +4,10 @@ One program per token: it rotates the token's query and key heads in place and w
 with the raw value heads, straight into the token's cache slot (the in-place keys are what SDPA reads for an
 uncached prompt: kernels/prefill_attention.py). Any even head_dim works (the half is padded to a power of two and masked).
 
-What is compiled: one kernel per model and dtype. The constexprs are head counts, half the head dim and the
+An fp8 cache (FP8, from the cache's dtype) gets the rounded key (as stored in k) and the value times the layer's
+inverse scale, saturated to +-448: the same numbers as kernels/fp8.quantize_kv_ref.
+
+What is compiled: one kernel per model, dtype and cache dtype. The constexprs are head counts, half the head dim and the
 page size; the integer arguments are strides of q/k/v (views of the fused qkv output: its row width) and of
 the cos/sin table and KV pool, none of which depends on the batch; the token count is only the grid.
 """
@@ -13,14 +16,16 @@ import torch
 import triton
 import triton.language as tl
 
+from pdserve.kernels.fp8 import is_fp8
+
 
 @triton.jit
 def _rope_kv_write_kernel(
-    q_ptr, k_ptr, v_ptr, pos_ptr, cos_sin_ptr, cache_ptr, slot_ptr,
+    q_ptr, k_ptr, v_ptr, pos_ptr, cos_sin_ptr, cache_ptr, slot_ptr, inv_k_scale, inv_v_scale,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_cs,
     stride_ckv, stride_cblk, stride_ctok, stride_ch,
     NUM_Q_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HALF: tl.constexpr, PAGE: tl.constexpr,
-    BLOCK_HQ: tl.constexpr, BLOCK_HKV: tl.constexpr, BLOCK_HALF: tl.constexpr,
+    FP8: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HKV: tl.constexpr, BLOCK_HALF: tl.constexpr,
 ):
     # q, k: [T, Hq|Hkv, D] (rotated in place); v: [T, Hkv, D]; positions, slot_mapping: [T]; cos_sin: [max_pos, D]
     # cache: [2, num_blocks, PAGE, Hkv, D]; grid: (T,)
@@ -55,10 +60,21 @@ def _rope_kv_write_kernel(
         dst = cache_ptr + (slot // PAGE) * stride_cblk + (slot % PAGE) * stride_ctok
         dst = dst + hk[:, None] * stride_ch + d[None, :]
         out_ty = cache_ptr.dtype.element_ty
+        if FP8:  # from the keys as rounded into k, so the cache holds what the reference quantizes
+            k1 = _fp8(k1.to(k_ptr.dtype.element_ty).to(tl.float32) * inv_k_scale)
+            k2 = _fp8(k2.to(k_ptr.dtype.element_ty).to(tl.float32) * inv_k_scale)
+            v1 = _fp8(v1.to(tl.float32) * inv_v_scale)
+            v2 = _fp8(v2.to(tl.float32) * inv_v_scale)
         tl.store(dst, k1.to(out_ty), mask=kv_mask)
         tl.store(dst + HALF, k2.to(out_ty), mask=kv_mask)
         tl.store(dst + stride_ckv, v1.to(out_ty), mask=kv_mask)
         tl.store(dst + stride_ckv + HALF, v2.to(out_ty), mask=kv_mask)
+
+
+@triton.jit
+def _fp8(x):
+    # saturate to e4m3's finite range: the conversion would turn an overflow into NaN
+    return tl.minimum(tl.maximum(x, -448.0), 448.0)
 
 
 def _check(q, k, v, positions, cos_sin_cache, kv_cache, slot_mapping):
@@ -86,6 +102,8 @@ def rope_kv_write_triton(
     cos_sin_cache: torch.Tensor,
     kv_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     _check(q, k, v, positions, cos_sin_cache, kv_cache, slot_mapping)
     tokens, num_q_heads, dim = q.shape
@@ -93,11 +111,11 @@ def rope_kv_write_triton(
     if tokens == 0:
         return q
     _rope_kv_write_kernel[(tokens,)](
-        q, k, v, positions, cos_sin_cache, kv_cache, slot_mapping,
+        q, k, v, positions, cos_sin_cache, kv_cache, slot_mapping, 1.0 / k_scale, 1.0 / v_scale,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), cos_sin_cache.stride(0),
         kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),
         NUM_Q_HEADS=num_q_heads, NUM_KV_HEADS=num_kv_heads, HALF=dim // 2, PAGE=kv_cache.shape[2],
-        BLOCK_HQ=triton.next_power_of_2(num_q_heads), BLOCK_HKV=triton.next_power_of_2(num_kv_heads),
+        FP8=is_fp8(kv_cache.dtype), BLOCK_HQ=triton.next_power_of_2(num_q_heads), BLOCK_HKV=triton.next_power_of_2(num_kv_heads),
         BLOCK_HALF=triton.next_power_of_2(dim // 2), num_warps=4,
     )
     return q

@@ -1,0 +1,172 @@
+"""The fp8 KV cache (float8_e4m3fn) in the three kernels that touch it: the RoPE + K/V write quantizes with the
+layer's scales, decode and prefill attention dequantize in registers. Each Triton launcher is compared with
+its reference over query dtypes (on CPU through TRITON_INTERPRET=1; on CUDA compiled, bf16 queries added) and
+odd shapes, with scales other than 1 so that a scale applied twice, or not at all, fails.
+
+Triton 3.8's interpreter loads all 256 e4m3 codes right (but 0x7f, NaN, read as 480: never stored, the writes
+saturate), but its fp32 -> e4m3 conversion rounds wrongly where rounding carries into the exponent (7.845 -> 4,
+not 8: 2.4% of randn * 4 values), so the RoPE write's fp8 path is compared on CUDA only; the attention kernels,
+which only load fp8, run here too."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+
+from pdserve.kernels.decode_attention import decode_attention_ref
+from pdserve.kernels.fp8 import FP8_E4M3_MAX, dequantize_kv_ref, quantize_kv_ref
+from pdserve.kernels.prefill_attention import PrefillShape, prefill_attention, prefill_attention_ref
+from pdserve.kernels.rope import build_cos_sin_cache, rope_kv_write_ref
+
+FP8 = torch.float8_e4m3fn
+K_SCALE, V_SCALE = 0.5, 2.0
+
+
+def _fp8_cache(paged_kv: Callable, seq_lens: list[int], kv_heads: int, dim: int, block_size: int):
+    cache, tables = paged_kv(seq_lens, kv_heads, dim, block_size, torch.float32)
+    k = quantize_kv_ref(cache[0] * 3, K_SCALE, FP8)  # values ~ +-10 after dequantizing: not a trivial scale
+    v = quantize_kv_ref(cache[1] * 3, V_SCALE, FP8)
+    return torch.stack([k, v]), tables
+
+
+def test_quantize_saturates_and_round_trips() -> None:
+    x = torch.tensor([0.0, 1.0, -3.0, 1e4, -1e4])
+    q = quantize_kv_ref(x, 2.0, FP8)
+    assert q.dtype == FP8
+    assert dequantize_kv_ref(q, 2.0).tolist() == [0.0, 1.0, -3.0, 2 * FP8_E4M3_MAX, -2 * FP8_E4M3_MAX]
+    assert quantize_kv_ref(x, 2.0, torch.float16).tolist() == x.half().tolist()  # other dtypes: a plain cast
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the Triton interpreter rounds fp32 -> e4m3 wrongly")
+@pytest.mark.parametrize("tokens,q_heads,kv_heads,dim,block_size", [(1, 1, 1, 64, 16), (17, 9, 3, 64, 16),
+                                                                    (5, 4, 2, 96, 4)])
+def test_rope_kv_write_fp8_matches_ref(
+    tokens: int, q_heads: int, kv_heads: int, dim: int, block_size: int,
+    dtype: torch.dtype, randn: Callable, check: Callable, device: str,
+) -> None:
+    from pdserve.kernels.rope_triton import rope_kv_write_triton
+
+    cos_sin = build_cos_sin_cache(dim, 256, 10000.0).to(device)
+    qkv = randn(tokens, q_heads + 2 * kv_heads, dim, dtype=dtype) * 4
+    q, k, v = qkv.split([q_heads, kv_heads, kv_heads], dim=1)
+    positions = torch.randint(0, 256, (tokens,), device=device)
+    num_blocks = (tokens + block_size - 1) // block_size + 2
+    slots = torch.randperm(num_blocks * block_size, device=device)[:tokens]
+    slots[1::3] = -1
+    cache = torch.zeros(2, num_blocks, block_size, kv_heads, dim, dtype=FP8, device=device)
+    q_ref, k_ref, cache_ref = q.clone(), k.clone(), cache.clone()
+    rope_kv_write_ref(q_ref, k_ref, v, positions, cos_sin, cache_ref, slots, K_SCALE, V_SCALE)
+    rope_kv_write_triton(q, k, v, positions, cos_sin, cache, slots, K_SCALE, V_SCALE)
+    check(q, q_ref, dtype)
+    check(k, k_ref, dtype)
+    # quantized from the same rounded keys: the bytes match, but for a rotation rounded the other way (GPU FMA)
+    same = (cache.view(torch.uint8) == cache_ref.view(torch.uint8)).float().mean().item()
+    assert same >= 0.999, same
+    written = cache_ref[0].float().abs().sum() + cache_ref[1].float().abs().sum()
+    assert written > 0 and not torch.isnan(cache.float()).any()
+    kept = slots >= 0
+    flat = cache_ref.view(2, -1, kv_heads, dim)[:, slots[kept].long()]
+    torch.testing.assert_close(dequantize_kv_ref(flat[1], V_SCALE), v[kept].float(), rtol=0.07, atol=2e-2)
+
+
+DECODE_CASES = [(3, 1, 64, 16, [100, 0, 16]), (9, 3, 64, 16, [33, 1]), (4, 4, 48, 8, [17, 9])]
+
+
+@pytest.mark.parametrize("case", DECODE_CASES, ids=lambda c: f"{c[0]}q{c[1]}kv-d{c[2]}-bs{c[3]}")
+@pytest.mark.parametrize("splits", [1, 3])
+def test_decode_attention_fp8_matches_ref(
+    case: tuple, splits: int, dtype: torch.dtype, randn: Callable, paged_kv: Callable, check: Callable, device: str
+) -> None:
+    from pdserve.kernels.decode_attention_triton import _launch
+
+    q_heads, kv_heads, dim, block_size, seq_lens = case
+    cache, tables = _fp8_cache(paged_kv, seq_lens, kv_heads, dim, block_size)
+    q = randn(len(seq_lens), q_heads, dim, dtype=dtype)
+    lens = torch.tensor(seq_lens, dtype=torch.int32, device=device)
+    out = _launch(q, cache, lens, tables, dim**-0.5, num_splits=splits, config=(16, 4, 2),
+                  k_scale=K_SCALE, v_scale=V_SCALE)
+    ref = decode_attention_ref(q, cache, lens, tables, dim**-0.5, K_SCALE, V_SCALE)
+    check(out, ref, dtype, scale=8.0)  # outputs ~ +-10 (values x V_SCALE): the tolerance is relative to 1
+
+
+def test_decode_attention_fp8_ref_is_the_dequantized_cache(randn: Callable, paged_kv: Callable, device: str) -> None:
+    """The reference over fp8 equals the reference over the dequantized cache in the query's dtype (fp32)."""
+    cache, tables = _fp8_cache(paged_kv, [40, 7], 2, 64, 16)
+    q = randn(2, 4, 64)
+    lens = torch.tensor([40, 7], dtype=torch.int32, device=device)
+    plain = torch.stack([dequantize_kv_ref(cache[0], K_SCALE), dequantize_kv_ref(cache[1], V_SCALE)])
+    torch.testing.assert_close(decode_attention_ref(q, cache, lens, tables, 0.125, K_SCALE, V_SCALE),
+                               decode_attention_ref(q, plain, lens, tables, 0.125))
+
+
+PREFILL_CASES = [(3, 1, 64, 16, [(100, 0), (5, 32), (17, 33)]), (2, 2, 48, 8, [(19, 5)])]
+
+
+@pytest.mark.parametrize("case", PREFILL_CASES, ids=lambda c: f"{c[0]}q{c[1]}kv-d{c[2]}-bs{c[3]}")
+def test_prefill_attention_fp8_matches_ref(
+    case: tuple, dtype: torch.dtype, randn: Callable, paged_kv: Callable, check: Callable, device: str
+) -> None:
+    from pdserve.kernels.prefill_attention_triton import _launch
+
+    q_heads, kv_heads, dim, block_size, chunks = case
+    seq_lens = [q_len + prefix for q_len, prefix in chunks]
+    cache, tables = _fp8_cache(paged_kv, seq_lens, kv_heads, dim, block_size)
+    cu = torch.tensor([0] + [q_len for q_len, _ in chunks], device=device).cumsum(0).to(torch.int32)
+    q = randn(int(cu[-1]), q_heads, dim, dtype=dtype)
+    lens = torch.tensor(seq_lens, dtype=torch.int32, device=device)
+    out = _launch(q, cache, cu, lens, tables, dim**-0.5, config=(16, 16, 4, 2), k_scale=K_SCALE, v_scale=V_SCALE)
+    ref = prefill_attention_ref(q, cache, cu, lens, tables, dim**-0.5, K_SCALE, V_SCALE)
+    check(out, ref, dtype, scale=8.0)
+
+
+def test_prefill_attention_fp8_never_takes_sdpa(randn: Callable, paged_kv: Callable, device: str) -> None:
+    """Whole uncached prompts with k and v given: an fp8 cache is still read from the pages (the values k/v
+    hold are not the quantized ones decode reads), on the kernel of the dispatcher's device."""
+    cache, tables = _fp8_cache(paged_kv, [20], 2, 64, 16)
+    cu = torch.tensor([0, 20], dtype=torch.int32, device=device)
+    lens = torch.tensor([20], dtype=torch.int32, device=device)
+    q = randn(20, 4, 64)
+    k = torch.zeros(20, 2, 64, device=device)  # wrong on purpose: whoever reads these gets another answer
+    out = prefill_attention(q, cache, cu, lens, tables, 0.125, k, k, PrefillShape((20,), False), K_SCALE, V_SCALE)
+    ref = prefill_attention_ref(q, cache, cu, lens, tables, 0.125, K_SCALE, V_SCALE)
+    torch.testing.assert_close(out, ref, rtol=1e-3, atol=1e-3)
+
+
+def test_rope_kv_write_ref_fp8_stores_scaled_rotated_keys(randn: Callable, device: str) -> None:
+    """The reference the CUDA test compares with: the cache holds rope(k) / K_SCALE and v / V_SCALE in fp8."""
+    cos_sin = build_cos_sin_cache(64, 64, 10000.0).to(device)
+    q, k, v = randn(6, 2, 64), randn(6, 1, 64) * 4, randn(6, 1, 64) * 4
+    cache = torch.zeros(2, 2, 4, 1, 64, dtype=FP8, device=device)
+    slots = torch.tensor([0, 1, 2, 5, -1, 7], device=device)
+    rope_kv_write_ref(q, k, v, torch.arange(6, device=device), cos_sin, cache, slots, K_SCALE, V_SCALE)
+    flat = cache.view(2, 8, 1, 64)
+    rows = slots[slots >= 0]
+    torch.testing.assert_close(flat[0, rows].float(), (k[slots >= 0] / K_SCALE).to(FP8).float())
+    torch.testing.assert_close(flat[1, rows].float() * V_SCALE, v[slots >= 0], rtol=0.07, atol=2e-2)
+    assert not flat[:, [3, 4, 6]].float().any()  # unwritten slots, the padding row's included
+
+
+def test_block_copies_move_fp8_bytes_as_they_are(device: str) -> None:
+    """gather / scatter / copy of a 1-byte cache: the launchers' bytes equal the references' and the source's
+    (no conversion: fp8 -> fp8 is a plain move, so even the interpreter's rounding never enters)."""
+    from pdserve.kernels.block_copy import copy_blocks_ref, gather_blocks_ref
+    from pdserve.kernels.block_copy_triton import copy_blocks_triton, gather_blocks_triton, scatter_blocks_triton
+
+    codes = torch.randint(0, 256, (2, 6, 16, 3, 48), dtype=torch.uint8, device=device)
+    codes[codes == 0x7F] = 0  # NaN codes aside
+    codes[codes == 0xFF] = 0
+    cache = codes.view(FP8)
+    ids = torch.tensor([4, 0, 3], dtype=torch.int32, device=device)
+    packed = gather_blocks_triton(cache, ids)
+    assert torch.equal(packed.view(torch.uint8), gather_blocks_ref(cache, ids).view(torch.uint8))
+    assert torch.equal(packed.view(torch.uint8), codes[:, ids.long()])
+    dst = torch.zeros_like(cache)
+    scatter_blocks_triton(dst, ids, packed)
+    assert torch.equal(dst[:, ids.long()].view(torch.uint8), codes[:, ids.long()])
+    out, out_ref = torch.zeros_like(cache), torch.zeros_like(cache)
+    dst_ids = torch.tensor([1, 2, 5], dtype=torch.int32, device=device)
+    copy_blocks_triton(cache, ids, out, dst_ids)
+    copy_blocks_ref(cache, ids, out_ref, dst_ids)
+    assert torch.equal(out.view(torch.uint8), out_ref.view(torch.uint8))
