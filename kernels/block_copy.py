@@ -19,8 +19,17 @@ def gather_blocks_ref(kv_cache: torch.Tensor, block_ids: torch.Tensor) -> torch.
     return kv_cache.index_select(1, block_ids.long())
 
 
+def _index_copy(dst: torch.Tensor, ids: torch.Tensor, blocks: torch.Tensor) -> None:
+    """dst.index_copy_ along the block dim; 1-byte caches (fp8) as bytes, which torch's CPU index_copy_ lacks
+    ("not implemented for 'Float8_e4m3fn'", torch 2.13)."""
+    blocks = blocks.to(dst.device, dst.dtype)
+    if dst.element_size() == 1 and dst.dtype != torch.uint8:
+        dst, blocks = dst.view(torch.uint8), blocks.view(torch.uint8)
+    dst.index_copy_(1, ids, blocks)
+
+
 def scatter_blocks_ref(kv_cache: torch.Tensor, block_ids: torch.Tensor, blocks: torch.Tensor) -> None:
-    kv_cache.index_copy_(1, block_ids.long(), blocks.to(kv_cache.dtype))
+    _index_copy(kv_cache, block_ids.long(), blocks)
 
 
 def gather_blocks(kv_cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
@@ -43,7 +52,7 @@ def scatter_blocks(kv_cache: torch.Tensor, block_ids: torch.Tensor, blocks: torc
 def copy_blocks_ref(src_cache: torch.Tensor, src_ids: torch.Tensor, dst_cache: torch.Tensor,
                     dst_ids: torch.Tensor) -> None:
     blocks = src_cache.index_select(1, src_ids.long().to(src_cache.device))
-    dst_cache.index_copy_(1, dst_ids.long().to(dst_cache.device), blocks.to(dst_cache.device, dst_cache.dtype))
+    _index_copy(dst_cache, dst_ids.long().to(dst_cache.device), blocks)
 
 
 def copy_blocks(src_cache: torch.Tensor, src_ids: torch.Tensor, dst_cache: torch.Tensor, dst_ids: torch.Tensor) -> None:
