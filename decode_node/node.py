@@ -10,6 +10,7 @@ and reports status and metrics. The data-plane messages are handled in service.p
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import threading
 import time
@@ -39,7 +40,7 @@ class DecodeNodeConfig:
     vocab_size: int
     block_size: int
     kv_lease_timeout_s: float
-    model_fingerprint: str
+    model_fingerprint: str  # the KV compatibility key (engine/kv_cache_spec.py): model, KV dtype, fp8 scales
     # colocated: a reservation also stages the host RAM / Redis blocks after the device's prefix (the prefill
     # side shares the pool and computes into it); a disaggregated decode worker looks up its device tier only
     fetch_lower_tiers: bool = False
@@ -103,6 +104,7 @@ class DecodeNode:
         except ValueError as exc:  # a bookkeeping bug: give the blocks back rather than leak them
             self.engine.kv_failed(request_id, f"cannot expect the transfer: {exc}")
             return Refused(request_id, 500, f"cannot expect the transfer of {request_id!r}: {exc}")
+        target = dataclasses.replace(target, kv_fingerprint=self.config.model_fingerprint)  # P checks it is its own
         return Reserved(request_id, target.to_dict(), request.cached_tokens)
 
     def _build(self, message: Reserve) -> DecodeRequest:

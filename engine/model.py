@@ -25,9 +25,11 @@ import torch
 from pdserve import kernels
 from pdserve.engine.attention_metadata import DecodeBatch, PrefillBatch
 from pdserve.engine.config import ModelConfig
+from pdserve.engine.kv_cache_spec import KVCacheSpec
 
 LayerDone = Callable[[int], None]
-Attend = Callable[..., torch.Tensor]  # (q [T, Hq, D], k, v [T, Hkv, D] (rotated), kv_cache) -> [T, Hq, D]
+# (q [T, Hq, D], k, v [T, Hkv, D] (rotated), kv_cache, k_scale, v_scale) -> [T, Hq, D]
+Attend = Callable[..., torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -113,11 +115,13 @@ def fuse_weights(
 
 
 class LlamaModel:
-    """The forward passes. Holds weights and the RoPE table; KV caches are passed in (owned by the runner)."""
+    """The forward passes. Holds weights and the RoPE table; KV caches are passed in (owned by the runner), of
+    `kv_spec`'s dtype, whose per-layer scales the K/V write and attention kernels are given (fp8 caches)."""
 
-    def __init__(self, config: ModelConfig, weights: ModelWeights) -> None:
+    def __init__(self, config: ModelConfig, weights: ModelWeights, kv_spec: KVCacheSpec | None = None) -> None:
         self.config = config
         self.weights = weights
+        self.kv_spec = kv_spec if kv_spec is not None else KVCacheSpec(weights.embed.dtype)
         device = weights.embed.device
         self.cos_sin_cache = kernels.build_cos_sin_cache(
             config.head_dim, config.max_model_len, config.rope_theta, config.rope_scaling
@@ -129,9 +133,11 @@ class LlamaModel:
     ) -> torch.Tensor:
         """Packed chunks -> fp32 logits [len(batch.logits_indices), V]; KV of every chunk token is cached."""
 
-        def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor) -> torch.Tensor:
+        def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, k_scale: float,
+                   v_scale: float) -> torch.Tensor:
             return kernels.prefill_attention(
-                q, kv_cache, batch.cu_seqlens_q, batch.seq_lens, batch.block_tables, self.scale, k, v, batch.shape
+                q, kv_cache, batch.cu_seqlens_q, batch.seq_lens, batch.block_tables, self.scale, k, v, batch.shape,
+                k_scale, v_scale,
             )
 
         h, residual = self._layers(batch.input_ids, batch.positions, batch.slot_mapping, kv_caches, attend,
@@ -142,8 +148,10 @@ class LlamaModel:
     def forward_decode(self, batch: DecodeBatch, kv_caches: list[torch.Tensor]) -> torch.Tensor:
         """One token per row (padding included) -> fp32 logits [bucket, V]."""
 
-        def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor) -> torch.Tensor:
-            return kernels.decode_attention(q, kv_cache, batch.seq_lens, batch.block_tables, self.scale)
+        def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, k_scale: float,
+                   v_scale: float) -> torch.Tensor:
+            return kernels.decode_attention(q, kv_cache, batch.seq_lens, batch.block_tables, self.scale, k_scale,
+                                            v_scale)
 
         h, residual = self._layers(batch.input_ids, batch.positions, batch.slot_mapping, kv_caches, attend,
                                    None)
@@ -173,11 +181,12 @@ class LlamaModel:
             num_tokens = qkv.shape[0]
             k = k.view(num_tokens, c.num_kv_heads, c.head_dim)
             v = v.view(num_tokens, c.num_kv_heads, c.head_dim)
+            k_scale, v_scale = self.kv_spec.layer_scales(i)
             q = kernels.rope_kv_write(q.view(num_tokens, c.num_heads, c.head_dim), k, v,
-                                      positions, self.cos_sin_cache, kv_caches[i], slot_mapping)
+                                      positions, self.cos_sin_cache, kv_caches[i], slot_mapping, k_scale, v_scale)
             if layer_done is not None:
                 layer_done(i)
-            attn = attend(q, k, v, kv_caches[i])
+            attn = attend(q, k, v, kv_caches[i], k_scale, v_scale)
             h = kernels.linear(attn.reshape(num_tokens, c.q_size), w.o_proj)
             x, residual = kernels.fused_add_rms_norm(h, residual, w.post_norm, eps)
             h = kernels.linear(kernels.silu_and_mul(kernels.linear(x, w.gate_up)), w.down)

@@ -22,6 +22,7 @@ from pdserve.engine.attention_metadata import (
 from pdserve.engine.config import CacheConfig, ModelConfig
 from pdserve.engine.cuda_graphs import DecodeGraphs, use_cuda_graphs
 from pdserve.engine.kv_cache import allocate_kv_caches
+from pdserve.engine.kv_cache_spec import KVCacheSpec
 from pdserve.engine.model import LayerDone, LlamaModel, ModelWeights, fuse_weights
 from pdserve.engine.prefill_warm_up import warm_up_block_copies, warm_up_chunks, warm_up_limit, warm_up_plan
 
@@ -61,17 +62,20 @@ class ModelRunner:
         max_num_seqs: int = 256,
         decode_buckets: list[int] | None = None,
         enforce_eager: bool = False,
+        kv_spec: KVCacheSpec | None = None,
     ) -> None:
         """On CUDA the decode step is captured as one CUDA graph per bucket here, once the KV pool exists
         (engine/cuda_graphs.py); `enforce_eager` keeps every step eager (debugging, profiling per kernel).
-        `weights` are HF-named, or already fused (a worker fuses first, to size the KV pool by what is left)."""
+        `weights` are HF-named, or already fused (a worker fuses first, to size the KV pool by what is left).
+        `kv_spec`: the pool's dtype and fp8 scales (engine/kv_cache_spec.py); None: the model's dtype."""
         self.config = config
         self.cache_config = cache_config
         self.device = torch.device(device)
         self.dtype = dtype
+        self.kv_spec = kv_spec if kv_spec is not None else KVCacheSpec(dtype)
         fused = weights if isinstance(weights, ModelWeights) else fuse_weights(config, weights, self.device, dtype)
-        self.model = LlamaModel(config, fused)
-        self.kv_caches: list[torch.Tensor] = allocate_kv_caches(config, cache_config, self.device, dtype)
+        self.model = LlamaModel(config, fused, self.kv_spec)
+        self.kv_caches: list[torch.Tensor] = allocate_kv_caches(config, cache_config, self.device, self.kv_spec.dtype)
         self.max_blocks_per_seq = -(-config.max_model_len // cache_config.block_size)
         self.decode_buffers = DecodeBuffers(
             max_num_seqs,

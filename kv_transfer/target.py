@@ -16,7 +16,9 @@ class TransferTarget:
     it. `host`/`port` are
     unset for the in-process `local` backend and for `store`, which names instead the shared store D reads
     (`store`: its store_id), D's inbox there and the reservation's random `token` (kv_transfer/store/). The
-    shape fields let P refuse a mismatched D before it computes anything.
+    shape fields let P refuse a mismatched D before it computes anything, and so does `kv_fingerprint`: D's KV
+    compatibility key (engine/kv_cache_spec.py: the model fingerprint, or for an fp8 cache a digest of it, the
+    KV dtype and the per-layer scales), which P's must equal.
     """
 
     backend: str
@@ -31,6 +33,7 @@ class TransferTarget:
     inbox: str | None = None
     token: str | None = None
     first_block: int = 0
+    kv_fingerprint: str = ""
 
     def __post_init__(self) -> None:
         if not self.block_ids:
@@ -74,8 +77,11 @@ class TransferTarget:
         first_block = data.get("first_block", 0)
         if type(first_block) is not int:
             raise ValueError(f"transfer target field 'first_block' must be int, got {first_block!r}")
+        kv_fingerprint = data.get("kv_fingerprint", "")
+        if type(kv_fingerprint) is not str:
+            raise ValueError(f"transfer target field 'kv_fingerprint' must be str, got {kv_fingerprint!r}")
         return cls(
             backend=data["backend"], request_id=data["request_id"], block_ids=tuple(data["block_ids"]),
             num_layers=data["num_layers"], block_size=data["block_size"], dtype=data["dtype"],
-            host=host, port=port, **store, first_block=first_block,
+            host=host, port=port, **store, first_block=first_block, kv_fingerprint=kv_fingerprint,
         )

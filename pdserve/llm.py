@@ -32,6 +32,7 @@ from pdserve.engine.sampling_params import SamplingParams
 from pdserve.engine.tokenizer import Tokenizer
 from pdserve.engine.weights import DEFAULT_MODEL, ModelSpec, load_model, parse_dtype
 from pdserve.engine.weights.hub import HubOptions
+from pdserve.engine.weights.kv_scales import load_kv_cache_spec
 from pdserve.offline_scheduler import OfflineScheduler, OfflineSequence, SchedulerStats, StepPlan
 
 
@@ -86,7 +87,9 @@ class LLM:
         progress: bool = True,
         enforce_eager: bool = False,
         hub: HubOptions | None = None,
+        kv_cache_dtype: str = "auto",
     ) -> None:
+        """`kv_cache_dtype`: auto (the weights' dtype) or fp8 (float8_e4m3fn, engine/kv_cache_spec.py)."""
         if max_num_seqs <= 0 or max_num_batched_tokens < max_num_seqs:
             raise ValueError(f"need 0 < max_num_seqs ({max_num_seqs}) <= max_num_batched_tokens "
                              f"({max_num_batched_tokens}): every running sequence decodes one token per step")
@@ -97,12 +100,14 @@ class LLM:
             raise ValueError(f"model {model!r} has no tokenizer; the offline LLM needs one")
         self.config = loaded.config
         self.tokenizer: Tokenizer = loaded.tokenizer
-        self.fingerprint = loaded.fingerprint
+        torch_dtype = parse_dtype(dtype, device)
+        kv_spec = load_kv_cache_spec(kv_cache_dtype, torch_dtype, loaded)
+        self.fingerprint = kv_spec.fingerprint(loaded.fingerprint)  # prefix-cache keys: fp8 and bf16 never mix
         self.cache_config = CacheConfig(num_blocks=num_blocks, block_size=block_size)
         self.eos_token_ids = frozenset(self.tokenizer.eos_token_ids) | frozenset(self.config.eos_token_ids)
         self.runner = ModelRunner(self.config, self.cache_config, loaded.weights, device,
-                                  parse_dtype(dtype, device), max_num_seqs=max_num_seqs,
-                                  enforce_eager=enforce_eager)
+                                  torch_dtype, max_num_seqs=max_num_seqs,
+                                  enforce_eager=enforce_eager, kv_spec=kv_spec)
         self.sampler = Sampler(device)
         self.pool = BlockPool(num_blocks)
         self.prefix_cache = PrefixCache(self.pool, block_size) if enable_prefix_caching else None

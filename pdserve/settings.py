@@ -28,6 +28,7 @@ ROLES = ("prefill", "decode")
 DEFAULT_MODEL = "smollm2-135m-instruct"
 LOAD_FORMATS = ("auto", "gguf", "hf", "dummy")  # hf: a Hugging Face directory of safetensors
 DTYPES = ("auto", "float32", "float16", "bfloat16")
+KV_CACHE_DTYPES = ("auto", "fp8")  # auto: --dtype; fp8: float8_e4m3fn (engine/kv_cache_spec.py, which checks it too)
 # cuda_ipc: one host's GPUs; nccl: torch.distributed; store: through a store both pools reach (kv_transfer/store/)
 TRANSFER_BACKENDS = ("auto", "local", "tcp", "cuda_ipc", "nccl", "store")
 TRANSFER_STORES = ("auto", "shm", "redis")  # auto: redis when --redis-url is given, else shm (one host)
@@ -71,6 +72,7 @@ class ModelSettings:
     tokenizer: str | None = None  # a directory with tokenizer.json, overriding the model's
     device: str = "auto"  # auto: cuda when available, else cpu
     dtype: str = "auto"  # auto: bfloat16 on cuda, float32 on cpu
+    kv_cache_dtype: str = "auto"  # auto: `dtype`; fp8: float8_e4m3fn with per-layer scales
     cache_dir: str | None = None
     max_model_len: int | None = None
     seed: int = 0  # dummy weights, and the worker's torch RNG
@@ -85,6 +87,8 @@ class ModelSettings:
             raise ValueError(f"unknown load format {self.load_format!r}; choose one of {LOAD_FORMATS}")
         if self.dtype not in DTYPES:
             raise ValueError(f"unknown dtype {self.dtype!r}; choose one of {DTYPES}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"unknown KV cache dtype {self.kv_cache_dtype!r}; choose one of {KV_CACHE_DTYPES}")
         if self.max_model_len is not None and self.max_model_len <= 0:
             raise ValueError(f"max_model_len must be positive, got {self.max_model_len}")
         if any(not name.strip() for name in self.served_model_names):

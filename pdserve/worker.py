@@ -43,6 +43,7 @@ from pdserve.engine.output import OutputProcessor
 from pdserve.engine.runner import ModelRunner
 from pdserve.engine.sampling import Sampler
 from pdserve.engine.weights import LoadedModel, ModelSpec, load_model, parse_dtype, resolve_model
+from pdserve.engine.weights.kv_scales import load_kv_cache_spec
 from pdserve.kv_transfer.registry import get_backend
 from pdserve.kv_transfer.tcp_receiver import TcpKVReceiver
 from pdserve.kv_transfer.wire import dtype_name
@@ -103,17 +104,20 @@ class Worker:
         self.model_name = served_model_name(settings.model)
         self.loaded = load_engine_model(settings.model, self.device, self.dtype)
         self.config: ModelConfig = self.loaded.config
+        self.kv_spec = load_kv_cache_spec(settings.model.kv_cache_dtype, self.dtype, self.loaded)
+        # the KV compatibility key (engine/kv_cache_spec.py): in every block hash, tier key and P-D target check
+        self.fingerprint = self.kv_spec.fingerprint(self.loaded.fingerprint)
         weights = self._fuse_weights()
         self.cache_config = self._cache_config()
         self.runner = ModelRunner(self.config, self.cache_config, weights, self.device, self.dtype,
                                   max_num_seqs=settings.scheduler.max_num_seqs,
-                                  enforce_eager=settings.model.enforce_eager)
+                                  enforce_eager=settings.model.enforce_eager, kv_spec=self.kv_spec)
         if warmed := self.runner.warm_up_prefill(settings.scheduler.max_num_batched_tokens):
             logger.info("prefill warm-up: %d shapes compiled and run", warmed)
         self.pool = BlockPool(self.cache_config.num_blocks)
         self.prefix_cache = PrefixCache(self.pool, self.cache_config.block_size, settings.cache.enable_prefix_caching)
         self.state_lock = threading.RLock()
-        self.tiered = build_tiered(self.prefix_cache, self.runner.kv_caches, self.loaded.fingerprint, settings.tiers,
+        self.tiered = build_tiered(self.prefix_cache, self.runner.kv_caches, self.fingerprint, settings.tiers,
                                    settings.cache_policy, self.device, self.state_lock, settings.server.secret)
         self.summary = SummaryReporter(self.tiered)
         self.model_lock = threading.Lock()
@@ -151,7 +155,7 @@ class Worker:
 
     def _cache_config(self) -> CacheConfig:
         cache = self.settings.cache
-        bytes_per_block = self.config.kv_bytes_per_token(torch.empty(0, dtype=self.dtype).element_size()) * cache.block_size
+        bytes_per_block = self.config.kv_bytes_per_token(self.kv_spec.dtype.itemsize) * cache.block_size
         device = torch.device(self.device)
         if device.type != "cuda" or cache.sized_explicitly:
             return CacheConfig(cache.resolve_num_blocks(bytes_per_block), cache.block_size)
@@ -163,7 +167,7 @@ class Worker:
         """Both nodes over the one pool, whatever the roles: the role admitted can change at run time
         (pdserve/worker_control.py). Only a colocated worker on the `local` backend builds just its own."""
         backend = get_backend(self.settings.transfer.backend)
-        env = transfer_env(self.settings, self.device, self.loaded.fingerprint,
+        env = transfer_env(self.settings, self.device, self.fingerprint,
                            self.advertised(self.settings.transfer.host))
         built = self.settings.roles if self.settings.transfer.backend == "local" else ROLES
         grammars = self._grammar_backend()
@@ -174,7 +178,7 @@ class Worker:
                                               decode_engine.kv_failed)
             node_config = DecodeNodeConfig(self.config.max_model_len, self.config.vocab_size,
                                            self.cache_config.block_size, self.settings.scheduler.kv_lease_timeout_s,
-                                           self.loaded.fingerprint, fetch_lower_tiers=self.settings.colocated)
+                                           self.fingerprint, fetch_lower_tiers=self.settings.colocated)
             self.roles.decode = DecodeNode(decode_engine, receiver, self.loaded.tokenizer, node_config, grammars)
         if "prefill" in built:
             sender = backend.build_sender(env, self.roles.decode.receiver if self.roles.decode is not None else None)
@@ -184,7 +188,7 @@ class Worker:
                                    copies_kv=self.settings.transfer.backend != "local")
             prefill_config = PrefillNodeConfig(self.config.max_model_len, self.config.vocab_size,
                                                self.cache_config.block_size, self.config.num_layers,
-                                               dtype_name(self.dtype), self.loaded.fingerprint,
+                                               dtype_name(self.kv_spec.dtype), self.fingerprint,
                                                self.settings.transfer.backend,
                                                self.settings.scheduler.max_queued_requests)
             lookup = self.roles.decode.waiting_reservation if self.roles.decode is not None else None
@@ -266,7 +270,7 @@ class Worker:
                 "roles": list(self.control.roles), "roles_version": self.control.roles_version,
                 "model": self.model_name, "max_model_len": self.config.max_model_len,
                 "block_size": self.cache_config.block_size, "num_blocks": self.cache_config.num_blocks,
-                "fingerprint": self.loaded.fingerprint,
+                "fingerprint": self.fingerprint,
                 "transfer": {"backend": transfer.backend, "host": self.advertised(transfer.host), "port": port}}
 
     def advertised(self, bind_host: str) -> str:

@@ -38,8 +38,8 @@ class PrefillNodeConfig:
     vocab_size: int
     block_size: int
     num_layers: int
-    kv_dtype: str  # wire name, e.g. "float32"
-    model_fingerprint: str
+    kv_dtype: str  # wire name, e.g. "float32", "float8_e4m3fn"
+    model_fingerprint: str  # the KV compatibility key (engine/kv_cache_spec.py): model, KV dtype, fp8 scales
     transfer_backend: str
     max_queued_requests: int = 1024  # queued (not yet prefilling) or being looked up; more get 503
 
@@ -209,6 +209,10 @@ class PrefillNode:
         if (target.num_layers, target.block_size, target.dtype) != (cfg.num_layers, cfg.block_size, cfg.kv_dtype):
             raise ValueError(f"decode worker's KV layout ({target.num_layers} layers, block_size {target.block_size}, "
                              f"{target.dtype}) differs from ours ({cfg.num_layers}, {cfg.block_size}, {cfg.kv_dtype})")
+        if target.kv_fingerprint != cfg.model_fingerprint:
+            raise ValueError(f"decode worker's KV compatibility key {target.kv_fingerprint!r} differs from ours "
+                             f"{cfg.model_fingerprint!r} ({cfg.kv_dtype}): its model, --dtype, --kv-cache-dtype or fp8 "
+                             f"KV scales are not ours")
         needed = blocks_needed(num_tokens, cfg.block_size)
         if target.backend != "local" and target.first_block + len(target.block_ids) != needed:
             raise ValueError(f"transfer target has {len(target.block_ids)} blocks after the {target.first_block} D "

@@ -152,7 +152,11 @@ def test_block_copies_move_fp8_bytes_as_they_are(device: str) -> None:
     """gather / scatter / copy of a 1-byte cache: the launchers' bytes equal the references' and the source's
     (no conversion: fp8 -> fp8 is a plain move, so even the interpreter's rounding never enters)."""
     from pdserve.kernels.block_copy import copy_blocks_ref, gather_blocks_ref
-    from pdserve.kernels.block_copy_triton import copy_blocks_triton, gather_blocks_triton, scatter_blocks_triton
+    from pdserve.kernels.block_copy_triton import (
+        copy_blocks_triton,
+        gather_blocks_triton,
+        scatter_blocks_triton,
+    )
 
     codes = torch.randint(0, 256, (2, 6, 16, 3, 48), dtype=torch.uint8, device=device)
     codes[codes == 0x7F] = 0  # NaN codes aside
