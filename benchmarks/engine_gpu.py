@@ -28,6 +28,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from engine_gpu_baselines import hf_decode_ms, hf_model, hf_prefill_ms, parity, time_ms, transfer_benchmark
+from engine_gpu_fp8kv import fp8_kv_rows
 
 from pdserve.engine.attention_metadata import DecodeInput, PrefillChunk
 from pdserve.engine.config import CacheConfig, ModelConfig
@@ -63,6 +64,7 @@ class Report:
     checks: dict[str, object] = field(default_factory=dict)
     rows: list[Row] = field(default_factory=list)
     transfer: dict[str, object] | None = None
+    fp8_kv: dict[str, object] | None = None  # --fp8-kv: benchmarks/engine_gpu_fp8kv.py
     notes: list[str] = field(default_factory=list)
 
 
@@ -154,6 +156,8 @@ def run(args: argparse.Namespace) -> Report:
     else:
         report.notes.append("HF generate (static cache, torch.compile) skipped: CUDA only, or --skip-hf")
     report.rows = [Row(k, v, hf.get(k), TARGETS_MS.get(k) if not args.tiny else None) for k, v in ours.items()]
+    if args.fp8_kv:
+        report.fp8_kv = fp8_kv_rows(config, device, args.repeat)
     if device.type == "cuda":
         report.transfer = dataclasses.asdict(transfer_benchmark(config, PREFILL_TOKENS, device))
     else:
@@ -176,6 +180,9 @@ def print_table(report: Report) -> None:
         print(f"cuda_ipc {t['bytes'] / 2**20:.0f} MiB: {t['cuda_ipc_gpu_ms']:.3f} ms ({t['cuda_ipc_gbps']:.0f} GB/s, "
               f"{t['fraction_of_copy']:.0%} of a device copy's {t['device_copy_gbps']:.0f} GB/s; wall "
               f"{t['cuda_ipc_wall_ms']:.2f} ms)")
+    if report.fp8_kv is not None:
+        print("fp8 KV: " + ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
+                                     for k, v in report.fp8_kv.items()))
     for note in report.notes:
         print(f"  note: {note}")
 
@@ -186,6 +193,8 @@ def main() -> None:
     parser.add_argument("--tiny", action="store_true", help="a 2-layer model instead of llama3-8b (CPU plumbing)")
     parser.add_argument("--parity", action="store_true", help="also compare the default model bf16 GPU vs fp32 CPU")
     parser.add_argument("--skip-hf", action="store_true", help="no HF transformers baseline")
+    parser.add_argument("--fp8-kv", action="store_true",
+                        help="also decode b64 ctx 4096 with a bf16 and an fp8 KV pool (benchmarks/engine_gpu_fp8kv.py)")
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/engine_gpu_h200.json"))
     parser.add_argument("--parity-only", action="store_true",

@@ -1,0 +1,66 @@
+"""benchmarks/engine_gpu.py's fp8 KV cache rows (issue 19 item 4): a decode step at batch 64 over 4,096 tokens of
+context with the KV pool in bf16 (the model's dtype) and in fp8 (float8_e4m3fn, scale 1.0), the sequences of
+4,096 tokens one GiB of pool holds in each, and the bytes of one 4,096-token request's KV that P sends D.
+
+    python benchmarks/engine_gpu.py --fp8-kv ...              (H200, llama3-8b shape: with the other rows)
+    python benchmarks/engine_gpu.py --device cpu --tiny --skip-hf --fp8-kv --repeat 2 --out /tmp/e.json  (plumbing)
+
+Targets (issue 19): decode b64 ctx 4096 >= 1.4x faster with fp8 KV than bf16 KV, twice the sequences per GB, the
+4,096-token transfer halved in bytes and time. The transfer's time by backend is benchmarks/transfer_backends.py
+with `--presets llama3-8b:bfloat16 llama3-8b:float8_e4m3fn` (its rows name the dtype and the bytes); this module
+gives the bytes. The pools are one at a time (llama3-8b: 32 GiB of bf16 KV for 64 x 4,096 tokens), each freed
+before the next, their KV zeros: the step reads every byte whatever they hold.
+"""
+
+from __future__ import annotations
+
+import gc
+
+import torch
+from engine_gpu_baselines import time_ms
+
+from pdserve.engine.attention_metadata import DecodeInput
+from pdserve.engine.config import CacheConfig, ModelConfig
+from pdserve.engine.kv_cache import blocks_for_bytes
+from pdserve.engine.kv_cache_spec import KVCacheSpec
+from pdserve.engine.runner import ModelRunner
+from pdserve.engine.weights.dummy import dummy_weights
+
+BATCH, CONTEXT, BLOCK = 64, 4096, 16
+TRANSFER_TOKENS = 4096
+
+
+def _items(per_seq: int) -> list[DecodeInput]:
+    return [DecodeInput(11 + i, CONTEXT, list(range(i * per_seq, (i + 1) * per_seq))) for i in range(BATCH)]
+
+
+def _decode_ms(config: ModelConfig, device: torch.device, dtype: torch.dtype, kv: str, repeat: int) -> float:
+    per_seq = -(-(CONTEXT + 1) // BLOCK)
+    spec = KVCacheSpec.build(kv, dtype, config.num_layers)
+    runner = ModelRunner(config, CacheConfig(num_blocks=BATCH * per_seq, block_size=BLOCK),
+                         dummy_weights(config, dtype, str(device)), device, dtype, max_num_seqs=BATCH, kv_spec=spec)
+    items = _items(per_seq)
+    try:
+        return time_ms(lambda: runner.decode(items), device, repeat, warmup=3)
+    finally:
+        del runner
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def fp8_kv_rows(config: ModelConfig, device: torch.device, repeat: int) -> dict[str, object]:
+    """The rows (ms), the speed-up, sequences per GiB and the transfer's bytes, bf16 (or the CPU's fp32) vs fp8."""
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    name = str(dtype).removeprefix("torch.")
+    base = _decode_ms(config, device, dtype, "auto", repeat)
+    fp8 = _decode_ms(config, device, dtype, "fp8", repeat)
+    per_seq_blocks = -(-(CONTEXT + 1) // BLOCK)
+    seqs = {kv: blocks_for_bytes(config, BLOCK, d, 1 << 30) // per_seq_blocks
+            for kv, d in ((name, dtype), ("fp8", torch.float8_e4m3fn))}
+    transfer = {kv: config.kv_bytes_per_token(d.itemsize) * TRANSFER_TOKENS
+                for kv, d in ((name, dtype), ("fp8", torch.float8_e4m3fn))}
+    return {f"decode_b{BATCH}_ctx{CONTEXT}_{name}kv_ms": base, f"decode_b{BATCH}_ctx{CONTEXT}_fp8kv_ms": fp8,
+            "fp8kv_speedup": base / fp8, "target_speedup": 1.4,
+            f"seqs_per_gib_ctx{CONTEXT}": seqs, f"transfer_{TRANSFER_TOKENS}_tokens_bytes": transfer,
+            "transfer_times": "benchmarks/transfer_backends.py --presets llama3-8b:bfloat16 llama3-8b:float8_e4m3fn"}
