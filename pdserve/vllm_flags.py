@@ -54,7 +54,7 @@ VLLM_FLAGS: tuple[VllmFlag, ...] = (
     VllmFlag("--data-parallel-size", ("--num-colocated",), "with --colocated: that many full replicas"),
     VllmFlag("--tensor-parallel-size, --pipeline-parallel-size", (), _ONE_DEVICE),
     VllmFlag("--quantization", (), "GGUF files are dequantised once at load; weights run in --dtype"),
-    VllmFlag("--kv-cache-dtype", (), "the KV cache is kept in --dtype"),
+    VllmFlag("--kv-cache-dtype", ("--kv-cache-dtype",), "auto, fp8 (e4m3; fp8_e5m2 is not supported)"),
     VllmFlag("--cpu-offload-gb", (), "weights stay on the worker's device"),
     VllmFlag("--enable-lora, --lora-modules", (), "no adapters"),
     VllmFlag("--speculative-config", (), "no speculative decoding"),
