@@ -20,6 +20,7 @@ from pathlib import Path
 
 import openai
 import pytest
+import torch
 
 from pdserve.engine.sampling import SamplingParams
 from pdserve.protocol.connection import Connection, connect
@@ -55,18 +56,27 @@ def fp8_llm(model_cache_dir: Path, default_model_dir: Path):
                cache_dir=model_cache_dir, progress=False, kv_cache_dtype="fp8")
 
 
+def _offline_texts(llm, prompts: list[str]) -> list[str]:
+    """One prompt at a time on one torch thread, as the deployment's workers (--torch-threads 1) serve them: an fp8
+    cache turns the last-bit differences of a GEMM split over 2 threads, or batched with other prompts, into whole
+    e4m3 steps of a K/V value, enough to flip a greedy near-tie ("def fibonacci(n):" at token 12: "return n * fib"
+    on one thread, "return max(fib" on two)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0)
+        return [llm.generate([prompt], params)[0].text for prompt in prompts]
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_fp8_kv_over_tcp_gives_the_offline_fp8_text(fp8_deployment: Deployment, fp8_llm) -> None:
     free_before = fp8_deployment.status("decode")["free_blocks"]
     client = openai.OpenAI(base_url=f"{fp8_deployment.url}/v1", api_key="unused", max_retries=0, timeout=300)
     prompts = [*PROMPTS, LONG]
-    # one prompt at a time, as the deployment serves them: fp8 rounding turns the last-bit differences of a batched
-    # GEMM into whole e4m3 steps of a K/V value, enough to flip a greedy near-tie ("def fibonacci(n):" at token 12
-    # when the offline engine ran the four prompts as one batch)
-    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0)
-    expected = [fp8_llm.generate([prompt], params)[0] for prompt in prompts]
-    for prompt, want in zip(prompts, expected, strict=True):
+    for prompt, want in zip(prompts, _offline_texts(fp8_llm, prompts), strict=True):
         got = client.completions.create(model=MODEL, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0)
-        assert got.choices[0].text == want.text, prompt[:40]
+        assert got.choices[0].text == want, prompt[:40]
     assert len(fp8_llm.tokenizer.encode(LONG)) > BUDGET  # the long prompt really took two chunks
     deadline = time.monotonic() + 10
     while fp8_deployment.status("decode")["free_blocks"] != free_before:
