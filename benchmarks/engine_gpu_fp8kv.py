@@ -14,6 +14,7 @@ before the next, their KV zeros: the step reads every byte whatever they hold.
 
 from __future__ import annotations
 
+import functools
 import gc
 
 import torch
@@ -39,14 +40,12 @@ def _decode_ms(config: ModelConfig, device: torch.device, dtype: torch.dtype, kv
     spec = KVCacheSpec.build(kv, dtype, config.num_layers)
     runner = ModelRunner(config, CacheConfig(num_blocks=BATCH * per_seq, block_size=BLOCK),
                          dummy_weights(config, dtype, str(device)), device, dtype, max_num_seqs=BATCH, kv_spec=spec)
-    items = _items(per_seq)
-    try:
-        return time_ms(lambda: runner.decode(items), device, repeat, warmup=3)
-    finally:
-        del runner
-        gc.collect()
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+    ms = time_ms(functools.partial(runner.decode, _items(per_seq)), device, repeat, warmup=3)
+    del runner  # the pool (and its graphs) go before the next one is allocated
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return ms
 
 
 def fp8_kv_rows(config: ModelConfig, device: torch.device, repeat: int) -> dict[str, object]:

@@ -61,7 +61,7 @@ class KVCacheSpec:
 
     @property
     def is_fp8(self) -> bool:
-        return self.dtype == _FP8
+        return bool(self.dtype == _FP8)
 
     def layer_scales(self, layer: int) -> tuple[float, float]:
         """(k_scale, v_scale) of one layer, as the kernels take them."""
