@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import torch
+
 from pdserve.engine.sampling import SamplingParams
 from pdserve.llm import LLM
 
@@ -32,3 +34,13 @@ def test_invalid_sampling_value_is_reported(model_cache_dir: Path) -> None:
     result = run_cli(["x", "--top-p", "0"], model_cache_dir)
     assert result.returncode == 2 and result.stdout == ""
     assert "top_p must be in (0, 1], got 0.0" in result.stderr
+
+
+def test_fp8_kv_cache_generates_on_the_cpu(model_cache_dir: Path) -> None:
+    """`--kv-cache-dtype fp8` through the CPU references: the offline engine's fp8 text (same torch threads)."""
+    llm = LLM(num_blocks=32, max_num_seqs=1, cache_dir=model_cache_dir, progress=False, kv_cache_dtype="fp8")
+    assert llm.runner.kv_caches[0].dtype == torch.float8_e4m3fn
+    expected = llm.generate(["The capital of France is"], SamplingParams(max_tokens=8, temperature=0))[0]
+    result = run_cli(["The capital of France is", "--max-tokens", "8", "--kv-cache-dtype", "fp8"], model_cache_dir)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == expected.text + "\n" and expected.text.strip()
