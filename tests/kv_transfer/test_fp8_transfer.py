@@ -1,5 +1,6 @@
 """fp8 (float8_e4m3fn) KV pools over the byte-moving backends, sender and receiver in this process through the
-registry as a worker builds them: tcp, nccl over a real two-rank gloo group, store over shm. Each lands bit-exact, and a receiver refuses frames that name another dtype."""
+registry as a worker builds them: tcp, nccl over a real two-rank gloo group, store over shm. Each lands
+bit-exact, and a receiver refuses frames that name another dtype."""
 
 from __future__ import annotations
 
