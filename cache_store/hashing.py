@@ -33,7 +33,9 @@ def block_hashes(
     """Hashes of the full blocks of `token_ids`, chained from `parent` (None: the sequence starts here).
 
     `model_fingerprint` names everything that changes KV values for the same tokens (weights, dtype,
-    rope scaling...); `salt` separates tenants that must not share cache entries.
+    rope scaling...): a worker passes its KV compatibility key (engine/kv_cache_spec.py), which for an fp8 cache
+    also names the KV dtype and the per-layer scales, so fp8 and bf16 blocks never share a hash;
+    `salt` separates tenants that must not share cache entries.
     """
     if block_size <= 0:
         raise ValueError(f"block_size must be positive, got {block_size}")
