@@ -28,8 +28,8 @@ from typing import Generic, Protocol, TypeVar
 import torch
 
 from pdserve.kernels.block_copy import gather_blocks
-from pdserve.kv_transfer.base import ChunkSend, KVSender, KVTransferError, PreparedSends
-from pdserve.kv_transfer.control.outgoing import ControlChannel, OutgoingTransfers, layer_problem
+from pdserve.kv_transfer.base import ChunkSend, KVTransferError, PreparedSends
+from pdserve.kv_transfer.control.outgoing import ChannelSender, ControlChannel, layer_problem
 from pdserve.kv_transfer.target import TransferTarget
 
 S = TypeVar("S")
@@ -102,50 +102,40 @@ class _StagedSends(PreparedSends):
         self.prepared: list[_Prepared] = []
 
 
-class StagedKVSender(KVSender, Generic[S]):
-    def __init__(self, backend: str, channel: ControlChannel, path: StagedPath[S], *,
-                 loop: asyncio.AbstractEventLoop | None = None) -> None:
-        self.backend = backend
+class StagedKVSender(ChannelSender, Generic[S]):
+    def __init__(self, backend: str, channel: ControlChannel, path: StagedPath[S],
+                 loop: asyncio.AbstractEventLoop | None) -> None:
+        super().__init__(backend, channel, loop)
         self.path = path
-        self.transfers = OutgoingTransfers(backend, channel, loop=loop, settle=path.settle)
-
-    def begin(self, target: TransferTarget) -> None:
-        self.transfers.begin(target)
 
     async def send_layer(
         self, request_id: str, layer: int, kv_cache: torch.Tensor,
         src_block_ids: Sequence[int], dst_block_ids: Sequence[int],
     ) -> None:
-        self.transfers.check_layer(request_id, layer, kv_cache, src_block_ids, dst_block_ids)
+        self.check_layer(request_id, layer, kv_cache, src_block_ids, dst_block_ids)
         await self._send(request_id, layer, self.path.stage(kv_cache, src_block_ids), list(dst_block_ids))
 
     def submit_layer(
         self, request_id: str, layer: int, kv_cache: torch.Tensor,
         src_block_ids: Sequence[int], dst_block_ids: Sequence[int],
     ) -> concurrent.futures.Future[None]:
-        loop = self.transfers.loop
+        loop = self.loop
         if loop is None:
             raise KVTransferError("submit_layer before begin(): the sender has no event loop yet")
-        self.transfers.check_layer(request_id, layer, kv_cache, src_block_ids, dst_block_ids)
+        self.check_layer(request_id, layer, kv_cache, src_block_ids, dst_block_ids)
         staged = self.path.stage(kv_cache, src_block_ids)  # on the calling (compute) thread, in its stream order
         return asyncio.run_coroutine_threadsafe(self._send(request_id, layer, staged, list(dst_block_ids)), loop)
 
     def prepare_sends(self, chunks: Sequence[ChunkSend]) -> PreparedSends:
         sends = _StagedSends(chunks)
-        for chunk in chunks:
-            try:
-                target = self.transfers.check_chunk(chunk.request_id, chunk.src_block_ids, chunk.dst_block_ids)
-            except KVTransferError as exc:
-                sends.fail(chunk.request_id, str(exc))
-                continue
-            sends.prepared.append(_Prepared(chunk, target))
+        sends.prepared = [_Prepared(chunk, target) for chunk, target in self.check_chunks(sends)]
         return sends
 
     def submit_prepared(self, sends: PreparedSends, layer: int, kv_cache: torch.Tensor) -> None:
         if not isinstance(sends, _StagedSends):
             super().submit_prepared(sends, layer, kv_cache)
             return
-        loop = self.transfers.loop
+        loop = self.loop
         for item in sends.prepared:
             rid = item.chunk.request_id
             if rid in sends.failed:
@@ -163,20 +153,14 @@ class StagedKVSender(KVSender, Generic[S]):
             staged = self.path.stage(kv_cache, item.ids)  # on the calling (compute) thread, in its stream order
             asyncio.run_coroutine_threadsafe(self._send(rid, layer, staged, list(item.chunk.dst_block_ids)), loop)
 
-    async def finish(
-        self, request_id: str, first_token_id: int, first_logprob: float | None, num_tokens: int,
-        first_top: Sequence[tuple[int, float]] = (),
-    ) -> None:
-        await self.transfers.finish(request_id, first_token_id, first_logprob, num_tokens, first_top)
-
-    async def abort(self, request_id: str, reason: str) -> None:
-        await self.transfers.abort(request_id, reason)
-
     async def close(self) -> None:
         await self.path.close()
 
+    async def _settle(self, request_id: str, failed: bool) -> None:
+        await self.path.settle(request_id, failed)
+
     async def _send(self, request_id: str, layer: int, staged: S, dst_block_ids: list[int]) -> None:
-        outgoing, done = self.transfers.track(request_id)  # before the first await (see control/outgoing.py)
+        outgoing, done = self.track(request_id)  # before the first await (see control/outgoing.py)
         try:
             await self.path.send(outgoing.target, layer, staged, dst_block_ids)
             done.set_result(None)

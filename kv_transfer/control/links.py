@@ -18,7 +18,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TypedDict, TypeVar, Unpack
 
 from pdserve.kv_transfer.base import KVTransferError
 from pdserve.kv_transfer.control.handshake import connect
@@ -31,6 +31,12 @@ AfterReady = Callable[[Address, asyncio.StreamReader], Awaitable[None]]
 T = TypeVar("T")
 
 
+class LinkOptions(TypedDict, total=False):
+    secret: str | None  # the deployment's (PDSERVE_SECRET); None: no authentication
+    connect_timeout_s: float  # the handshake's deadline (5 s)
+    write_timeout_s: float  # each frame's (30 s)
+
+
 @dataclass
 class Link:
     reader: asyncio.StreamReader
@@ -41,15 +47,15 @@ class Link:
 
 
 class ControlLinks:
-    def __init__(self, backend: str, secret: str | None, *, connect_timeout_s: float = 5.0,
-                 write_timeout_s: float = 30.0, after_ready: AfterReady | None = None,
-                 on_drop: Callable[[Address], None] | None = None, preconnect: bool = False) -> None:
+    def __init__(self, backend: str, *, after_ready: AfterReady | None = None,
+                 on_drop: Callable[[Address], None] | None = None, preconnect: bool = False,
+                 **options: Unpack[LinkOptions]) -> None:
         """`preconnect`: `begun` handshakes now, while the request waits for its prefill (cuda_ipc, nccl:
         their handshakes open pools or join a group, which the first layer should not wait for)."""
         self.backend = backend
-        self.secret = secret
-        self.connect_timeout_s = connect_timeout_s
-        self.write_timeout_s = write_timeout_s
+        self.secret = options.get("secret")
+        self.connect_timeout_s = options.get("connect_timeout_s", 5.0)
+        self.write_timeout_s = options.get("write_timeout_s", 30.0)
         self.connections: dict[Address, Link] = {}
         self._after_ready = after_ready
         self._on_drop = on_drop

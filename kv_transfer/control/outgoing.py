@@ -1,34 +1,34 @@
-"""The prefill side's transfers in flight, and how each ends: "done" or "error" over the backend's channel.
+"""`ChannelSender`: the prefill side's transfers in flight, and how each ends: "done" or "error" over the channel.
 
     begin(target)   ─▶ the target check (this backend's, addressable by the channel, not begun twice) ─▶ begun
     each layer send ─▶ track(request_id): a future registered before the send's first await, so that a finish
                        scheduled after the send always waits for it
-    finish          ─▶ pop ─▶ every tracked send settled ─▶ settle(request_id, failed) (what the data path
+    finish          ─▶ pop ─▶ every tracked send settled ─▶ _settle(request_id, failed) (what the data path
                        still has in flight: nccl's group sends, cuda_ipc's copies) ─▶ "done" with the first
                        token; any failure ─▶ "error" (best effort) and KVTransferError
-    abort           ─▶ pop ─▶ the sends and settle as above (D may reuse the blocks once told) ─▶ "error"
+    abort           ─▶ pop ─▶ the sends and _settle as above (D may reuse the blocks once told) ─▶ "error"
 
 The channel is how done and error reach D: control/links.py (one authenticated connection per D: tcp,
 cuda_ipc, nccl) or kv_transfer/store/inbox.py (sealed records in D's inbox). `check_chunk` / `check_layer`
-refuse before anything is copied what the receiver would refuse.
+refuse before anything is copied what the receiver would refuse. Every backend's sender but `local` is one:
+kv_transfer/staging.py (tcp, nccl, store) and cuda_ipc/sender.py, each with its own data path.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
 
-from pdserve.kv_transfer.base import KVTransferError
+from pdserve.kv_transfer.base import ChunkSend, KVSender, KVTransferError, PreparedSends
 from pdserve.kv_transfer.target import TransferTarget
 from pdserve.kv_transfer.wire import Done, Error, done_frame, dtype_name
 
 logger = logging.getLogger(__name__)
-Settle = Callable[[str, bool], Awaitable[None]]  # (request id, a send failed): raises KVTransferError
 
 
 class ControlChannel(Protocol):
@@ -48,22 +48,13 @@ class Outgoing:
     sends: list[asyncio.Future[None]] = field(default_factory=list)
 
 
-async def _settled(request_id: str, failed: bool) -> None:
-    """Nothing in flight beyond the tracked sends (tcp, store)."""
-
-
-class OutgoingTransfers:
-    def __init__(self, backend: str, channel: ControlChannel, *, loop: asyncio.AbstractEventLoop | None = None,
-                 settle: Settle = _settled) -> None:
+class ChannelSender(KVSender):
+    def __init__(self, backend: str, channel: ControlChannel, loop: asyncio.AbstractEventLoop | None) -> None:
         """`loop`: the sender's event loop (default: the one the first `begin` runs on)."""
         self.backend = backend
         self.channel = channel
         self.loop = loop
-        self._settle = settle
         self._transfers: dict[str, Outgoing] = {}
-
-    def __contains__(self, request_id: object) -> bool:
-        return request_id in self._transfers
 
     def begin(self, target: TransferTarget) -> None:
         if target.backend != self.backend:
@@ -75,7 +66,7 @@ class OutgoingTransfers:
         self._transfers[target.request_id] = Outgoing(target)
         self.channel.begun(target)
 
-    def get(self, request_id: str) -> Outgoing:
+    def outgoing(self, request_id: str) -> Outgoing:
         outgoing = self._transfers.get(request_id)
         if outgoing is None:
             raise KVTransferError(f"no transfer begun for {request_id!r}")
@@ -83,14 +74,16 @@ class OutgoingTransfers:
 
     def track(self, request_id: str) -> tuple[Outgoing, asyncio.Future[None]]:
         """A layer send of the request starts: its future, which finish and abort wait for."""
-        outgoing = self.get(request_id)
+        outgoing = self.outgoing(request_id)
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         outgoing.sends.append(done)
         return outgoing, done
 
-    async def finish(self, request_id: str, first_token_id: int, first_logprob: float | None, num_tokens: int,
-                     first_top: Sequence[tuple[int, float]] = ()) -> None:
-        outgoing = self.get(request_id)
+    async def finish(
+        self, request_id: str, first_token_id: int, first_logprob: float | None, num_tokens: int,
+        first_top: Sequence[tuple[int, float]] = (),
+    ) -> None:
+        outgoing = self.outgoing(request_id)
         del self._transfers[request_id]
         failures = await self._wait_sends(outgoing)
         try:
@@ -120,7 +113,7 @@ class OutgoingTransfers:
     def check_chunk(self, request_id: str, src_block_ids: Sequence[int],
                     dst_block_ids: Sequence[int]) -> TransferTarget:
         """The checks that hold for every layer of a chunk; returns its target."""
-        target = self.get(request_id).target
+        target = self.outgoing(request_id).target
         problem = None
         if len(src_block_ids) != len(dst_block_ids) or not dst_block_ids:
             problem = f"{len(src_block_ids)} source blocks for {len(dst_block_ids)} destination blocks"
@@ -129,6 +122,16 @@ class OutgoingTransfers:
         if problem is not None:
             raise KVTransferError(f"send of {request_id!r}: {problem}")
         return target
+
+    def check_chunks(self, sends: PreparedSends) -> list[tuple[ChunkSend, TransferTarget]]:
+        """`check_chunk` for each chunk of a forward: the good ones with their targets; the others fail `sends`."""
+        checked = []
+        for chunk in sends.chunks:
+            try:
+                checked.append((chunk, self.check_chunk(chunk.request_id, chunk.src_block_ids, chunk.dst_block_ids)))
+            except KVTransferError as exc:
+                sends.fail(chunk.request_id, str(exc))
+        return checked
 
     def check_layer(self, request_id: str, layer: int, kv_cache: torch.Tensor, src_block_ids: Sequence[int],
                     dst_block_ids: Sequence[int]) -> None:
@@ -139,6 +142,10 @@ class OutgoingTransfers:
             raise KVTransferError(f"send of {request_id!r} layer {layer}: {problem}")
 
     # ---- internals ----------------------------------------------------------------------------
+
+    async def _settle(self, request_id: str, failed: bool) -> None:
+        """The request's sends were all made (`failed`: one of them failed): wait for what the data path still
+        has in flight for it; KVTransferError when that failed. Nothing, unless a backend says otherwise."""
 
     @staticmethod
     async def _wait_sends(outgoing: Outgoing) -> list[BaseException]:

@@ -24,7 +24,7 @@ import asyncio
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypedDict, Unpack
 
 import torch
 
@@ -55,6 +55,20 @@ def end_transfer(table: TransferTable, header: Done | Error) -> None:
         table.fail(header.request_id, f"sender gave up: {header.reason}")
 
 
+def check_frame(receiver: KVReceiver, header: DataFrame, nbytes: int) -> None:
+    """ProtocolError unless the blocks a data frame announces may be read into the pool (KVReceiver.check_blocks)."""
+    problem = receiver.check_blocks(header.request_id, header.layer, header.block_ids, header.dtype, header.shape,
+                                    nbytes)
+    if problem is not None:
+        raise ProtocolError(f"{header.KIND} frame for {header.request_id!r} layer {header.layer}: {problem}")
+
+
+class ListenOptions(TypedDict, total=False):
+    secret: str | None  # the deployment's (PDSERVE_SECRET): senders must prove they hold it; None: anyone
+    limits: FrameLimits | None  # what a frame may claim before anything is allocated (FrameLimits())
+    advertise_host: str | None  # what targets name (defaults to `host`; set it when binding 0.0.0.0)
+
+
 class ConnectionPath(ABC):
     """One accepted connection's data path: the frames it carries besides done and error."""
 
@@ -74,26 +88,15 @@ class ConnectionPath(ABC):
 class ListeningReceiver(KVReceiver):
     """A receiver reached over the control server; each backend says what a connection's data path is."""
 
-    def __init__(
-        self,
-        host: str,
-        port: int,
-        pools: Sequence[torch.Tensor],
-        on_complete: OnComplete,
-        on_failure: OnFailure,
-        *,
-        secret: str | None = None,
-        limits: FrameLimits | None = None,
-        advertise_host: str | None = None,
-    ) -> None:
-        """`port` 0 picks a free port (see `.port` after `start`); `advertise_host` is what targets name
-        (defaults to `host`; set it when binding 0.0.0.0)."""
+    def __init__(self, host: str, port: int, pools: Sequence[torch.Tensor], on_complete: OnComplete,
+                 on_failure: OnFailure, **options: Unpack[ListenOptions]) -> None:
+        """`port` 0 picks a free port (see `.port` after `start`)."""
         super().__init__(pools, on_complete, on_failure)
         self.host = host
         self.port = port
-        self.advertise_host = advertise_host or host
-        self.secret = secret
-        self.limits = limits or FrameLimits()
+        self.advertise_host = options.get("advertise_host") or host
+        self.secret = options.get("secret")
+        self.limits = options.get("limits") or FrameLimits()
         self._server: asyncio.Server | None = None
         self._connections: dict[asyncio.Task[None], asyncio.StreamWriter] = {}
 

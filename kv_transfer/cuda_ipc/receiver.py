@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from typing import Unpack
 
 import torch
 
 from pdserve.kv_transfer.base import OnComplete, OnFailure
-from pdserve.kv_transfer.control.server import ConnectionPath, ListeningReceiver
+from pdserve.kv_transfer.control.server import ConnectionPath, ListeningReceiver, ListenOptions
 from pdserve.kv_transfer.cuda_ipc.descriptor import export_pools, require_cuda
-from pdserve.kv_transfer.wire import FrameLimits, Header, KVHeader, Pools, encode_frame, write_frame
+from pdserve.kv_transfer.wire import Header, KVHeader, Pools, encode_frame, write_frame
 
 
 class NoBytesIn(ConnectionPath):
@@ -38,22 +39,11 @@ class CudaIpcKVReceiver(ListeningReceiver):
     backend = "cuda_ipc"
     remote_writes = True  # P's copy kernels write our pool: an aborted request's blocks wait for its "error"
 
-    def __init__(
-        self,
-        host: str,
-        port: int,
-        pools: Sequence[torch.Tensor],
-        on_complete: OnComplete,
-        on_failure: OnFailure,
-        *,
-        secret: str | None = None,
-        limits: FrameLimits | None = None,
-        advertise_host: str | None = None,
-    ) -> None:
+    def __init__(self, host: str, port: int, pools: Sequence[torch.Tensor], on_complete: OnComplete,
+                 on_failure: OnFailure, **options: Unpack[ListenOptions]) -> None:
         if pools:
             require_cuda("the decode worker's KV pool", pools[0].device)
-        super().__init__(host, port, pools, on_complete, on_failure, secret=secret, limits=limits,
-                         advertise_host=advertise_host)
+        super().__init__(host, port, pools, on_complete, on_failure, **options)
         self.descriptor = export_pools(self.pools).to_bytes()
 
     async def open_path(self, writer: asyncio.StreamWriter) -> ConnectionPath:

@@ -23,15 +23,15 @@ import concurrent.futures
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Unpack
 
 import torch
 
 from pdserve.kernels.block_copy import copy_blocks
-from pdserve.kv_transfer.base import ChunkSend, KVSender, KVTransferError, PreparedSends
-from pdserve.kv_transfer.control.links import ControlLinks
-from pdserve.kv_transfer.control.outgoing import OutgoingTransfers
+from pdserve.kv_transfer.base import ChunkSend, KVTransferError, PreparedSends
+from pdserve.kv_transfer.control.links import ControlLinks, LinkOptions
+from pdserve.kv_transfer.control.outgoing import ChannelSender
 from pdserve.kv_transfer.cuda_ipc.descriptor import PoolDescriptor, open_pools, require_cuda
-from pdserve.kv_transfer.target import TransferTarget
 from pdserve.kv_transfer.wire import FrameLimits, Pools, ProtocolError, dtype_name, read_header
 
 
@@ -68,24 +68,14 @@ class _IpcSends(PreparedSends):
         self.copies: list[_Copy] = []
 
 
-class CudaIpcKVSender(KVSender):
-    backend = "cuda_ipc"
-
-    def __init__(
-        self,
-        device: torch.device | str,
-        *,
-        secret: str | None = None,
-        connect_timeout_s: float = 5.0,
-        write_timeout_s: float = 30.0,
-        loop: asyncio.AbstractEventLoop | None = None,
-    ) -> None:
+class CudaIpcKVSender(ChannelSender):
+    def __init__(self, device: torch.device | str, *, loop: asyncio.AbstractEventLoop | None = None,
+                 **options: Unpack[LinkOptions]) -> None:
         """`device`: the GPU of this worker's pool (where the copies run)."""
         self.device = torch.device(device)
         require_cuda("the prefill worker's KV pool", self.device)
-        self.links = ControlLinks("cuda_ipc", secret, connect_timeout_s=connect_timeout_s,
-                                  write_timeout_s=write_timeout_s, after_ready=self._open_pools, preconnect=True)
-        self.transfers = OutgoingTransfers("cuda_ipc", self.links, loop=loop, settle=self._copies_landed)
+        self.links = ControlLinks("cuda_ipc", after_ready=self._open_pools, preconnect=True, **options)
+        super().__init__("cuda_ipc", self.links, loop)
         self._remote: dict[tuple[str, int], list[torch.Tensor]] = {}
         self._stream = torch.cuda.Stream(self.device)
         self._copied: set[str] = set()  # requests with copies enqueued: added on the compute thread, taken on the loop
@@ -97,20 +87,11 @@ class CudaIpcKVSender(KVSender):
         record an event on it, to order or time work after the copies."""
         return self._stream
 
-    def begin(self, target: TransferTarget) -> None:
-        """The handshake starts now (preconnect), while the request waits for its prefill."""
-        self.transfers.begin(target)
-
     def prepare_sends(self, chunks: Sequence[ChunkSend]) -> _IpcSends:
         """Checks each chunk once and groups them by receiver, ids on the device (see the module docstring)."""
         sends = _IpcSends(chunks)
         by_address: dict[tuple[str, int], list[ChunkSend]] = {}
-        for chunk in chunks:
-            try:
-                target = self.transfers.check_chunk(chunk.request_id, chunk.src_block_ids, chunk.dst_block_ids)
-            except KVTransferError as exc:
-                sends.fail(chunk.request_id, str(exc))
-                continue
+        for chunk, target in self.check_chunks(sends):
             by_address.setdefault(target.address, []).append(chunk)
         for address, group in by_address.items():
             try:
@@ -150,8 +131,8 @@ class CudaIpcKVSender(KVSender):
         self, request_id: str, layer: int, kv_cache: torch.Tensor,
         src_block_ids: Sequence[int], dst_block_ids: Sequence[int],
     ) -> None:
-        self.transfers.check_layer(request_id, layer, kv_cache, src_block_ids, dst_block_ids)
-        pools = await self._ensure_remote(self.transfers.get(request_id).target.address)
+        self.check_layer(request_id, layer, kv_cache, src_block_ids, dst_block_ids)
+        pools = await self._ensure_remote(self.outgoing(request_id).target.address)
         chunk = ChunkSend(request_id, tuple(src_block_ids), tuple(dst_block_ids))
         sends = _IpcSends([chunk])
         self._add_copy(sends, [chunk], pools)
@@ -164,23 +145,12 @@ class CudaIpcKVSender(KVSender):
         """One request's layer (ids put on the device for this call alone: a forward should prepare its sends
         once instead). The copy is enqueued before this returns; the future is already resolved (errors
         raise here)."""
-        self.transfers.check_layer(request_id, layer, kv_cache, src_block_ids, dst_block_ids)
+        self.check_layer(request_id, layer, kv_cache, src_block_ids, dst_block_ids)
         sends = self.prepare_sends([ChunkSend(request_id, tuple(src_block_ids), tuple(dst_block_ids))])
         self._submit_one(sends, layer, kv_cache)
         future: concurrent.futures.Future[None] = concurrent.futures.Future()
         future.set_result(None)
         return future
-
-    async def finish(
-        self, request_id: str, first_token_id: int, first_logprob: float | None, num_tokens: int,
-        first_top: Sequence[tuple[int, float]] = (),
-    ) -> None:
-        """"done" once the request's copies completed (`_copies_landed`)."""
-        await self.transfers.finish(request_id, first_token_id, first_logprob, num_tokens, first_top)
-
-    async def abort(self, request_id: str, reason: str) -> None:
-        """D may reuse the blocks once told: the copies already queued land first (`_copies_landed`)."""
-        await self.transfers.abort(request_id, reason)
 
     async def close(self) -> None:
         await self.links.close()
@@ -198,7 +168,7 @@ class CudaIpcKVSender(KVSender):
                 fitting.append(chunk)
         if not fitting:
             return
-        target = self.transfers.get(fitting[0].request_id).target
+        target = self.outgoing(fitting[0].request_id).target
         with torch.cuda.device(self.device), torch.cuda.stream(self._stream):  # ids allocated (and freed) in its order
             src, dst = device_block_ids([b for c in fitting for b in c.src_block_ids],
                                         [b for c in fitting for b in c.dst_block_ids], self.device)
@@ -223,7 +193,8 @@ class CudaIpcKVSender(KVSender):
         for reason in sends.failed.values():
             raise KVTransferError(reason)
 
-    async def _copies_landed(self, request_id: str, failed: bool) -> None:
+    async def _settle(self, request_id: str, failed: bool) -> None:
+        """Before "done" (finish) or "error" (abort: D may reuse the blocks once told): the copies queued land."""
         event = self._take_event(request_id)
         if event is not None:
             await asyncio.to_thread(event.synchronize)
@@ -244,7 +215,7 @@ class CudaIpcKVSender(KVSender):
         pools = self._remote.get(address)
         if pools is not None and self.links.usable(address):
             return pools
-        loop = self.transfers.loop
+        loop = self.loop
         if loop is None:
             raise KVTransferError("submit_layer before begin(): the sender has no event loop yet")
         try:

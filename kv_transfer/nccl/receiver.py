@@ -26,13 +26,19 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Coroutine, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, Unpack
 
 import torch
 
 from pdserve.kernels.block_copy import scatter_blocks
 from pdserve.kv_transfer.base import KVTransferError, OnComplete, OnFailure
-from pdserve.kv_transfer.control.server import ConnectionPath, DataFrame, ListeningReceiver
+from pdserve.kv_transfer.control.server import (
+    ConnectionPath,
+    DataFrame,
+    ListeningReceiver,
+    ListenOptions,
+    check_frame,
+)
 from pdserve.kv_transfer.nccl.group import (
     RECEIVER_RANK,
     PairGroup,
@@ -43,7 +49,6 @@ from pdserve.kv_transfer.nccl.group import (
 from pdserve.kv_transfer.wire import (
     DTYPES,
     BulkKVHeader,
-    FrameLimits,
     Header,
     KVHeader,
     ProtocolError,
@@ -72,10 +77,7 @@ class GroupBytesIn(ConnectionPath):
     async def receive(self, header: DataFrame, reader: asyncio.StreamReader) -> None:
         assert isinstance(header, BulkKVHeader)
         receiver = self.receiver
-        problem = receiver.check_blocks(header.request_id, header.layer, header.block_ids, header.dtype,
-                                        header.shape, header.bulk_nbytes)
-        if problem is not None:
-            raise ProtocolError(f"kv_bulk frame for {header.request_id!r} layer {header.layer}: {problem}")
+        check_frame(receiver, header, header.bulk_nbytes)
         group = self.group
         pool = receiver.pools[header.layer]
         with group.side_stream():  # the buffer, the receive and the scatter: all ordered on the group's stream
@@ -105,22 +107,10 @@ class GroupBytesIn(ConnectionPath):
 class NcclKVReceiver(ListeningReceiver):
     backend = "nccl"
 
-    def __init__(
-        self,
-        host: str,
-        port: int,
-        pools: Sequence[torch.Tensor],
-        on_complete: OnComplete,
-        on_failure: OnFailure,
-        *,
-        secret: str | None = None,
-        limits: FrameLimits | None = None,
-        advertise_host: str | None = None,
-        group_timeout_s: float = 30.0,
-    ) -> None:
+    def __init__(self, host: str, port: int, pools: Sequence[torch.Tensor], on_complete: OnComplete,
+                 on_failure: OnFailure, *, group_timeout_s: float = 30.0, **options: Unpack[ListenOptions]) -> None:
         """`group_timeout_s`: how long a peer may take to join the group, and each layer's receive."""
-        super().__init__(host, port, pools, on_complete, on_failure, secret=secret, limits=limits,
-                         advertise_host=advertise_host)
+        super().__init__(host, port, pools, on_complete, on_failure, **options)
         if group_timeout_s <= 0:
             raise ValueError(f"group_timeout_s must be positive, got {group_timeout_s}")
         self.device = self.pools[0].device

@@ -25,13 +25,13 @@ import asyncio
 import ipaddress
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Unpack
 
 import torch
 
 from pdserve.kernels.block_copy import gather_blocks
 from pdserve.kv_transfer.base import KVTransferError
-from pdserve.kv_transfer.control.links import ControlLinks
+from pdserve.kv_transfer.control.links import ControlLinks, LinkOptions
 from pdserve.kv_transfer.nccl.group import (
     SENDER_RANK,
     PairGroup,
@@ -84,12 +84,10 @@ class _Posted:
 class NcclSends:
     """The `StagedPath` of nccl: blocks gathered on the device, announced by a kv_bulk header, sent by the group."""
 
-    def __init__(self, device: torch.device, secret: str | None, connect_timeout_s: float,
-                 write_timeout_s: float) -> None:
+    def __init__(self, device: torch.device, options: LinkOptions) -> None:
         self.device = device
         self.group_backend = group_backend(device)
-        self.links = ControlLinks("nccl", secret, connect_timeout_s=connect_timeout_s, write_timeout_s=write_timeout_s,
-                                  after_ready=self._join, on_drop=self._close_group, preconnect=True)
+        self.links = ControlLinks("nccl", after_ready=self._join, on_drop=self._close_group, preconnect=True, **options)
         self._groups: dict[tuple[str, int], PairGroup] = {}
         self._posted: dict[str, list[_Posted]] = {}
 
@@ -158,20 +156,13 @@ class NcclSends:
 
 
 class NcclKVSender(StagedKVSender[_Gathered]):
-    def __init__(
-        self,
-        device: torch.device | str,
-        *,
-        secret: str | None = None,
-        connect_timeout_s: float = 5.0,
-        write_timeout_s: float = 30.0,
-        loop: asyncio.AbstractEventLoop | None = None,
-    ) -> None:
+    def __init__(self, device: torch.device | str, *, loop: asyncio.AbstractEventLoop | None = None,
+                 **options: Unpack[LinkOptions]) -> None:
         """`device`: this worker's pool (cuda: an NCCL group; cpu: gloo). The group's deadlines are D's."""
         self.device = torch.device(device)
-        sends = NcclSends(self.device, secret, connect_timeout_s, write_timeout_s)
+        sends = NcclSends(self.device, options)
         self.links = sends.links
-        super().__init__("nccl", sends.links, sends, loop=loop)
+        super().__init__("nccl", sends.links, sends, loop)
 
 
 def _wait_all(posted: list[_Posted]) -> None:

@@ -104,4 +104,4 @@ class StoreKVSender(StagedKVSender[StagedBlocks]):
         self.store = store
         io = ThreadPoolExecutor(io_threads, thread_name_prefix="store-send")
         self.inbox = Inbox(store, io, secret=secret, model_fingerprint=model_fingerprint, ttl_s=ttl_s)
-        super().__init__("store", self.inbox, StoreWrites(self.inbox, chunk_bytes), loop=loop)
+        super().__init__("store", self.inbox, StoreWrites(self.inbox, chunk_bytes), loop)

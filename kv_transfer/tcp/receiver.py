@@ -22,8 +22,8 @@ from __future__ import annotations
 import asyncio
 
 from pdserve.kv_transfer.base import KVReceiver
-from pdserve.kv_transfer.control.server import ConnectionPath, DataFrame, ListeningReceiver
-from pdserve.kv_transfer.wire import KVHeader, ProtocolError, read_payload, tensor_from_payload
+from pdserve.kv_transfer.control.server import ConnectionPath, DataFrame, ListeningReceiver, check_frame
+from pdserve.kv_transfer.wire import KVHeader, read_payload, tensor_from_payload
 
 
 class TcpBytesIn(ConnectionPath):
@@ -37,10 +37,7 @@ class TcpBytesIn(ConnectionPath):
         one expired request does not cost the other requests sharing its connection."""
         assert isinstance(header, KVHeader)
         receiver = self.receiver
-        problem = receiver.check_blocks(header.request_id, header.layer, header.block_ids, header.dtype,
-                                        header.shape, header.nbytes)
-        if problem is not None:
-            raise ProtocolError(f"kv frame for {header.request_id!r} layer {header.layer}: {problem}")
+        check_frame(receiver, header, header.nbytes)
         payload = await read_payload(reader, header, receiver.limits)
         if header.request_id not in receiver.table:
             return

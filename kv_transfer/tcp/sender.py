@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from typing import Unpack
 
 import torch
 
-from pdserve.kv_transfer.control.links import ControlLinks
+from pdserve.kv_transfer.control.links import ControlLinks, LinkOptions
 from pdserve.kv_transfer.staging import StagedBlocks, StagedKVSender
 from pdserve.kv_transfer.target import TransferTarget
 from pdserve.kv_transfer.wire import kv_frame
@@ -41,7 +42,6 @@ class TcpBytes:
 
 
 class TcpKVSender(StagedKVSender[StagedBlocks]):
-    def __init__(self, *, secret: str | None = None, connect_timeout_s: float = 5.0, write_timeout_s: float = 30.0,
-                 loop: asyncio.AbstractEventLoop | None = None) -> None:
-        self.links = ControlLinks("tcp", secret, connect_timeout_s=connect_timeout_s, write_timeout_s=write_timeout_s)
-        super().__init__("tcp", self.links, TcpBytes(self.links), loop=loop)
+    def __init__(self, *, loop: asyncio.AbstractEventLoop | None = None, **options: Unpack[LinkOptions]) -> None:
+        self.links = ControlLinks("tcp", **options)
+        super().__init__("tcp", self.links, TcpBytes(self.links), loop)
