@@ -28,10 +28,8 @@ import json
 import os
 import secrets
 import shutil
-import signal
 import statistics
 import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -41,6 +39,7 @@ import httpx
 import openai
 
 from pdserve.launcher import free_port
+from pdserve.process_group import ProcessGroup, serve_command
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL = "smollm2-135m-instruct"
@@ -58,20 +57,13 @@ def start_redis() -> tuple[subprocess.Popen, str]:
     return process, f"redis://127.0.0.1:{port}/0"
 
 
-def start_deployment(redis_url: str, args: argparse.Namespace, log_path: Path) -> tuple[subprocess.Popen, str]:
+def start_deployment(redis_url: str, args: argparse.Namespace, log_path: Path) -> tuple[ProcessGroup, str]:
     port = free_port()
-    argv = [sys.executable, "-m", "pdserve.cli", "serve", "--port", str(port), "--num-prefill", "2", "--redis-url", redis_url, "--cache-timeout", "10", "--num-blocks", "1024",
-            "--max-num-batched-tokens", "2048", *args.worker_flags]
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                   env={**os.environ, "PDSERVE_SECRET": SECRET})
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 600
-    while "pdserve ready" not in log_path.read_text(errors="replace"):
-        if process.poll() is not None or time.monotonic() > deadline:
-            raise SystemExit(f"deployment did not start:\n{log_path.read_text(errors='replace')[-3000:]}")
-        time.sleep(0.5)
-    return process, url
+    flags = ["--num-prefill", "2", "--redis-url", redis_url, "--cache-timeout", "10", "--num-blocks", "1024",
+             "--max-num-batched-tokens", "2048", *args.worker_flags]
+    group = ProcessGroup(serve_command(port, flags), log_path, {**os.environ, "PDSERVE_SECRET": SECRET}, cwd=REPO)
+    group.start().wait_until(lambda: "pdserve ready" in group.log(1 << 30), 600, "the deployment", poll_s=0.5)
+    return group, f"http://127.0.0.1:{port}"
 
 
 class Bench:
@@ -223,8 +215,7 @@ def main() -> None:
         chat = conversation(bench, args.turns, args.answer_tokens, args.conversations)
         elapsed = time.time() - started
     finally:
-        os.killpg(deployment.pid, signal.SIGTERM)
-        deployment.wait(timeout=30)
+        deployment.stop(grace_s=30)
         redis_process.terminate()
     lines = table(prefix, chat)
     result = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": {"cpus": os.cpu_count(), "device": "cpu",

@@ -2,7 +2,7 @@
 # Device calls for issue 15 on the H200 (logs and JSON land in $OUT):
 #   OUT=dir bash benchmarks/issue15_h200.sh tests            the GPU tests (issue 23's list + the overlapped loop)
 #   OUT=dir bash benchmarks/issue15_h200.sh serving [ARGS]   benchmarks/serving_gpu.py ARGS (ShareGPT + Poisson)
-# Needs .whl (shared/hooks/device-wheels) and .bench_data (the default model's tokenizer files and the ShareGPT
+# Needs .whl (shared/hooks/device-wheels xgrammar apache-tvm-ffi) and .bench_data (the default model's tokenizer files and the ShareGPT
 # sample: the device gets neither ../shared nor the model cache) carried with the call.
 set -uo pipefail
 : "${OUT:?set OUT to the folder for logs and JSON}"

@@ -8,7 +8,7 @@
 #                                                               --rows today local, --no-engine-bound, ...)
 # Carry .whl and .bench_data with the call (run(carry=[".whl", ".bench_data"])); the device gets neither
 # ../shared nor the model cache. From the repository root, once:
-#   bash ../shared/hooks/device-wheels
+#   bash ../shared/hooks/device-wheels xgrammar apache-tvm-ffi    (the workers import xgrammar)
 #   mkdir -p .bench_data/tokenizer && cp ~/.cache/pdserve/models/smollm2-135m-instruct-*/tokenizer*.json \
 #     .bench_data/tokenizer/ && cp ../shared/data/sharegpt_v3_sample2k.json.gz .bench_data/
 # Then: copy $OUT/multiturn_reuse_h200.json (and _c8.json) to benchmarks/results/, regenerate the performance tables

@@ -137,7 +137,7 @@ def run_profile(args: argparse.Namespace, logs: Path) -> Profile:
     argv = [sys.executable, "-m", "pdserve.cli", "profile", "--device", "cpu", "--output", str(path),
             "--repeats", "2", *args.profile_args]
     proc = spawn_pinned(argv, core_range(0, args.threads), args.threads, logs / "profile.log")
-    if proc.wait() != 0:
+    if proc.popen is None or proc.popen.wait() != 0:
         raise RuntimeError(f"pdserve profile failed: {(logs / 'profile.log').read_text()[-2000:]}")
     return Profile.load(path)
 

@@ -11,9 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 import secrets
-import signal
 import subprocess
-import sys
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -24,6 +22,7 @@ import httpx
 import psutil
 
 from pdserve.decode_node.engine import STEP_PHASES
+from pdserve.process_group import ProcessGroup, http_ok, serve_command
 from pdserve.protocol.connection import Connection, connect
 from pdserve.protocol.framing import FrameLimits
 from pdserve.protocol.messages import Prefill, PrefillTarget, Reserve, Reserved, Tokens
@@ -51,40 +50,30 @@ class Deployment:
 
     def __init__(self, port: int, flags: list[str], log: Path, env: dict[str, str] | None = None) -> None:
         self.url = f"http://127.0.0.1:{port}"
-        self.argv = [sys.executable, "-m", "pdserve.cli", "serve", "--port", str(port), *flags]
+        self.argv = serve_command(port, flags)
         self.log = log
         self.env = env or {}  # extra environment of every process (e.g. PYTHONPATH for an experiment)
         self.secret = secrets.token_hex(16)
         self.headers = {SECRET_HEADER: self.secret}
-        self.process: subprocess.Popen | None = None
+        self.group: ProcessGroup | None = None
+
+    @property
+    def process(self) -> subprocess.Popen | None:
+        return None if self.group is None else self.group.popen
 
     def __enter__(self) -> Deployment:  # noqa: PYI034
         env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1", "PDSERVE_SECRET": self.secret}
-        self.process = subprocess.Popen(self.argv, stdout=self.log.open("w"), stderr=subprocess.STDOUT,
-                                        start_new_session=True, env=env)
-        deadline = time.monotonic() + 600.0
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"{' '.join(self.argv)} exited with {self.process.returncode}: "
-                                   f"{self.log.read_text()[-2000:]}")
-            try:
-                if httpx.get(self.url + "/health", timeout=2.0).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(1.0)
-        self.__exit__()
-        raise RuntimeError(f"{self.url} not ready after 600 s")
+        self.group = ProcessGroup(self.argv, self.log, env).start()
+        try:
+            self.group.wait_until(lambda: http_ok(self.url + "/health"), 600.0, self.url, poll_s=1.0)
+        except TimeoutError:
+            self.__exit__()
+            raise
+        return self
 
     def __exit__(self, *exc: object) -> None:
-        if self.process is None or self.process.poll() is not None:
-            return
-        os.killpg(self.process.pid, signal.SIGTERM)
-        try:
-            self.process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
+        if self.group is not None:
+            self.group.stop(grace_s=30)
 
     def child_cpu_seconds(self) -> dict[str, float]:
         """CPU seconds (user + system) used so far by each child: router, prefill-0, decode-0 / colocated-0."""

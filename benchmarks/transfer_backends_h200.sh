@@ -3,7 +3,7 @@
 # GPU: P and D share it and nccl is listed as skipped; two: P on cuda:0, D on cuda:1), store over shm and over a
 # redis-server, 2 presets x 4 value sizes; JSON and log land in $OUT.
 #
-#   here, once:   bash ../shared/hooks/device-wheels        (.whl: redis-py and the rest the machine lacks)
+#   here, once:   bash ../shared/hooks/device-wheels xgrammar apache-tvm-ffi   (.whl: redis-py and the rest the machine lacks)
 #                 bash benchmarks/transfer_backends_h200.sh --pack   (.bench_bin: this host's redis-server + libs)
 #   device call:  OUT=$OUT bash benchmarks/transfer_backends_h200.sh [ARGS for transfer_backends.py]
 #                 with carry [".whl", ".bench_bin"]

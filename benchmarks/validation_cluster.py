@@ -9,7 +9,6 @@ import asyncio
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -19,6 +18,7 @@ import httpx
 from pdserve.bench.client import ApiTarget, RequestOutput
 from pdserve.bench.datasets import Conversation
 from pdserve.bench.runner import LoadSpec, run_benchmark
+from pdserve.process_group import ProcessGroup, http_ok
 
 
 def core_range(first: int, count: int) -> str:
@@ -26,31 +26,22 @@ def core_range(first: int, count: int) -> str:
 
 
 def spawn_pinned(argv: list[str], cpus: str | None, threads: int, log: Path,
-           extra_env: dict[str, str] | None = None) -> subprocess.Popen:
+                 extra_env: dict[str, str] | None = None) -> ProcessGroup:
     """cpus None: unpinned."""
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1",
            **(extra_env or {})}
     # pinning keeps P and D off each other's cores
     pin = ["taskset", "-c", cpus] if cpus and shutil.which("taskset") else []
-    return subprocess.Popen([*pin, *argv], env=env, stdout=log.open("w"), stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    return ProcessGroup([*pin, *argv], log, env).start()
 
 
-def _wait_ready(url: str, procs: list[subprocess.Popen], timeout_s: float = 300.0) -> None:
-    deadline = time.time() + timeout_s
-    while time.time() < deadline:
-        if any(p.poll() is not None for p in procs):
-            raise RuntimeError(f"a server process exited early (codes {[p.poll() for p in procs]})")
-        try:
-            if httpx.get(url + "/health", timeout=2.0).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(1.0)
-    raise RuntimeError(f"{url} not ready after {timeout_s} s")
+def _wait_ready(url: str, procs: list[ProcessGroup], timeout_s: float = 300.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    for proc in procs:
+        proc.wait_until(lambda: http_ok(url + "/health"), max(0.0, deadline - time.monotonic()), url, poll_s=1.0)
 
 
-def start_cluster(args: argparse.Namespace, logs: Path) -> list[subprocess.Popen]:
+def start_cluster(args: argparse.Namespace, logs: Path) -> list[ProcessGroup]:
     """P and D on `threads` cores each; the router on the next 2, or unpinned when the machine has no more."""
     base = [sys.executable, "-m", "pdserve.cli"]
     model = args.model_args
@@ -72,15 +63,12 @@ def start_cluster(args: argparse.Namespace, logs: Path) -> list[subprocess.Popen
     return procs
 
 
-def stop_cluster(procs: list[subprocess.Popen]) -> None:
+def stop_cluster(procs: list[ProcessGroup]) -> None:
     for p in procs:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGTERM)
+        if not p.exited():
+            p.signal(signal.SIGTERM)
     for p in procs:
-        try:
-            p.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
+        p.stop(grace_s=20)
 
 
 def drive(url: str, convs: list[Conversation], rate: float, burstiness: float,

@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from pdserve.kernels.block_copy import scatter_blocks
 from pdserve.kv_transfer.target import TransferTarget
 from pdserve.kv_transfer.transfer_table import TransferTable
 from pdserve.kv_transfer.wire import DTYPES, FrameLimits, dtype_name
@@ -104,6 +105,10 @@ class PoolLayout:
 
 class KVSender(ABC):
     """Pushes one request's KV blocks, layer by layer, to the receiver named by its TransferTarget."""
+
+    # P and D hold one pool (`local`): P computes into D's reserved blocks and nothing is copied, so the prefill
+    # node takes D's blocks instead of allocating its own and has no host/Redis tier lookup of its own to do
+    shares_pool: bool = False
 
     @abstractmethod
     def begin(self, target: TransferTarget) -> None:
@@ -205,8 +210,8 @@ class KVReceiver(ABC):
     def num_pending(self) -> int:
         return len(self.table)
 
-    def _check_blocks(self, request_id: str, layer: int, block_ids: list[int], dtype: str, shape: list[int],
-                      nbytes: int) -> str | None:
+    def check_blocks(self, request_id: str, layer: int, block_ids: list[int], dtype: str, shape: list[int],
+                     nbytes: int) -> str | None:
         """Why blocks announced by a header may not be read into the pool (None: they may): the checks of tcp's
         kv frames, which nccl's kv_bulk headers and store's kv_stored records pass too."""
         if request_id in self.table:
@@ -226,6 +231,12 @@ class KVReceiver(ABC):
         if nbytes > self.limits.max_payload_bytes:
             return f"payload of {nbytes} bytes exceeds the {self.limits.max_payload_bytes} byte limit"
         return None
+
+    def write_blocks(self, request_id: str, layer: int, block_ids: list[int], blocks: torch.Tensor) -> None:
+        """Scatter blocks [2, n, block_size, Hkv, D] that passed `check_blocks` into the pool, and record them."""
+        pool = self.pools[layer]
+        scatter_blocks(pool, torch.tensor(block_ids, dtype=torch.int64, device=pool.device), blocks.to(pool.device))
+        self.table.record_layer(request_id, layer, block_ids)
 
     async def start(self) -> None:
         """Begin accepting transfers."""

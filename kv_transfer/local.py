@@ -23,6 +23,8 @@ class LocalKVReceiver(KVReceiver):
 
 
 class LocalKVSender(KVSender):
+    shares_pool = True
+
     def __init__(self, receiver: LocalKVReceiver) -> None:
         self.receiver = receiver
 

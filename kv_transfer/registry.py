@@ -14,12 +14,12 @@ import torch
 
 from pdserve.cache_store.shared_store import SharedStore
 from pdserve.kv_transfer.base import KVReceiver, KVSender, OnComplete, OnFailure
+from pdserve.kv_transfer.control.server import ListeningReceiver
 from pdserve.kv_transfer.cuda_ipc import CudaIpcKVReceiver, CudaIpcKVSender
 from pdserve.kv_transfer.local import LocalKVReceiver, LocalKVSender
 from pdserve.kv_transfer.nccl import NcclKVReceiver, NcclKVSender
 from pdserve.kv_transfer.store import StoreKVReceiver, StoreKVSender
-from pdserve.kv_transfer.tcp_receiver import TcpKVReceiver
-from pdserve.kv_transfer.tcp_sender import TcpKVSender
+from pdserve.kv_transfer.tcp import TcpKVReceiver, TcpKVSender
 
 
 @dataclass(frozen=True)
@@ -49,6 +49,11 @@ class KVBackend:
     receiver: type[KVReceiver]
     build_sender: SenderBuilder
     build_receiver: ReceiverBuilder
+
+    @property
+    def shares_pool(self) -> bool:
+        """P and D over one pool (`local`): a worker builds only its own roles, and P copies nothing."""
+        return self.sender.shares_pool
 
 
 _BACKENDS: dict[str, KVBackend] = {}
@@ -83,7 +88,7 @@ def _local_receiver(env: TransferEnv, pools: Sequence[torch.Tensor], on_complete
     return LocalKVReceiver(pools, on_complete, on_failure)
 
 
-def _listening(cls: type[TcpKVReceiver]) -> ReceiverBuilder:
+def _listening(cls: type[ListeningReceiver]) -> ReceiverBuilder:
     def build(env: TransferEnv, pools: Sequence[torch.Tensor], on_complete: OnComplete,
               on_failure: OnFailure) -> KVReceiver:
         return cls(env.host, env.port, pools, on_complete, on_failure, secret=env.secret,

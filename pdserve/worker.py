@@ -44,8 +44,8 @@ from pdserve.engine.runner import ModelRunner
 from pdserve.engine.sampling import Sampler
 from pdserve.engine.weights import LoadedModel, ModelSpec, load_model, parse_dtype, resolve_model
 from pdserve.engine.weights.kv_scales import load_kv_cache_spec
+from pdserve.kv_transfer.control.server import ListeningReceiver
 from pdserve.kv_transfer.registry import get_backend
-from pdserve.kv_transfer.tcp_receiver import TcpKVReceiver
 from pdserve.kv_transfer.wire import dtype_name
 from pdserve.prefill_node.batcher import Batcher
 from pdserve.prefill_node.engine import PrefillEngine
@@ -127,7 +127,7 @@ class Worker:
                                      self.state_lock)
         self.links = RouterLinks(RouterLinkSettings.of(settings.server, self.worker_id), self,
                                  prefix_publisher(self.tiered), lambda: self.control.left)
-        self.control = WorkerControl(settings.roles, settings.transfer.backend != "local", self._idle,
+        self.control = WorkerControl(settings.roles, not get_backend(settings.transfer.backend).shares_pool, self._idle,
                                      self.links.leave, cache_policy_applier(self.tiered),
                                      cache_policy=settings.cache_policy)
         self.data_plane = WorkerDataPlane(
@@ -169,7 +169,7 @@ class Worker:
         backend = get_backend(self.settings.transfer.backend)
         env = transfer_env(self.settings, self.device, self.fingerprint,
                            self.advertised(self.settings.transfer.host))
-        built = self.settings.roles if self.settings.transfer.backend == "local" else ROLES
+        built = self.settings.roles if backend.shares_pool else ROLES
         grammars = self._grammar_backend()
         decode_engine = None
         if "decode" in built:
@@ -185,7 +185,7 @@ class Worker:
             batcher = Batcher(self.prefix_cache, self.settings.scheduler.max_num_batched_tokens,
                               self.settings.scheduler.max_num_seqs, tiered=self.tiered)
             engine = PrefillEngine(batcher, self.runner, Sampler(self.device), sender, self.state_lock, self.model_lock,
-                                   copies_kv=self.settings.transfer.backend != "local")
+                                   copies_kv=not sender.shares_pool)
             prefill_config = PrefillNodeConfig(self.config.max_model_len, self.config.vocab_size,
                                                self.cache_config.block_size, self.config.num_layers,
                                                dtype_name(self.kv_spec.dtype), self.fingerprint,
@@ -264,7 +264,7 @@ class Worker:
     def registration(self) -> dict[str, Any]:
         transfer = self.settings.transfer
         port = transfer.port
-        if self.roles.decode is not None and isinstance(self.roles.decode.receiver, TcpKVReceiver):
+        if self.roles.decode is not None and isinstance(self.roles.decode.receiver, ListeningReceiver):
             port = self.roles.decode.receiver.port
         return {"worker_id": self.worker_id, "url": self.url, "data_port": self.data_server.port,
                 "roles": list(self.control.roles), "roles_version": self.control.roles_version,

@@ -171,7 +171,7 @@ class PrefillNode:
         Colocated requests took theirs with D's reservation."""
         tiered = self.batcher.tiered
         lookup = request.block_hashes[: (request.num_prompt_tokens - 1) // self.config.block_size]
-        if (tiered is None or not tiered.has_lower_tiers or not lookup or self.config.transfer_backend == "local"
+        if (tiered is None or not tiered.has_lower_tiers or not lookup or self.engine.sender.shares_pool
                 or request.wants_prompt_logprobs):
             return
         try:
@@ -197,7 +197,7 @@ class PrefillNode:
         target = TransferTarget.from_dict(transfer)
         self._check_target(target, request.request_id, request.num_prompt_tokens)
         request.target = target
-        if target.backend == "local":
+        if self.engine.sender.shares_pool:
             self._take_local_blocks(request)
 
     def _check_target(self, target: TransferTarget, request_id: str, num_tokens: int) -> None:
@@ -214,7 +214,7 @@ class PrefillNode:
                              f"{cfg.model_fingerprint!r} ({cfg.kv_dtype}): its model, --dtype, --kv-cache-dtype or fp8 "
                              f"KV scales are not ours")
         needed = blocks_needed(num_tokens, cfg.block_size)
-        if target.backend != "local" and target.first_block + len(target.block_ids) != needed:
+        if not self.engine.sender.shares_pool and target.first_block + len(target.block_ids) != needed:
             raise ValueError(f"transfer target has {len(target.block_ids)} blocks after the {target.first_block} D "
                              f"holds; a prompt of {num_tokens} tokens fills {needed}")
 

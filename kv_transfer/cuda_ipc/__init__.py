@@ -2,7 +2,7 @@
 
     D: CudaIpcKVReceiver exports its per-layer pools as CUDA IPC handles (descriptor.py) once
        expect(request_id, blocks) ─▶ TransferTarget{backend "cuda_ipc", host, port}      as tcp
-    P: begin(target) ─▶ tcp control connection: hello / auth (HMAC) / ready / pools ─▶ open D's pools
+    P: begin(target) ─▶ control connection (kv_transfer/control/): hello / auth (HMAC) / ready / pools ─▶ open D's pools
        layer i done ─▶ copy_blocks(P pool[i] ─▶ D pool[i]) on a transfer stream, blocking event recorded
        finish ─▶ event synchronized in a worker thread ─▶ "done" frame
     D: "done" ─▶ every layer recorded ─▶ on_complete

@@ -1,7 +1,8 @@
 """`cuda_ipc` backend, prefill side: writes each finished layer's blocks straight into D's pool on the GPU.
 
-The control path is tcp's (one authenticated connection per D, msgpack frames): right after "ready" D sends
-its pool handles ("pools"), which this sender opens once per connection. Once per forward, on the compute
+The control channel is every socket backend's (kv_transfer/control/: one authenticated connection per D, msgpack
+frames, done and error): right after "ready" D sends its pool handles ("pools"), which this sender opens once
+per connection. Once per forward, on the compute
 thread, `prepare_sends` checks every chunk and puts the block ids of all chunks bound for one receiver on the
 device (one pinned, non-blocking copy on the transfer stream); then, per finished layer:
 
@@ -22,23 +23,16 @@ import concurrent.futures
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Unpack
 
 import torch
 
 from pdserve.kernels.block_copy import copy_blocks
 from pdserve.kv_transfer.base import ChunkSend, KVTransferError, PreparedSends
+from pdserve.kv_transfer.control.links import ControlLinks, LinkOptions
+from pdserve.kv_transfer.control.outgoing import ChannelSender
 from pdserve.kv_transfer.cuda_ipc.descriptor import PoolDescriptor, open_pools, require_cuda
-from pdserve.kv_transfer.target import TransferTarget
-from pdserve.kv_transfer.tcp_sender import TcpKVSender
-from pdserve.kv_transfer.wire import (
-    FrameLimits,
-    Pools,
-    ProtocolError,
-    done_frame,
-    dtype_name,
-    encode_frame,
-    read_header,
-)
+from pdserve.kv_transfer.wire import FrameLimits, Pools, ProtocolError, dtype_name, read_header
 
 
 def device_block_ids(src: Sequence[int], dst: Sequence[int], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -74,23 +68,14 @@ class _IpcSends(PreparedSends):
         self.copies: list[_Copy] = []
 
 
-class CudaIpcKVSender(TcpKVSender):
-    backend = "cuda_ipc"
-
-    def __init__(
-        self,
-        device: torch.device | str,
-        *,
-        secret: str | None = None,
-        connect_timeout_s: float = 5.0,
-        write_timeout_s: float = 30.0,
-        loop: asyncio.AbstractEventLoop | None = None,
-    ) -> None:
+class CudaIpcKVSender(ChannelSender):
+    def __init__(self, device: torch.device | str, *, loop: asyncio.AbstractEventLoop | None = None,
+                 **options: Unpack[LinkOptions]) -> None:
         """`device`: the GPU of this worker's pool (where the copies run)."""
         self.device = torch.device(device)
         require_cuda("the prefill worker's KV pool", self.device)
-        super().__init__(secret=secret, connect_timeout_s=connect_timeout_s, write_timeout_s=write_timeout_s,
-                         loop=loop)
+        self.links = ControlLinks("cuda_ipc", after_ready=self._open_pools, preconnect=True, **options)
+        super().__init__("cuda_ipc", self.links, loop)
         self._remote: dict[tuple[str, int], list[torch.Tensor]] = {}
         self._stream = torch.cuda.Stream(self.device)
         self._copied: set[str] = set()  # requests with copies enqueued: added on the compute thread, taken on the loop
@@ -102,22 +87,11 @@ class CudaIpcKVSender(TcpKVSender):
         record an event on it, to order or time work after the copies."""
         return self._stream
 
-    def begin(self, target: TransferTarget) -> None:
-        super().begin(target)
-        if target.address not in self._remote:  # handshake now, while the request waits for its prefill
-            task = asyncio.get_running_loop().create_task(self._ensure_remote(target.address))
-            task.add_done_callback(lambda t: t.cancelled() or t.exception())  # a failure resurfaces on first use
-
     def prepare_sends(self, chunks: Sequence[ChunkSend]) -> _IpcSends:
         """Checks each chunk once and groups them by receiver, ids on the device (see the module docstring)."""
         sends = _IpcSends(chunks)
         by_address: dict[tuple[str, int], list[ChunkSend]] = {}
-        for chunk in chunks:
-            try:
-                target = self._check_chunk(chunk.request_id, chunk.src_block_ids, chunk.dst_block_ids)
-            except KVTransferError as exc:
-                sends.fail(chunk.request_id, str(exc))
-                continue
+        for chunk, target in self.check_chunks(sends):
             by_address.setdefault(target.address, []).append(chunk)
         for address, group in by_address.items():
             try:
@@ -157,8 +131,8 @@ class CudaIpcKVSender(TcpKVSender):
         self, request_id: str, layer: int, kv_cache: torch.Tensor,
         src_block_ids: Sequence[int], dst_block_ids: Sequence[int],
     ) -> None:
-        self._check(request_id, layer, kv_cache, src_block_ids, dst_block_ids)
-        pools = await self._ensure_remote(self._get(request_id).target.address)
+        self.check_layer(request_id, layer, kv_cache, src_block_ids, dst_block_ids)
+        pools = await self._ensure_remote(self.outgoing(request_id).target.address)
         chunk = ChunkSend(request_id, tuple(src_block_ids), tuple(dst_block_ids))
         sends = _IpcSends([chunk])
         self._add_copy(sends, [chunk], pools)
@@ -171,29 +145,15 @@ class CudaIpcKVSender(TcpKVSender):
         """One request's layer (ids put on the device for this call alone: a forward should prepare its sends
         once instead). The copy is enqueued before this returns; the future is already resolved (errors
         raise here)."""
-        self._check(request_id, layer, kv_cache, src_block_ids, dst_block_ids)
+        self.check_layer(request_id, layer, kv_cache, src_block_ids, dst_block_ids)
         sends = self.prepare_sends([ChunkSend(request_id, tuple(src_block_ids), tuple(dst_block_ids))])
         self._submit_one(sends, layer, kv_cache)
         future: concurrent.futures.Future[None] = concurrent.futures.Future()
         future.set_result(None)
         return future
 
-    async def finish(
-        self, request_id: str, first_token_id: int, first_logprob: float | None, num_tokens: int,
-        first_top: Sequence[tuple[int, float]] = (),
-    ) -> None:
-        outgoing = self._pop(request_id)
-        event = self._take_event(request_id)
-        if event is not None:
-            await asyncio.to_thread(event.synchronize)
-        logprob = None if first_logprob is None else float(first_logprob)
-        await self._write(outgoing.target, encode_frame(done_frame(request_id, first_token_id, logprob, num_tokens, first_top)))
-
-    async def abort(self, request_id: str, reason: str) -> None:
-        event = self._take_event(request_id)
-        if event is not None:  # D may reuse the blocks once told: let the copies already queued land first
-            await asyncio.to_thread(event.synchronize)
-        await super().abort(request_id, reason)
+    async def close(self) -> None:
+        await self.links.close()
 
     # ---- internals ------------------------------------------------------------------------------
 
@@ -208,7 +168,7 @@ class CudaIpcKVSender(TcpKVSender):
                 fitting.append(chunk)
         if not fitting:
             return
-        target = self._get(fitting[0].request_id).target
+        target = self.outgoing(fitting[0].request_id).target
         with torch.cuda.device(self.device), torch.cuda.stream(self._stream):  # ids allocated (and freed) in its order
             src, dst = device_block_ids([b for c in fitting for b in c.src_block_ids],
                                         [b for c in fitting for b in c.dst_block_ids], self.device)
@@ -233,6 +193,12 @@ class CudaIpcKVSender(TcpKVSender):
         for reason in sends.failed.values():
             raise KVTransferError(reason)
 
+    async def _settle(self, request_id: str, failed: bool) -> None:
+        """Before "done" (finish) or "error" (abort: D may reuse the blocks once told): the copies queued land."""
+        event = self._take_event(request_id)
+        if event is not None:
+            await asyncio.to_thread(event.synchronize)
+
     def _take_event(self, request_id: str) -> torch.cuda.Event | None:
         """An event after every copy of the request, recorded now: they were all enqueued before finish/abort
         was called (the compute thread's layer_done calls happen before the prefill returns), and stream order
@@ -247,37 +213,32 @@ class CudaIpcKVSender(TcpKVSender):
 
     def _pools_from_thread(self, address: tuple[str, int]) -> list[torch.Tensor]:
         pools = self._remote.get(address)
-        connection = self._connections.get(address)
-        if pools is not None and connection is not None and connection.usable():
+        if pools is not None and self.links.usable(address):
             return pools
-        if self._loop is None:
+        loop = self.loop
+        if loop is None:
             raise KVTransferError("submit_layer before begin(): the sender has no event loop yet")
         try:
             running = asyncio.get_running_loop()
         except RuntimeError:
             running = None
-        if running is self._loop:
+        if running is loop:
             raise KVTransferError("submit_layer called on the sender's own loop: use `await send_layer(...)`")
-        future = asyncio.run_coroutine_threadsafe(self._ensure_remote(address), self._loop)
+        future = asyncio.run_coroutine_threadsafe(self._ensure_remote(address), loop)
         try:
-            return future.result(timeout=2 * self.connect_timeout_s)
+            return future.result(timeout=2 * self.links.connect_timeout_s)
         except concurrent.futures.TimeoutError:
             future.cancel()
             raise KVTransferError(f"cuda_ipc handshake with {address[0]}:{address[1]} took over "
-                                  f"{2 * self.connect_timeout_s:g} s") from None
+                                  f"{2 * self.links.connect_timeout_s:g} s") from None
 
     async def _ensure_remote(self, address: tuple[str, int]) -> list[torch.Tensor]:
-        lock = self._locks.setdefault(address, asyncio.Lock())
-        async with lock:
-            try:
-                await self._connection(address)
-            except (OSError, TimeoutError, ProtocolError) as exc:
-                self._drop(address)
-                raise KVTransferError(f"cuda_ipc handshake with {address[0]}:{address[1]} failed: {exc!r}") from exc
+        await self.links.connect(address)
         return self._remote[address]
 
-    async def _after_ready(self, address: tuple[str, int], reader: asyncio.StreamReader) -> None:
-        frame = await read_header(reader, FrameLimits(read_timeout_s=self.connect_timeout_s))
+    async def _open_pools(self, address: tuple[str, int], reader: asyncio.StreamReader) -> None:
+        """The links' after-ready step: read D's pool handles and open them on our device."""
+        frame = await read_header(reader, FrameLimits(read_timeout_s=self.links.connect_timeout_s))
         if not isinstance(frame, Pools):
             raise ProtocolError(f"expected the receiver's pools after ready, got {type(frame).__name__}: is "
                                 f"{address[0]}:{address[1]} a cuda_ipc receiver?")

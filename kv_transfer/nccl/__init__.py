@@ -1,6 +1,6 @@
 """`nccl` KV transfer: P and D on any hosts (or GPUs without peer access); bytes through torch.distributed.
 
-    D: NcclKVReceiver = tcp's control server + a TCPStore; expect(...) ─▶ TransferTarget{backend "nccl"}
+    D: NcclKVReceiver = the control server (kv_transfer/control/) + a TCPStore; expect(...) ─▶ TransferTarget{backend "nccl"}
     P: begin(target) ─▶ control connection: hello / auth (HMAC) / ready / rendezvous{backend, store, key}
        ─▶ both join a two-rank group through D's store (D rank 0, P rank 1)
        layer i done ─▶ gather blocks on P's device ─▶ "kv_bulk" header on the socket, group send of the blocks

@@ -1,12 +1,13 @@
-"""`nccl` backend, decode side: tcp's authenticated control server; the KV bytes arrive through a process group.
+"""`nccl` backend, decode side: the control server (kv_transfer/control/server.py); the KV bytes arrive through a
+process group, one per connection, which is the connection's data path (`GroupBytesIn`).
 
-A connection's life (tcp's, with a group beside it):
+A connection's life (the control server's, with a group beside it):
 
     accept ─▶ hello ─▶ auth (HMAC) ─▶ ready ─▶ rendezvous{backend, store, key} ─▶ PairGroup.join(rank 0)
-           ─▶ loop: kv_bulk header ─▶ tcp's checks (request, layer, blocks, dtype, shape, nbytes ≤ limit)
+           ─▶ loop: kv_bulk header ─▶ the checks of a kv frame (request, layer, blocks, dtype, shape, nbytes ≤ limit)
                     ─▶ buffer [2, n, block_size, Hkv, D] on the pool's device ─▶ group recv ─▶ wait
                     ─▶ scatter_blocks into pools[layer] ─▶ record the layer
-                    done / error ─▶ as tcp
+                    done / error ─▶ end_transfer, as every backend
            ─▶ close: the group is given up; requests this connection carried that are still pending fail
 
 Nothing is allocated before the header passed the checks, and the receive is posted with exactly the
@@ -25,12 +26,19 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Coroutine, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, Unpack
 
 import torch
 
 from pdserve.kernels.block_copy import scatter_blocks
 from pdserve.kv_transfer.base import KVTransferError, OnComplete, OnFailure
+from pdserve.kv_transfer.control.server import (
+    ConnectionPath,
+    DataFrame,
+    ListeningReceiver,
+    ListenOptions,
+    check_frame,
+)
 from pdserve.kv_transfer.nccl.group import (
     RECEIVER_RANK,
     PairGroup,
@@ -38,11 +46,9 @@ from pdserve.kv_transfer.nccl.group import (
     group_backend,
     in_thread,
 )
-from pdserve.kv_transfer.tcp_receiver import TcpKVReceiver
 from pdserve.kv_transfer.wire import (
     DTYPES,
     BulkKVHeader,
-    FrameLimits,
     Header,
     KVHeader,
     ProtocolError,
@@ -54,32 +60,63 @@ from pdserve.kv_transfer.wire import (
 T = TypeVar("T")
 
 
-class NcclKVReceiver(TcpKVReceiver):
+class GroupBytesIn(ConnectionPath):
+    """One connection's group: kv_bulk headers on the socket, their blocks received through the group."""
+
+    carries = (BulkKVHeader,)
+
+    def __init__(self, receiver: NcclKVReceiver, group: PairGroup) -> None:
+        self.receiver = receiver
+        self.group = group
+
+    def refusal(self, header: Header, backend: str) -> str:
+        if isinstance(header, KVHeader):
+            return "an nccl connection carries no kv frames: the bytes go through the process group"
+        return super().refusal(header, backend)
+
+    async def receive(self, header: DataFrame, reader: asyncio.StreamReader) -> None:
+        assert isinstance(header, BulkKVHeader)
+        receiver = self.receiver
+        check_frame(receiver, header, header.bulk_nbytes)
+        group = self.group
+        pool = receiver.pools[header.layer]
+        with group.side_stream():  # the buffer, the receive and the scatter: all ordered on the group's stream
+            blocks = torch.empty(header.shape, dtype=DTYPES[header.dtype], device=pool.device)
+            try:
+                work = group.recv(blocks)
+            except KVTransferError as exc:
+                raise ProtocolError(str(exc)) from None
+        what = f"receive of {header.request_id!r} layer {header.layer} ({header.bulk_nbytes} bytes)"
+        try:
+            await receiver.wait(in_thread(group.wait, work, what))
+        except KVTransferError as exc:
+            raise ProtocolError(str(exc)) from None
+        if header.request_id not in receiver.table:
+            return
+        with group.side_stream():
+            block_ids = torch.tensor(header.block_ids, dtype=torch.int64, device=pool.device)
+            scatter_blocks(pool, block_ids, blocks)
+        if pool.device.type == "cuda":  # recorded means written: D admits the request on this
+            await receiver.wait(in_thread(group.synchronize))
+        receiver.table.record_layer(header.request_id, header.layer, header.block_ids)
+
+    def close(self) -> None:
+        self.group.close()
+
+
+class NcclKVReceiver(ListeningReceiver):
     backend = "nccl"
 
-    def __init__(
-        self,
-        host: str,
-        port: int,
-        pools: Sequence[torch.Tensor],
-        on_complete: OnComplete,
-        on_failure: OnFailure,
-        *,
-        secret: str | None = None,
-        limits: FrameLimits | None = None,
-        advertise_host: str | None = None,
-        group_timeout_s: float = 30.0,
-    ) -> None:
+    def __init__(self, host: str, port: int, pools: Sequence[torch.Tensor], on_complete: OnComplete,
+                 on_failure: OnFailure, *, group_timeout_s: float = 30.0, **options: Unpack[ListenOptions]) -> None:
         """`group_timeout_s`: how long a peer may take to join the group, and each layer's receive."""
-        super().__init__(host, port, pools, on_complete, on_failure, secret=secret, limits=limits,
-                         advertise_host=advertise_host)
+        super().__init__(host, port, pools, on_complete, on_failure, **options)
         if group_timeout_s <= 0:
             raise ValueError(f"group_timeout_s must be positive, got {group_timeout_s}")
         self.device = self.pools[0].device
         self.group_backend = group_backend(self.device)
         self.group_timeout_s = group_timeout_s
         self._store: RendezvousStore | None = None
-        self._groups: dict[asyncio.Task[None], PairGroup] = {}
         self._waits: set[asyncio.Future[Any]] = set()
 
     async def start(self) -> None:
@@ -93,19 +130,8 @@ class NcclKVReceiver(TcpKVReceiver):
         await super().close()
         self._store = None
 
-    # ---- one connection -------------------------------------------------------------------------
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        try:
-            await super()._serve(reader, writer)
-        finally:
-            group = self._groups.pop(task, None)
-            if group is not None:
-                group.close()
-
-    async def _after_ready(self, writer: asyncio.StreamWriter) -> None:
+    async def open_path(self, writer: asyncio.StreamWriter) -> ConnectionPath:
+        """Name a fresh key of our store in the rendezvous, then join the pair's group as rank 0."""
         assert self._store is not None, "start() first"
         key = os.urandom(16).hex()
         timeout_ms = int(self.group_timeout_s * 1000)
@@ -113,55 +139,13 @@ class NcclKVReceiver(TcpKVReceiver):
                                                           key, timeout_ms)))
         local_host = writer.get_extra_info("sockname")[0]
         try:
-            group = await self._wait(in_thread(PairGroup.join, self.group_backend, self._store.prefixed(key),
-                                               RECEIVER_RANK, self.device, local_host, self.group_timeout_s))
+            group = await self.wait(in_thread(PairGroup.join, self.group_backend, self._store.prefixed(key),
+                                              RECEIVER_RANK, self.device, local_host, self.group_timeout_s))
         except KVTransferError as exc:
             raise ProtocolError(f"the sender did not join the {self.group_backend} group: {exc}") from None
-        task = asyncio.current_task()
-        assert task is not None
-        self._groups[task] = group
+        return GroupBytesIn(self, group)
 
-    async def _handle(self, header: Header, reader: asyncio.StreamReader, carried: set[str]) -> None:
-        if isinstance(header, KVHeader):
-            raise ProtocolError("an nccl connection carries no kv frames: the bytes go through the process group")
-        if not isinstance(header, BulkKVHeader):
-            await super()._handle(header, reader, carried)
-            return
-        if header.request_id not in self.table and not self.table.recently_ended(header.request_id):
-            raise ProtocolError(f"kv_bulk frame for unknown request id {header.request_id!r}")
-        carried.add(header.request_id)
-        problem = self._check_blocks(header.request_id, header.layer, header.block_ids, header.dtype,
-                                     header.shape, header.bulk_nbytes)
-        if problem is not None:
-            raise ProtocolError(f"kv_bulk frame for {header.request_id!r} layer {header.layer}: {problem}")
-        await self._receive(header)
-
-    async def _receive(self, header: BulkKVHeader) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        group = self._groups[task]
-        pool = self.pools[header.layer]
-        with group.side_stream():  # the buffer, the receive and the scatter: all ordered on the group's stream
-            blocks = torch.empty(header.shape, dtype=DTYPES[header.dtype], device=pool.device)
-            try:
-                work = group.recv(blocks)
-            except KVTransferError as exc:
-                raise ProtocolError(str(exc)) from None
-        what = f"receive of {header.request_id!r} layer {header.layer} ({header.bulk_nbytes} bytes)"
-        try:
-            await self._wait(in_thread(group.wait, work, what))
-        except KVTransferError as exc:
-            raise ProtocolError(str(exc)) from None
-        if header.request_id not in self.table:
-            return
-        with group.side_stream():
-            block_ids = torch.tensor(header.block_ids, dtype=torch.int64, device=pool.device)
-            scatter_blocks(pool, block_ids, blocks)
-        if pool.device.type == "cuda":  # recorded means written: D admits the request on this
-            await self._wait(in_thread(group.synchronize))
-        self.table.record_layer(header.request_id, header.layer, header.block_ids)
-
-    async def _wait(self, waiting: Coroutine[Any, Any, T]) -> T:
+    async def wait(self, waiting: Coroutine[Any, Any, T]) -> T:
         """Await a thread's result; `close` cancels it (the thread itself ends at its own deadline)."""
         future = asyncio.ensure_future(waiting)
         self._waits.add(future)

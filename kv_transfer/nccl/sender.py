@@ -1,6 +1,7 @@
-"""`nccl` backend, prefill side: layer frames announced on tcp's control connection, bytes through the group.
+"""`nccl` backend, prefill side: layer frames announced on the control connection, bytes through the group.
 
-Per D one authenticated control connection (tcp's, reused) and, beside it, one two-rank process group whose
+The sender is the staged one (kv_transfer/staging.py), its data path `NcclSends`. Per D one authenticated
+control connection (kv_transfer/control/links.py, reused) and, beside it, one two-rank process group whose
 store and key D names in the "rendezvous" frame right after "ready" (group.py). Per finished layer, on the
 compute thread (`submit_layer`) or the loop (`send_layer`):
 
@@ -24,12 +25,13 @@ import asyncio
 import ipaddress
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, Unpack
 
 import torch
 
 from pdserve.kernels.block_copy import gather_blocks
 from pdserve.kv_transfer.base import KVTransferError
+from pdserve.kv_transfer.control.links import ControlLinks, LinkOptions
 from pdserve.kv_transfer.nccl.group import (
     SENDER_RANK,
     PairGroup,
@@ -38,19 +40,16 @@ from pdserve.kv_transfer.nccl.group import (
     in_thread,
     local_address,
 )
+from pdserve.kv_transfer.staging import StagedKVSender, ids_on
 from pdserve.kv_transfer.target import TransferTarget
-from pdserve.kv_transfer.tcp_sender import TcpKVSender, ids_on
 from pdserve.kv_transfer.wire import (
     BulkKVHeader,
-    Error,
     FrameLimits,
     ProtocolError,
     Rendezvous,
-    done_frame,
     dtype_name,
     encode_frame,
     read_header,
-    write_frame,
 )
 
 MAX_GROUP_TIMEOUT_MS = 3_600_000
@@ -79,120 +78,56 @@ class _Posted:
     blocks: torch.Tensor  # alive until the send completed
     group: PairGroup
     what: str
+    address: tuple[str, int]
 
 
-class NcclKVSender(TcpKVSender):
-    backend: ClassVar[str] = "nccl"
+class NcclSends:
+    """The `StagedPath` of nccl: blocks gathered on the device, announced by a kv_bulk header, sent by the group."""
 
-    def __init__(
-        self,
-        device: torch.device | str,
-        *,
-        secret: str | None = None,
-        connect_timeout_s: float = 5.0,
-        write_timeout_s: float = 30.0,
-        loop: asyncio.AbstractEventLoop | None = None,
-    ) -> None:
-        """`device`: this worker's pool (cuda: an NCCL group; cpu: gloo). The group's deadlines are D's."""
-        self.device = torch.device(device)
-        self.group_backend = group_backend(self.device)
-        super().__init__(secret=secret, connect_timeout_s=connect_timeout_s, write_timeout_s=write_timeout_s,
-                         loop=loop)
+    def __init__(self, device: torch.device, options: LinkOptions) -> None:
+        self.device = device
+        self.group_backend = group_backend(device)
+        self.links = ControlLinks("nccl", after_ready=self._join, on_drop=self._close_group, preconnect=True, **options)
         self._groups: dict[tuple[str, int], PairGroup] = {}
         self._posted: dict[str, list[_Posted]] = {}
 
-    def begin(self, target: TransferTarget) -> None:
-        super().begin(target)
-        self._posted[target.request_id] = []
-        if target.address not in self._groups:  # handshake and join now, while the request waits for its prefill
-            task = asyncio.get_running_loop().create_task(self._preconnect(target.address))
-            task.add_done_callback(lambda t: t.cancelled() or t.exception())  # a failure resurfaces on first use
+    def stage(self, kv_cache: torch.Tensor, block_ids: Sequence[int] | torch.Tensor) -> _Gathered:
+        return _Gathered.of(kv_cache, block_ids)
 
-    async def finish(
-        self, request_id: str, first_token_id: int, first_logprob: float | None, num_tokens: int,
-        first_top: Sequence[tuple[int, float]] = (),
-    ) -> None:
-        outgoing = self._pop(request_id)
-        failures = [r for r in await asyncio.gather(*outgoing.sends, return_exceptions=True) if r is not None]
-        if not failures:
-            try:
-                await in_thread(_wait_all, self._posted.pop(request_id, []))
-            except KVTransferError as exc:
-                self._drop(outgoing.target.address)  # the group's stream is out of step: start afresh
-                failures.append(exc)
-        self._posted.pop(request_id, None)
-        if failures:
-            await self._write_quietly(outgoing.target, Error(request_id, f"layer send failed: {failures[0]}"))
-            raise KVTransferError(f"transfer of {request_id!r}: {len(failures)} layer sends failed") from failures[0]
-        logprob = None if first_logprob is None else float(first_logprob)
-        await self._write(outgoing.target, encode_frame(done_frame(request_id, first_token_id, logprob, num_tokens, first_top)))
+    async def send(self, target: TransferTarget, layer: int, gathered: _Gathered, dst_block_ids: list[int]) -> None:
+        blocks = gathered.blocks
+        header = BulkKVHeader(target.request_id, layer, dst_block_ids, dtype_name(blocks.dtype), list(blocks.shape),
+                              blocks.numel() * blocks.element_size())
+        address = target.address
+        # header and send under one lock: D receives in header order, so in the order the sends were posted
+        def post() -> tuple[Any, PairGroup]:
+            group = self._groups[address]
+            return group.send(blocks, after=gathered.event), group
 
-    async def abort(self, request_id: str, reason: str) -> None:
-        outgoing = self._transfers.get(request_id)
-        if outgoing is not None:
-            await asyncio.gather(*outgoing.sends, return_exceptions=True)
-            try:  # D receives what was announced before it reads the error: let those sends end first
-                await in_thread(_wait_all, self._posted.pop(request_id, []))
-            except KVTransferError:
-                self._drop(outgoing.target.address)
-        await super().abort(request_id, reason)
+        work, group = await self.links.write_then(address, encode_frame(header), post)
+        what = f"send of {header.request_id!r} layer {header.layer} ({header.bulk_nbytes} bytes)"
+        self._posted.setdefault(target.request_id, []).append(_Posted(work, blocks, group, what, address))
+
+    async def settle(self, request_id: str, failed: bool) -> None:
+        """Every posted send of the request completed (a daemon thread, each with the group's deadline)."""
+        posted = self._posted.pop(request_id, [])
+        if failed or not posted:
+            return
+        try:
+            await in_thread(_wait_all, posted)
+        except KVTransferError:
+            self.links.drop(posted[0].address)  # the group's stream is out of step: start afresh
+            raise
 
     async def close(self) -> None:
-        await super().close()
+        await self.links.close()
         for group in self._groups.values():
             group.close()
         self._groups.clear()
 
-    # ---- internals ------------------------------------------------------------------------------
-
-    def _stage(self, kv_cache: torch.Tensor, block_ids: Sequence[int] | torch.Tensor) -> _Gathered:
-        return _Gathered.of(kv_cache, block_ids)
-
-    async def _send_staged(  # type: ignore[override]  # tcp's flow, with this backend's staged blocks
-        self, request_id: str, layer: int, gathered: _Gathered, dst_block_ids: Sequence[int]
-    ) -> None:
-        # Registered before the first await: a finish() scheduled after this send always waits for it.
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        outgoing = self._get(request_id)
-        outgoing.sends.append(done)
-        blocks = gathered.blocks
-        header = BulkKVHeader(request_id, layer, list(dst_block_ids), dtype_name(blocks.dtype), list(blocks.shape),
-                              blocks.numel() * blocks.element_size())
-        try:
-            posted = await self._announce_and_post(outgoing.target.address, header, gathered)
-            self._posted.setdefault(request_id, []).append(posted)
-            done.set_result(None)
-        except Exception as exc:
-            done.set_exception(exc)
-            done.exception()  # the caller gets it too: no "never retrieved" noise if finish never comes
-            raise
-
-    async def _announce_and_post(self, address: tuple[str, int], header: BulkKVHeader,
-                                 gathered: _Gathered) -> _Posted:
-        lock = self._locks.setdefault(address, asyncio.Lock())
-        async with lock:
-            try:
-                connection = await self._connection(address)
-                async with asyncio.timeout(self.write_timeout_s):
-                    await write_frame(connection.writer, encode_frame(header))
-                group = self._groups[address]
-                work = group.send(gathered.blocks, after=gathered.event)
-            except (OSError, TimeoutError, ProtocolError, KVTransferError) as exc:
-                self._drop(address)
-                raise KVTransferError(f"KV send to {address[0]}:{address[1]} failed: {exc!r}") from exc
-        what = f"send of {header.request_id!r} layer {header.layer} ({header.bulk_nbytes} bytes)"
-        return _Posted(work, gathered.blocks, group, what)
-
-    async def _preconnect(self, address: tuple[str, int]) -> None:
-        async with self._locks.setdefault(address, asyncio.Lock()):
-            try:
-                await self._connection(address)
-            except (OSError, TimeoutError, ProtocolError):
-                self._drop(address)
-                raise
-
-    async def _after_ready(self, address: tuple[str, int], reader: asyncio.StreamReader) -> None:
-        wait = self.connect_timeout_s  # a tcp or cuda_ipc receiver sends no rendezvous: do not wait for ever
+    async def _join(self, address: tuple[str, int], reader: asyncio.StreamReader) -> None:
+        """The links' after-ready step: read D's rendezvous and join its group as rank 1."""
+        wait = self.links.connect_timeout_s  # a tcp or cuda_ipc receiver sends no rendezvous: do not wait for ever
         try:
             frame = await read_header(reader, FrameLimits(read_timeout_s=wait, idle_timeout_s=wait))
         except ProtocolError as exc:
@@ -211,16 +146,23 @@ class NcclKVSender(TcpKVSender):
         except (KVTransferError, RuntimeError) as exc:  # RuntimeError: torch's store / group constructors
             raise ProtocolError(f"could not join the receiver's {frame.backend} group at {store_host}:"
                                 f"{frame.store_port}: {str(exc).splitlines()[0][:300]}") from None
-        old = self._groups.pop(address, None)
-        if old is not None:
-            old.close()
+        self._close_group(address)
         self._groups[address] = group
 
-    def _drop(self, address: tuple[str, int]) -> None:
-        super()._drop(address)
+    def _close_group(self, address: tuple[str, int]) -> None:
         group = self._groups.pop(address, None)
         if group is not None:
             group.close()
+
+
+class NcclKVSender(StagedKVSender[_Gathered]):
+    def __init__(self, device: torch.device | str, *, loop: asyncio.AbstractEventLoop | None = None,
+                 **options: Unpack[LinkOptions]) -> None:
+        """`device`: this worker's pool (cuda: an NCCL group; cpu: gloo). The group's deadlines are D's."""
+        self.device = torch.device(device)
+        sends = NcclSends(self.device, options)
+        self.links = sends.links
+        super().__init__("nccl", sends.links, sends, loop)
 
 
 def _wait_all(posted: list[_Posted]) -> None:

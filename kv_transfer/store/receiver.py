@@ -1,10 +1,11 @@
 """`store` backend, decode side: listens on its inbox in the shared store and loads each chunk as it lands.
 
     expect(request)   ─▶ a random token for it; the target names the store, this receiver's inbox, the token
-    kv_stored record  ─▶ tcp's checks of a kv frame (request, layer, reserved blocks, dtype, shape, size)
+    kv_stored record  ─▶ the checks of a tcp kv frame (request, layer, reserved blocks, dtype, shape, size)
                       ─▶ I/O thread: take the value (exactly stored_nbytes + seal, then gone), seal, CRC-32
                       ─▶ event loop, in record order: scatter into pools[layer], record the layer (renews the lease)
-    done / error      ─▶ once every load before it was applied: TransferTable.complete / fail
+    done / error      ─▶ once every load before it was applied: end_transfer, as every backend
+                         (kv_transfer/control/server.py)
     lost              ─▶ (pushed by this receiver to its own inbox when the router saw the sender go, so it comes
                          after every record the sender pushed) no done before it: the transfer fails now
     a sender's stream ends (shm: its connection; the records it pushed were all delivered first): what it
@@ -34,8 +35,8 @@ import torch
 
 from pdserve.cache_store.redis_auth import ForgedValueError
 from pdserve.cache_store.shared_store import Listening, SharedStore, StoreError
-from pdserve.kernels.block_copy import scatter_blocks
 from pdserve.kv_transfer.base import KVReceiver, OnComplete, OnFailure
+from pdserve.kv_transfer.control.server import end_transfer
 from pdserve.kv_transfer.store.records import TransferSeal, stored_size
 from pdserve.kv_transfer.wire import DTYPES, Done, Error, FrameLimits, Header, Lost, ProtocolError, StoredKV
 
@@ -147,7 +148,7 @@ class StoreKVReceiver(KVReceiver):
 
     def _load(self, header: StoredKV, incoming: _Incoming) -> None:
         rid = header.request_id
-        problem = self._check_blocks(rid, header.layer, header.block_ids, header.dtype, header.shape,
+        problem = self.check_blocks(rid, header.layer, header.block_ids, header.dtype, header.shape,
                                      header.stored_nbytes)
         key = self.seal.chunk_key(incoming.token, header.part)
         if problem is not None:
@@ -188,20 +189,14 @@ class StoreKVReceiver(KVReceiver):
             if future.cancelled() or future.exception() is not None:
                 self.table.fail(request_id, f"loading KV from the store failed: {future.exception()}")
                 return
-            pool = self.pools[header.layer]
-            scatter_blocks(pool, torch.tensor(header.block_ids, dtype=torch.int64, device=pool.device),
-                           future.result())
-            self.table.record_layer(request_id, header.layer, header.block_ids)
+            self.write_blocks(request_id, header.layer, header.block_ids, future.result())
         if incoming is None or incoming.loads or incoming.end is None:
             return
         end = incoming.end
-        if isinstance(end, Done):
-            top = list(zip(end.top_token_ids, end.top_logprobs, strict=False))
-            self.table.complete(request_id, end.first_token_id, end.first_logprob, end.num_tokens, top)
-        elif isinstance(end, Error):
-            self.table.fail(request_id, f"sender gave up: {end.reason}")
-        else:
+        if isinstance(end, Lost):
             self.table.fail(request_id, f"the prefill worker was lost before its KV landed: {end.reason}")
+        else:
+            end_transfer(self.table, end)
 
     def _sender_ended(self, source: object) -> None:
         for rid, incoming in list(self._incoming.items()):

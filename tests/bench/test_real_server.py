@@ -6,10 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +14,7 @@ import pytest
 
 from pdserve.cli import main
 from pdserve.launcher import free_port
+from pdserve.process_group import ProcessGroup, serve_command
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -25,24 +22,14 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory, model_cache_dir: Path, default_model_dir: Path) -> Iterator[str]:
     port, log = free_port("127.0.0.1"), tmp_path_factory.mktemp("serve") / "serve.log"
-    argv = [sys.executable, "-m", "pdserve.cli", "serve", "--port", str(port), "--num-blocks", "256",
-            "--max-num-seqs", "8", "--max-num-batched-tokens", "512", "--torch-threads", "1"]
-    with log.open("wb") as out:
-        proc = subprocess.Popen(argv, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                env={**os.environ, "PDSERVE_CACHE_DIR": str(model_cache_dir)})
+    flags = ["--num-blocks", "256", "--max-num-seqs", "8", "--max-num-batched-tokens", "512", "--torch-threads", "1"]
+    group = ProcessGroup(serve_command(port, flags), log, {**os.environ, "PDSERVE_CACHE_DIR": str(model_cache_dir)},
+                         cwd=REPO).start()
     try:
-        deadline = time.monotonic() + 240
-        while "pdserve ready" not in log.read_text(errors="replace"):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"pdserve serve did not start:\n{log.read_text(errors='replace')[-3000:]}")
-            time.sleep(0.2)
+        group.wait_until(lambda: "pdserve ready" in group.log(1 << 30), 240, "pdserve serve")
         yield f"http://127.0.0.1:{port}"
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+        group.stop(grace_s=20)
 
 
 @pytest.mark.parametrize("endpoint", ["/v1/completions", "/v1/chat/completions"])

@@ -29,6 +29,7 @@ from typing import Any
 import httpx
 
 from pdserve.launcher import free_port
+from pdserve.process_group import ProcessGroup, http_ok
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = REPO / "compose.yaml"
@@ -72,32 +73,29 @@ class Process:
     env: dict[str, str]
     port: int
     log_path: Path
-    popen: subprocess.Popen | None = None
+    group: ProcessGroup | None = None
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    @property
+    def popen(self) -> subprocess.Popen | None:
+        return None if self.group is None else self.group.popen
+
     def start(self) -> Process:
-        with self.log_path.open("wb") as log:
-            self.popen = subprocess.Popen(self.argv, cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                                          start_new_session=True)
+        self.group = ProcessGroup(self.argv, self.log_path, self.env, cwd=REPO).start()
         return self
 
     def log(self, tail: int = 3000) -> str:
-        return self.log_path.read_text(errors="replace")[-tail:]
+        return self.group.log(tail) if self.group is not None else ""
 
     def exited(self) -> bool:
-        return self.popen is not None and self.popen.poll() is not None
+        return self.group is not None and self.group.exited()
 
     def kill(self) -> None:
-        if self.popen is None:
-            return
-        try:
-            os.killpg(self.popen.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.popen.wait(timeout=10)
+        if self.group is not None:
+            self.group.kill()
 
 
 @dataclass
@@ -147,7 +145,7 @@ class Topology:
         self.router.env["PDSERVE_ADMIN_TOKEN"] = self.admin_token
         self.router.env |= self.router_env
         self.router.start()
-        wait_until(lambda: _answers(f"{self.router.url}/v1/models"), READY_TIMEOUT_S, "the router to listen",
+        wait_until(lambda: http_ok(f"{self.router.url}/v1/models"), READY_TIMEOUT_S, "the router to listen",
                    self._check_alive)
         for service, count in workers.items():
             self.workers += [self.process(service, i).start() for i in range(count)]
@@ -195,13 +193,6 @@ class Topology:
 
     def logs(self) -> str:
         return "\n".join(f"--- {p.name}\n{p.log(1500)}" for p in [self.router, *self.workers] if p is not None)
-
-
-def _answers(url: str) -> bool:
-    try:
-        return httpx.get(url, timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str,

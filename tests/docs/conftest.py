@@ -8,18 +8,15 @@ the router's /health says a prefill and a decode worker are up.
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import pytest
 
 from pdserve.launcher import free_port
+from pdserve.process_group import ProcessGroup, http_ok, serve_command
 from tests.docs.markdown_blocks import REPO
 
 ADMIN_TOKEN = "docs-test-admin-token"
@@ -30,30 +27,23 @@ SERVE_FLAGS = ["--num-blocks", "256", "--torch-threads", "1"]
 
 @dataclass
 class DocsServer:
-    process: subprocess.Popen
+    group: ProcessGroup
     port: int
-    log_path: Path
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    @property
+    def log_path(self) -> Path:
+        return self.group.log_path
+
     def log(self) -> str:
-        return self.log_path.read_text(errors="replace")[-3000:]
+        return self.group.log(3000)
 
     def wait_ready(self) -> str:
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while True:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"pdserve serve exited with {self.process.returncode}:\n{self.log()}")
-            try:
-                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
-                    return self.url
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"pdserve serve not ready after {READY_TIMEOUT_S} s:\n{self.log()}")
-            time.sleep(0.2)
+        self.group.wait_until(lambda: http_ok(f"{self.url}/health"), READY_TIMEOUT_S, "pdserve serve")
+        return self.url
 
 
 def docs_env(cache_dir: Path) -> dict[str, str]:
@@ -68,22 +58,9 @@ def docs_server_process(tmp_path_factory: pytest.TempPathFactory, model_cache_di
     """`default_model_dir` makes sure the model is fetched before three processes load it."""
     port = free_port()
     log_path = tmp_path_factory.mktemp("docs") / "serve.log"
-    argv = [sys.executable, "-m", "pdserve.cli", "serve", "--port", str(port), *SERVE_FLAGS]
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                   env=docs_env(model_cache_dir))
-    server = DocsServer(process, port, log_path)
-    yield server
-    process.send_signal(signal.SIGTERM)
-    try:
-        process.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        pass
-    try:
-        os.killpg(process.pid, signal.SIGKILL)  # its own session: whatever is left of router and workers
-    except ProcessLookupError:
-        pass
-    process.wait(timeout=10)
+    group = ProcessGroup(serve_command(port, SERVE_FLAGS), log_path, docs_env(model_cache_dir), cwd=REPO).start()
+    yield DocsServer(group, port)
+    group.stop(grace_s=20)
 
 
 @pytest.fixture(scope="module")

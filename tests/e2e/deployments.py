@@ -7,10 +7,7 @@ left.
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
-import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -18,6 +15,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from pdserve.launcher import free_port
+from pdserve.process_group import ProcessGroup, serve_command
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = "smollm2-135m-instruct"
@@ -37,28 +35,31 @@ class Deployment:
     """One `pdserve serve` launcher and what it started."""
 
     name: str
-    process: subprocess.Popen
+    group: ProcessGroup
     port: int
-    log_path: Path
     ready: bool = False
     workers: list[dict] = field(default_factory=list)
+
+    @property
+    def process(self) -> subprocess.Popen:
+        assert self.group.popen is not None
+        return self.group.popen
+
+    @property
+    def log_path(self) -> Path:
+        return self.group.log_path
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
     def log(self) -> str:
-        return self.log_path.read_text(errors="replace")[-4000:]
+        return self.group.log()
 
     def wait_ready(self) -> Deployment:
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while not self.ready:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"{self.name} exited with {self.process.returncode}:\n{self.log()}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{self.name} not ready after {READY_TIMEOUT_S} s:\n{self.log()}")
-            self.ready = "pdserve ready" in self.log_path.read_text(errors="replace")
-            time.sleep(0.2)
+        if not self.ready:
+            self.group.wait_until(lambda: "pdserve ready" in self.group.log(tail=1 << 30), READY_TIMEOUT_S, self.name)
+            self.ready = True
         self.workers = httpx.get(f"{self.url}/internal/workers", headers=INTERNAL, timeout=5).json()["workers"]
         return self
 
@@ -75,35 +76,16 @@ class Deployment:
         return httpx.get(f"{self.worker_url(role)}/internal/status", headers=INTERNAL, timeout=5).json()
 
     def child_pids(self) -> list[int]:
-        """Every process whose parent is the launcher (read from /proc: no psutil needed)."""
-        pids = []
-        for entry in Path("/proc").iterdir():
-            if entry.name.isdigit():
-                try:
-                    stat = (entry / "stat").read_text()
-                except OSError:
-                    continue
-                if int(stat.rsplit(")", 1)[1].split()[1]) == self.process.pid:
-                    pids.append(int(entry.name))
-        return pids
+        """Every process whose parent is the launcher."""
+        return self.group.children()
 
     def kill_everything(self) -> None:
-        try:
-            os.killpg(self.process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.process.wait(timeout=10)
+        self.group.kill()
 
 
 def launch(name: str, extra: list[str], tmp: Path, cache_dir: Path, env: dict[str, str] | None = None) -> Deployment:
     """`env`: extra environment of the launcher and its children (e.g. PDSERVE_ADMIN_TOKEN for the router)."""
     port = free_port()
-    log_path = tmp / f"{name}.log"
-    argv = [sys.executable, "-m", "pdserve.cli", "serve", "--port", str(port), *WORKER_FLAGS, *extra]
     env = {**os.environ, "PDSERVE_CACHE_DIR": str(cache_dir), "PDSERVE_SECRET": SECRET, **(env or {})}
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                   env=env)
-    return Deployment(name, process, port, log_path)
-
-
+    group = ProcessGroup(serve_command(port, [*WORKER_FLAGS, *extra]), tmp / f"{name}.log", env, cwd=REPO)
+    return Deployment(name, group.start(), port)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -13,7 +12,9 @@ import httpx
 import openai
 import pytest
 
-from tests.e2e.deployments import MODEL, REPO, SECRET, Deployment, free_port
+from pdserve.launcher import free_port
+from pdserve.process_group import ProcessGroup, http_ok
+from tests.e2e.deployments import MODEL, REPO, SECRET, Deployment
 
 
 def post(deployment: Deployment, body: str | dict, path: str = "/v1/completions") -> httpx.Response:
@@ -58,25 +59,8 @@ def test_official_client_raises_typed_errors(disaggregated: Deployment) -> None:
         api.completions.create(model=MODEL, prompt="hi", max_tokens=0)
 
 
-def start(args: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen:
-    with log.open("wb") as out:
-        return subprocess.Popen([sys.executable, "-m", "pdserve.cli", *args], cwd=REPO, stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True, env=env)
-
-
-def wait_until(check, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        if time.monotonic() > deadline:
-            raise TimeoutError(what)
-        time.sleep(0.2)
-
-
-def healthy(url: str) -> bool:
-    try:
-        return httpx.get(url, timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
+def start(args: list[str], log: Path, env: dict[str, str]) -> ProcessGroup:
+    return ProcessGroup([sys.executable, "-m", "pdserve.cli", *args], log, env, cwd=REPO).start()
 
 
 def test_dead_decode_worker_gets_503_within_2_s(disaggregated: Deployment, model_cache_dir: Path,
@@ -90,9 +74,10 @@ def test_dead_decode_worker_gets_503_within_2_s(disaggregated: Deployment, model
     decode = start(["decode", "--router", router_url, "--port", str(decode_port), "--num-blocks", "64",
                     "--torch-threads", "1"], tmp_path / "decode.log", env)
     try:
-        wait_until(lambda: healthy(f"{router_url}/health"), 120, "router with P and D")
+        router.wait_until(lambda: http_ok(f"{router_url}/health"), 120, "router with P and D")
         os.kill(decode.pid, signal.SIGKILL)
-        decode.wait(timeout=10)
+        assert decode.popen is not None
+        decode.popen.wait(timeout=10)
         for _ in range(2):  # right away (router still lists D), and once more
             started = time.monotonic()
             reply = httpx.post(f"{router_url}/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 4},
@@ -101,6 +86,4 @@ def test_dead_decode_worker_gets_503_within_2_s(disaggregated: Deployment, model
             assert_openai_error(reply, 503)
     finally:
         for process in (decode, router):
-            if process.poll() is None:
-                process.kill()
-            process.wait(timeout=10)
+            process.kill()

@@ -5,7 +5,7 @@ from collections.abc import AsyncIterator
 import pytest
 from kv_helpers import Outcomes, start_receiver
 
-from pdserve.kv_transfer.tcp_receiver import TcpKVReceiver
+from pdserve.kv_transfer.tcp import TcpKVReceiver
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from pdserve.kv_transfer.tcp_receiver import TcpKVReceiver
+from pdserve.kv_transfer.tcp import TcpKVReceiver
 from pdserve.kv_transfer.wire import (
     Auth,
     FrameLimits,

@@ -23,7 +23,7 @@ from kv_helpers import NUM_LAYERS, make_pools, raw_client
 from pdserve.kv_transfer.nccl import NcclKVSender, PairGroup
 from pdserve.kv_transfer.nccl.group import SENDER_RANK, client_store, in_thread
 from pdserve.kv_transfer.target import TransferTarget
-from pdserve.kv_transfer.tcp_receiver import TcpKVReceiver
+from pdserve.kv_transfer.tcp import TcpKVReceiver
 from pdserve.kv_transfer.wire import (
     BulkKVHeader,
     FrameLimits,
@@ -63,7 +63,8 @@ async def send(device: str, targets: list[TransferTarget]) -> None:
 
 async def die(device: str, target: TransferTarget) -> None:
     sender = NcclKVSender(device, secret=SECRET)
-    connection = await sender._connection(target.address)  # handshake + group join, as a first send would
+    await sender.links.connect(target.address)  # handshake + group join, as a first send would
+    connection = sender.links.connections[target.address]
     shape = [2, len(target.block_ids), target.block_size, 2, 8]
     nbytes = 2 * len(target.block_ids) * target.block_size * 2 * 8 * DTYPE_OF[target.dtype].itemsize
     header = BulkKVHeader(target.request_id, 0, list(target.block_ids), target.dtype, shape, nbytes)

@@ -11,8 +11,7 @@ import time
 import torch
 from kv_helpers import NUM_LAYERS, Outcomes, make_pools
 
-from pdserve.kv_transfer.tcp_receiver import TcpKVReceiver
-from pdserve.kv_transfer.tcp_sender import TcpKVSender
+from pdserve.kv_transfer.tcp import TcpKVReceiver, TcpKVSender
 from pdserve.kv_transfer.transfer_table import TransferTable
 
 

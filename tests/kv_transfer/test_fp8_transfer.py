@@ -56,7 +56,7 @@ def test_a_frame_of_another_dtype_is_refused() -> None:
     receiver = get_backend("tcp").build_receiver(TransferEnv(), make_pools(FP8), outcomes.on_complete,
                                                  outcomes.on_failure)
     shape = receiver.layout.block_shape(1)
-    problem = receiver._check_blocks("x", 0, [1], "bfloat16", shape, 2 * 2 * 16 * 2 * 8)
+    problem = receiver.check_blocks("x", 0, [1], "bfloat16", shape, 2 * 2 * 16 * 2 * 8)
     assert problem is not None and "float8_e4m3fn" in problem
     nbytes = shape[0] * shape[2] * shape[3] * shape[4]  # one byte a value
-    assert receiver._check_blocks("x", 0, [1], "float8_e4m3fn", shape, nbytes) is None
+    assert receiver.check_blocks("x", 0, [1], "float8_e4m3fn", shape, nbytes) is None

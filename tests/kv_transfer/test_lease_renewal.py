@@ -7,8 +7,7 @@ import time
 
 from kv_helpers import Outcomes, make_pools
 
-from pdserve.kv_transfer.tcp_receiver import TcpKVReceiver
-from pdserve.kv_transfer.tcp_sender import TcpKVSender
+from pdserve.kv_transfer.tcp import TcpKVReceiver, TcpKVSender
 
 
 async def test_frames_renew_the_lease(receiver: TcpKVReceiver, outcomes: Outcomes) -> None:

@@ -20,7 +20,9 @@ from nccl_peer import SECRET, SRC_BLOCKS, joined_client, sent_pools
 
 from pdserve.kv_transfer import get_backend
 from pdserve.kv_transfer.base import KVTransferError
+from pdserve.kv_transfer.control.server import ConnectionPath, DataFrame
 from pdserve.kv_transfer.nccl import NcclKVReceiver, NcclKVSender, group_backend
+from pdserve.kv_transfer.nccl.receiver import GroupBytesIn
 from pdserve.kv_transfer.target import TransferTarget
 from pdserve.kv_transfer.wire import BulkKVHeader, FrameLimits, encode_frame, write_frame
 from pdserve.settings import TransferSettings
@@ -174,11 +176,18 @@ async def test_closing_the_receiver_does_not_wait_for_a_pending_receive() -> Non
     writer.close()
 
 
+class StalledBytesIn(GroupBytesIn):
+    async def receive(self, header: DataFrame, reader: asyncio.StreamReader) -> None:
+        await self.receiver.wait(asyncio.sleep(3600))
+
+
 class StalledReceiver(NcclKVReceiver):
     """A real receiver that stops receiving (a decode worker wedged mid-transfer): its sender must not hang."""
 
-    async def _receive(self, header: BulkKVHeader) -> None:
-        await self._wait(asyncio.sleep(3600))
+    async def open_path(self, writer: asyncio.StreamWriter) -> ConnectionPath:
+        path = await super().open_path(writer)
+        assert isinstance(path, GroupBytesIn)
+        return StalledBytesIn(self, path.group)
 
 
 async def test_a_receiver_that_stops_receiving_fails_finish_by_the_deadline() -> None:

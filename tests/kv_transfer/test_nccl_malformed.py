@@ -23,7 +23,7 @@ from test_nccl import serves_others
 from pdserve.kv_transfer.base import KVTransferError
 from pdserve.kv_transfer.nccl import NcclKVReceiver, NcclKVSender
 from pdserve.kv_transfer.target import TransferTarget
-from pdserve.kv_transfer.tcp_receiver import TcpKVReceiver
+from pdserve.kv_transfer.tcp import TcpKVReceiver
 from pdserve.kv_transfer.wire import (
     Auth,
     BulkKVHeader,
@@ -90,7 +90,7 @@ async def test_bad_control_frame_drops_the_connection_only(
     receiver.expect("victim", [0, 1, 2, 3, 4], deadline=time.monotonic() + 30)
     reader, writer, _, _ = await joined_client(receiver)
     started = time.monotonic()
-    with caplog.at_level(logging.WARNING, logger="pdserve.kv_transfer.tcp_receiver"):
+    with caplog.at_level(logging.WARNING, logger="pdserve.kv_transfer.control.server"):
         await write_frame(writer, [frame])
         await assert_dropped(reader)
     assert time.monotonic() - started < 1.0  # no receive was posted: it would have waited 5 s for the bytes
@@ -121,7 +121,7 @@ async def test_a_tcp_receiver_refuses_bulk_headers(outcomes: Outcomes, caplog: p
     receiver = TcpKVReceiver("127.0.0.1", 0, make_pools(), outcomes.on_complete, outcomes.on_failure)
     await receiver.start()
     reader, writer = await raw_client(receiver)
-    with caplog.at_level(logging.WARNING, logger="pdserve.kv_transfer.tcp_receiver"):
+    with caplog.at_level(logging.WARNING, logger="pdserve.kv_transfer.control.server"):
         await write_frame(writer, [bulk()])
         await assert_dropped(reader)
     assert "unexpected kv_bulk frame on a tcp connection" in caplog.text

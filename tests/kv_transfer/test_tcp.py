@@ -14,8 +14,7 @@ from kv_helpers import NUM_LAYERS, Outcomes, make_pools, start_receiver
 import pdserve.kv_transfer
 from pdserve.kv_transfer.base import ChunkSend, KVTransferError
 from pdserve.kv_transfer.target import TransferTarget
-from pdserve.kv_transfer.tcp_receiver import TcpKVReceiver
-from pdserve.kv_transfer.tcp_sender import TcpKVSender
+from pdserve.kv_transfer.tcp import TcpKVReceiver, TcpKVSender
 
 
 async def push(
@@ -73,9 +72,9 @@ async def test_connection_is_reused_and_reopened(receiver: TcpKVReceiver, outcom
     sender = TcpKVSender()
     pools = make_pools(random=True)
     await push(sender, receiver.expect("a", [0], deadline=None), pools, [0], num_tokens=5)
-    (first,) = sender._connections.values()
+    (first,) = sender.links.connections.values()
     await push(sender, receiver.expect("b", [1], deadline=None), pools, [1], num_tokens=5)
-    assert list(sender._connections.values()) == [first], "one connection per receiver"
+    assert list(sender.links.connections.values()) == [first], "one connection per receiver"
     # A frame for a request the receiver never reserved makes it drop the connection...
     stray = TransferTarget("tcp", "stray", (2,), NUM_LAYERS, 16, "float32", "127.0.0.1", receiver.port)
     sender.begin(stray)
@@ -108,7 +107,7 @@ async def test_frames_of_an_ended_request_do_not_cost_the_connection(
     await outcomes.wait("kept")
     assert outcomes.completed == {"kept": (2, None)} and not outcomes.failed
     assert not receiver.pools[1][:, 0].any(), "a cancelled request's later frames are not written"
-    (connection,) = sender._connections.values()
+    (connection,) = sender.links.connections.values()
     assert connection.usable()
     await sender.close()
 
@@ -168,17 +167,17 @@ async def test_prepared_sends_check_once_and_move_ids_once(
     """One forward's chunks, prepared once and pushed per layer from a compute thread: a chunk with an
     unreserved block fails at once, a good one arrives whole, each chunk's ids are made once (not per layer);
     a layer the target does not have fails the request from there on."""
-    import pdserve.kv_transfer.tcp_sender as tcp
+    from pdserve.kv_transfer import staging
 
     made: list[tuple[int, ...]] = []  # id lists turned into tensors (a tensor passed in is used as it is)
-    real_ids_on = tcp.ids_on
+    real_ids_on = staging.ids_on
 
     def ids_on(device: torch.device, ids: object) -> torch.Tensor:
         if not isinstance(ids, torch.Tensor):
             made.append(tuple(ids))
         return real_ids_on(device, ids)
 
-    monkeypatch.setattr(tcp, "ids_on", ids_on)
+    monkeypatch.setattr(staging, "ids_on", ids_on)
     sender = TcpKVSender()
     src_pools = make_pools(random=True)
     for rid, blocks in (("good", [1, 4]), ("bad", [6]), ("late", [7])):

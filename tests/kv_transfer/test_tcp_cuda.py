@@ -10,8 +10,7 @@ import pytest
 import torch
 from kv_helpers import NUM_LAYERS, Outcomes, make_pools
 
-from pdserve.kv_transfer.tcp_receiver import TcpKVReceiver
-from pdserve.kv_transfer.tcp_sender import TcpKVSender
+from pdserve.kv_transfer.tcp import TcpKVReceiver, TcpKVSender
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

@@ -14,8 +14,7 @@ import pytest
 import torch
 from kv_helpers import NUM_LAYERS, Outcomes, assert_dropped, make_pools, raw_client, start_receiver
 
-from pdserve.kv_transfer.tcp_receiver import TcpKVReceiver
-from pdserve.kv_transfer.tcp_sender import TcpKVSender
+from pdserve.kv_transfer.tcp import TcpKVReceiver, TcpKVSender
 from pdserve.kv_transfer.wire import (
     Auth,
     Done,

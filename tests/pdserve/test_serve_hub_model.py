@@ -12,11 +12,8 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import os
-import signal
 import ssl
-import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +23,7 @@ import openai
 import pytest
 
 from pdserve.launcher import free_port
+from pdserve.process_group import ProcessGroup
 from tests.engine.hub_cache import REPO_ID, make_hub_cache
 
 READY_TIMEOUT_S = 240.0
@@ -36,7 +34,7 @@ ORIGIN = "https://app.example"
 
 @dataclass
 class Served:
-    process: subprocess.Popen
+    group: ProcessGroup
     url: str
     cert: Path
     log_path: Path
@@ -71,24 +69,8 @@ def _self_signed(tmp: Path) -> tuple[Path, Path]:
     return key_path, cert_path
 
 
-def _serve(argv: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen:
-    with log_path.open("wb") as log:
-        return subprocess.Popen([sys.executable, "-m", "pdserve.cli", "serve", *argv], stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True, env=env)
-
-
-def _stop(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            pass
-    try:
-        os.killpg(process.pid, signal.SIGKILL)  # its own session: whatever is left of router and workers
-    except ProcessLookupError:
-        pass
-    process.wait(timeout=10)
+def _serve(argv: list[str], env: dict[str, str], log_path: Path) -> ProcessGroup:
+    return ProcessGroup([sys.executable, "-m", "pdserve.cli", "serve", *argv], log_path, env).start()
 
 
 @pytest.fixture(scope="module")
@@ -110,17 +92,13 @@ def served(tmp_path_factory: pytest.TempPathFactory, hf_home: Path, model_cache_
             "--chat-template", str(tmp / "template.jinja"), "--allowed-origins", ORIGIN,
             "--ssl-keyfile", str(key), "--ssl-certfile", str(cert), "--admin-token", ADMIN_TOKEN,
             "--no-enable-prefix-caching", "--seed", "7", "--num-blocks", "256", "--torch-threads", "1"]
-    process = _serve(argv, env, tmp / "serve.log")
-    server = Served(process, f"https://127.0.0.1:{port}", cert, tmp / "serve.log")
+    group = _serve(argv, env, tmp / "serve.log")
+    server = Served(group, f"https://127.0.0.1:{port}", cert, tmp / "serve.log")
     try:
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while "pdserve ready" not in server.log():
-            assert process.poll() is None, f"pdserve serve exited with {process.returncode}:\n{server.log()[-4000:]}"
-            assert time.monotonic() < deadline, f"not ready after {READY_TIMEOUT_S} s:\n{server.log()[-4000:]}"
-            time.sleep(0.3)
+        group.wait_until(lambda: "pdserve ready" in server.log(), READY_TIMEOUT_S, "pdserve serve", poll_s=0.3)
         yield server
     finally:
-        _stop(process)
+        group.stop(grace_s=20)
 
 
 def test_the_repo_id_is_served_under_its_names_over_tls(served: Served) -> None:
@@ -178,14 +156,14 @@ def test_the_admin_token_works_and_is_on_no_command_line(served: Served) -> None
 
 def test_a_repo_missing_from_the_cache_is_a_clear_error(tmp_path: Path, hf_home: Path) -> None:
     env = {**os.environ, "HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1"}
-    process = _serve(["org/absent", "--revision", "v1", "--port", str(free_port("127.0.0.1"))], env,
-                     tmp_path / "serve.log")
+    group = _serve(["org/absent", "--revision", "v1", "--port", str(free_port("127.0.0.1"))], env,
+                   tmp_path / "serve.log")
     try:
-        process.wait(timeout=120)
+        group.wait_until(group.exited, 120, "the exit")
     finally:
-        _stop(process)
+        group.stop(grace_s=20)
     log = (tmp_path / "serve.log").read_text()
-    assert process.returncode == 1, log
+    assert group.returncode == 1, log
     for part in ("'org/absent' (revision v1) is not in the Hugging Face cache", str(hf_home / "hub"),
                  "HF_HUB_OFFLINE is set", "router (pid"):
         assert part in log, log

@@ -18,8 +18,7 @@ from pdserve.engine.config import CacheConfig
 from pdserve.engine.kv_cache import allocate_kv_caches
 from pdserve.engine.runner import ModelRunner
 from pdserve.engine.sampling import Sampler, SamplingParams
-from pdserve.kv_transfer.tcp_receiver import TcpKVReceiver
-from pdserve.kv_transfer.tcp_sender import TcpKVSender
+from pdserve.kv_transfer.tcp import TcpKVReceiver, TcpKVSender
 from pdserve.prefill_node.batcher import Batcher
 from pdserve.prefill_node.engine import PrefillEngine
 from pdserve.prefill_node.request import PrefillRequest

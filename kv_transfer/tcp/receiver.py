@@ -1,0 +1,51 @@
+"""`tcp` backend, decode side: the control server (kv_transfer/control/server.py) whose connections also carry
+the KV bytes, as "kv" frames written into the layer pools.
+
+    kv frame ─▶ checks (below) ─▶ payload ─▶ crc32 ─▶ scatter_blocks into pools[layer] ─▶ record the layer
+
+Checks before the payload is read, so nothing is allocated for a bad frame: the request id is expected;
+the layer exists; block ids are distinct and reserved for that request; dtype is the pool's and on the
+whitelist; shape is [2, n, block_size, Hkv, D] of the pool with n = len(block_ids); nbytes equals
+prod(shape) * itemsize and is within FrameLimits.max_payload_bytes. Any violation drops the connection.
+
+Scatter runs on the loop thread: on CPU it is one memcpy of the frame; on CUDA the host→device copy of a
+pageable buffer is synchronous. Measured on the H200 host (16 cores), sender and receiver in one process
+and one loop over loopback, 32 layers × 128 blocks of Llama-3-8B shape in bf16 (256 MiB): about
+0.7 GB/s for CPU and for CUDA pools, of which crc32 (3.4 GiB/s there) takes about 40 %; a 4 MiB stream
+buffer limit instead of the default 64 KiB changed nothing. Next steps, by measured cost: a faster
+checksum (xxh3: 6.7 GiB/s there), then a BufferedProtocol reading straight into (pinned) payload buffers,
+which removes two of the receive path's copies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from pdserve.kv_transfer.base import KVReceiver
+from pdserve.kv_transfer.control.server import ConnectionPath, DataFrame, ListeningReceiver, check_frame
+from pdserve.kv_transfer.wire import KVHeader, read_payload, tensor_from_payload
+
+
+class TcpBytesIn(ConnectionPath):
+    carries = (KVHeader,)
+
+    def __init__(self, receiver: KVReceiver) -> None:
+        self.receiver = receiver
+
+    async def receive(self, header: DataFrame, reader: asyncio.StreamReader) -> None:
+        """Frames of a request that ended meanwhile (lease expired, cancelled) are read and dropped, so
+        one expired request does not cost the other requests sharing its connection."""
+        assert isinstance(header, KVHeader)
+        receiver = self.receiver
+        check_frame(receiver, header, header.nbytes)
+        payload = await read_payload(reader, header, receiver.limits)
+        if header.request_id not in receiver.table:
+            return
+        receiver.write_blocks(header.request_id, header.layer, header.block_ids, tensor_from_payload(payload, header))
+
+
+class TcpKVReceiver(ListeningReceiver):
+    backend = "tcp"
+
+    async def open_path(self, writer: asyncio.StreamWriter) -> ConnectionPath:
+        return TcpBytesIn(self)
