@@ -16,6 +16,7 @@ from pdserve.settings import (
     LOAD_FORMATS,
     TRANSFER_BACKENDS,
     TRANSFER_STORES,
+    FaultSettings,
     KVCacheSettings,
     ModelSettings,
     SchedulerSettings,
@@ -113,6 +114,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
                        default=SchedulerSettings.async_scheduling,
                        help="decode: plan and launch each step while the previous one runs on the device "
                             "(outputs are the same; --no-async-scheduling runs one step at a time)")
+    # test-only fault injection (engine/step_liveness.py), hidden from --help; env PDSERVE_FAULT_HANG_STEP_AFTER
+    group.add_argument("--fault-hang-step-after", type=int, default=None, help=argparse.SUPPRESS)
 
 
 def add_log_arguments(parser: argparse.ArgumentParser) -> None:
@@ -199,7 +202,7 @@ def worker_settings_from_args(args: argparse.Namespace, cache_dir: str | None,
                               router_resolve_interval_s=args.router_resolve_interval, secret=secret,
                               worker_id=args.worker_id, advertise_host=args.advertise_host,
                               drain_on_sigterm=args.drain_on_sigterm, log_level=args.log_level),
-        tiers=tiers, cache_policy=cache_policy,
+        tiers=tiers, cache_policy=cache_policy, faults=FaultSettings(hang_step_after=args.fault_hang_step_after),
     )
 
 

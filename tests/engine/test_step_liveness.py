@@ -1,0 +1,31 @@
+"""StepProgress (seconds since a step thread last moved) and the test-only StepHang fault (engine/step_liveness.py)."""
+
+from __future__ import annotations
+
+import threading
+
+from pdserve.engine.step_liveness import StepHang, StepProgress
+
+
+def test_progress_counts_seconds_since_the_last_tick() -> None:
+    now = [10.0]
+    progress = StepProgress(clock=lambda: now[0])
+    now[0] = 12.5
+    assert progress.stalled_s() == 2.5
+    progress.tick()
+    now[0] = 12.75
+    assert progress.stalled_s() == 0.25 and progress.ticks == 1
+
+
+def test_the_hang_blocks_the_forward_after_the_nth_until_the_engine_stops() -> None:
+    stop = threading.Event()
+    hang = StepHang(2, stop)
+    hang.maybe_hang()
+    hang.maybe_hang()  # the first two pass
+    third = threading.Thread(target=hang.maybe_hang)
+    third.start()
+    third.join(timeout=0.3)
+    assert third.is_alive()  # blocked, as a hung forward
+    stop.set()
+    third.join(timeout=5)
+    assert not third.is_alive()
