@@ -17,7 +17,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from cluster import AUTH, WORKER_FLAGS, Cluster, Proc, metric, wait_until
+from cluster import AUTH, WORKER_FLAGS, Cluster, Proc, metric
 from streams import StreamResult, stream_completion
 
 STALL_S = 4.0  # the router's default --stream-stall-timeout
