@@ -114,8 +114,10 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
                        default=SchedulerSettings.async_scheduling,
                        help="decode: plan and launch each step while the previous one runs on the device "
                             "(outputs are the same; --no-async-scheduling runs one step at a time)")
-    # test-only fault injection (engine/step_liveness.py), hidden from --help; env PDSERVE_FAULT_HANG_STEP_AFTER
-    group.add_argument("--fault-hang-step-after", type=int, default=None, help=argparse.SUPPRESS)
+    group.add_argument("--fault-hang-step-after", type=int, default=None,
+                       help="TEST ONLY, never in service: the forward after the N-th hangs until the worker stops "
+                            "while its event loop runs on, for the router's stall detection tests "
+                            "(engine/step_liveness.py; default: none, off)")
 
 
 def add_log_arguments(parser: argparse.ArgumentParser) -> None:
