@@ -3,7 +3,9 @@ stopped, polls the static workers' /internal/status, finds stalled workers, and 
 
 A stalled worker answers heartbeats and PINGs (its event loop runs) but its step threads have not moved for
 --stream-stall-timeout: a forward that never ends (engine/step_liveness.py). Its report's `step_stalled_s`, plus
-the time since the report (at most one heartbeat interval: a late heartbeat alone is not a stall), tells it.
+the time since the report (at most one heartbeat interval: a late heartbeat alone is not a stall), less the time
+the report came late by (a process frozen by SIGSTOP, thawed, reports steps that could not move: not a stall),
+tells it.
 Then its data-plane link is closed with the reason, so its streams end with an error event and the prompts it
 had not prefilled are retried on another P (router/relay.py); it is `stalled`, out of `candidates`, until a
 report shows its step threads moving again."""
@@ -61,8 +63,13 @@ class HealthMonitor:
 
     def _check_steps(self, worker: Worker) -> None:
         """Mark a worker whose step threads stopped as stalled and close its link; clear it once they move."""
-        since_report = min(max(0.0, self._registry.clock() - worker.last_seen), self._config.heartbeat_interval_s)
-        stalled_s = worker.load.step_stalled_s + since_report if worker.load.step_stalled_s > 0 else 0.0
+        interval = self._config.heartbeat_interval_s
+        since_report = min(max(0.0, self._registry.clock() - worker.last_seen), interval)
+        # a report that came late by more than an interval follows a spell in which the whole process may not have
+        # run (frozen, starved): its step threads could not move either, so that spell does not count
+        frozen_s = max(0.0, worker.report_gap_s - interval)
+        reported_s = max(0.0, worker.load.step_stalled_s - frozen_s)
+        stalled_s = reported_s + since_report if reported_s > 0 else 0.0
         limit_s = self._config.stream_stall_timeout_s
         if worker.stalled and stalled_s <= limit_s:
             log.warning("worker %s: its step threads move again; it takes new work", worker.worker_id)

@@ -72,6 +72,7 @@ class Worker:
     draining: bool = False  # set by the admin API: no new work from this router, whatever the worker reports
     paused: bool = False  # while the admin API switches its role
     stalled: bool = False  # its step threads stopped moving (router/health.py): no new work until they move
+    report_gap_s: float = 0.0  # seconds between its last two reports (a frozen process's gap: router/health.py)
     roles_version: int = 0  # the worker's count of role switches that `roles` reflects
     fingerprint: str | None = None  # the model fingerprint its block hashes are chained with (registration)
     data_port: int | None = None  # where its data plane listens (registration, or a static worker's status)
@@ -143,7 +144,8 @@ class WorkerRegistry:
         if worker is None:
             return None
         worker.load = load
-        worker.last_seen = self._clock()
+        now = self._clock()
+        worker.report_gap_s, worker.last_seen = max(0.0, now - worker.last_seen), now
         worker.reachable = True
         worker.pending_blocks = 0
         return worker

@@ -62,3 +62,17 @@ def test_a_late_heartbeat_is_not_a_stall() -> None:
     clock.now += 5.0  # heartbeats late (its event loop was busy); the last one said the steps move
     asyncio.run(health.tick())
     assert candidates(registry) == ["d0"]
+
+
+def test_a_thawed_worker_whose_report_came_late_is_not_stalled() -> None:
+    clock = Clock()
+    health, registry, _ = monitor(clock)
+    registry.register("d0", "http://d0", ("decode",))
+    clock.now += 8.0  # frozen (SIGSTOP) for 8 s, under the heartbeat timeout: nothing of it ran, steps included
+    registry.heartbeat("d0", WorkerLoad(step_stalled_s=8.2))
+    asyncio.run(health.tick())
+    assert candidates(registry) == ["d0"]
+    clock.now += 1.0  # the next report on time: a step thread that still does not move is stalled
+    registry.heartbeat("d0", WorkerLoad(step_stalled_s=9.2))
+    asyncio.run(health.tick())
+    assert candidates(registry) == []
