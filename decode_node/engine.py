@@ -251,7 +251,7 @@ class DecodeEngine:
             assert in_flight.sample is not None, "_run keeps a step in flight only once it has drawn"
             carried = in_flight.sample.tokens
         cpu = time.thread_time()
-        with self.model_lock:
+        with self.progress.holding(self.model_lock):  # waiting for it is not a stall
             if self._hang is not None:
                 self._hang.maybe_hang()
             if chunks:  # local prefills and recomputes: a tick per layer, as P's forwards

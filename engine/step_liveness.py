@@ -23,26 +23,48 @@ and the N+1-th call blocks until the engine stops, as a hung forward would, whil
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 
 class StepProgress:
-    """Ticks of one step thread; read on any thread (a float and an int, each written whole)."""
+    """Ticks of one step thread; read on any thread (a float, an int and a bool, each written whole).
+
+    A thread waiting for the model lock is not judged: the holder is (a colocated worker's decode steps wait
+    for its prefill forwards, which tick per layer; a hung holder shows in its own progress)."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self.ticks = 0
-        self._last = clock()
+        self._last: float | None = None  # before the thread's first tick (loading, warm-up): not judged
+        self._waiting = False
+
+    @contextlib.contextmanager
+    def holding(self, lock: threading.Lock) -> Iterator[None]:
+        """`with lock:`, the wait for it not counted as a stall."""
+        self._waiting = True
+        try:
+            lock.acquire()
+        finally:
+            self._waiting = False
+            self.tick()
+        try:
+            yield
+        finally:
+            lock.release()
 
     def tick(self) -> None:
         self.ticks += 1
         self._last = self._clock()
 
     def stalled_s(self) -> float:
-        """Seconds since the thread last moved."""
-        return max(0.0, self._clock() - self._last)
+        """Seconds since the thread last moved (0 before its first tick and while it waits for the model lock)."""
+        last = self._last
+        if self._waiting or last is None:
+            return 0.0
+        return max(0.0, self._clock() - last)
 
 
 class StepHang:

@@ -264,7 +264,7 @@ class PrefillEngine:
                 self.stats.transfer_bytes += prepared.live_blocks * self._block_bytes
 
         chunks = [c.engine_chunk(self.block_size) for c in plan.chunks]
-        with self.model_lock:
+        with self.progress.holding(self.model_lock):  # waiting for it is not a stall
             if self._hang is not None:
                 self._hang.maybe_hang()
             output = self.runner.prefill(chunks, layer_done=layer_done)
