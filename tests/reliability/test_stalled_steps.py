@@ -107,6 +107,6 @@ def test_a_prefill_forward_that_hangs_is_retried_on_another_prefill_worker(clust
     assert worst < CUT_WITHIN_S + 10, worst  # the stall found, then a prefill and 8 tokens on the others
     info = entry(cluster, hanging.name)
     assert info is not None and info["stalled"], info
-    print(f"\nRELIABILITY prefill_step_hang: {STREAMS}/{STREAMS} requests served, {retries:.0f} held by the hung "
-          f"prefill worker rescued (retried on another prefill worker once it was found stalled, or recomputed by "
-          f"D when its KV lease ran out first); the last answered {worst:.2f} s after sending")
+    print(f"\nRELIABILITY prefill_step_hang: {STREAMS}/{STREAMS} requests served, {retries:.0f} rescue events for the "
+          f"prompts the hung prefill worker held (router retries once it was found stalled, and D's recomputes when "
+          f"the KV lease ran out first); the last answered {worst:.2f} s after sending")
