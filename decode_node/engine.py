@@ -31,6 +31,7 @@ from pdserve.decode_node.step import DecodeBatch, RequestOutput
 from pdserve.engine.attention_metadata import DecodeInput, PrefillChunk
 from pdserve.engine.runner import ModelRunner
 from pdserve.engine.sampling import PendingSample, Sampler, TokenLogprobs
+from pdserve.engine.step_liveness import StepHang, StepProgress
 
 logger = logging.getLogger(__name__)
 # schedule: the next step planned; launch: its inputs staged and its forward and draw queued (on CPU the
@@ -83,7 +84,8 @@ class _Launched:
 
 class DecodeEngine:
     def __init__(self, scheduler: Scheduler, runner: ModelRunner, sampler: Sampler,
-                 state_lock: threading.RLock, model_lock: threading.Lock, async_scheduling: bool = True) -> None:
+                 state_lock: threading.RLock, model_lock: threading.Lock, async_scheduling: bool = True,
+                 hang_step_after: int | None = None) -> None:
         self.scheduler = scheduler
         self.async_scheduling = async_scheduling
         self.runner = runner
@@ -97,6 +99,9 @@ class DecodeEngine:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        # the step thread's liveness (engine/step_liveness.py); the hang is a test-only fault, None in service
+        self.progress = StepProgress()
+        self._hang = None if hang_step_after is None else StepHang(hang_step_after, self._stop)
         # the KV receiver's cancel(request_id) and release_after_sender(request_id, on_released) -> held; the
         # node wires them (no receiver: nothing to cancel, nothing to wait for)
         self.cancel_transfer: Callable[[str], object] = lambda request_id: None
@@ -182,6 +187,7 @@ class DecodeEngine:
     def _run(self) -> None:
         in_flight: _Launched | None = None
         while not self._stop.is_set():
+            self.progress.tick()  # a step done, or an idle turn (at most 0.5 s apart)
             self._wake.clear()  # before scheduling: a wake-up that arrives after it is not lost
             self.stats.start_step()
             batch = self._schedule()
@@ -245,9 +251,11 @@ class DecodeEngine:
             assert in_flight.sample is not None, "_run keeps a step in flight only once it has drawn"
             carried = in_flight.sample.tokens
         cpu = time.thread_time()
-        with self.model_lock:
-            if chunks:
-                self.runner.prefill(chunks)
+        with self.progress.holding(self.model_lock):  # waiting for it is not a stall
+            if self._hang is not None:
+                self._hang.maybe_hang()
+            if chunks:  # local prefills and recomputes: a tick per layer, as P's forwards
+                self.runner.prefill(chunks, layer_done=lambda layer: self.progress.tick())
                 for item in batch.recompute:
                     if item.local:
                         self.stats.num_local_prefill_tokens += len(item.token_ids)

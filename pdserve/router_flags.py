@@ -56,7 +56,8 @@ def add_router_arguments(parser: argparse.ArgumentParser, internal_port: bool = 
                             "(and it takes no new work until its next heartbeat)")
     group.add_argument("--stream-stall-timeout", type=float, default=defaults.stream_stall_timeout_s,
                        help="seconds a worker's data-plane link may stay silent (it is pinged every quarter of "
-                            "this) before its requests end with an error and it is skipped as stalled")
+                            "this), or its model steps may make no progress while it heartbeats, before its "
+                            "requests end with an error and it is skipped as stalled")
     group.add_argument("--admin-token", default=None,
                        help="bearer token of the /admin API (workers, drain, roles, policies); best given as "
                             "PDSERVE_ADMIN_TOKEN, which ps does not show (default: none, admin API off)")

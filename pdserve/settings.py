@@ -184,6 +184,19 @@ class SchedulerSettings:
 
 
 @dataclass(frozen=True)
+class FaultSettings:
+    """Test-only fault injection, off in service: `hang_step_after` N makes the step threads' forward after
+    the N-th block until the worker stops while its event loop runs on (engine/step_liveness.py): the hung
+    forward that tests/e2e/test_stalled_steps.py makes the router detect."""
+
+    hang_step_after: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.hang_step_after is not None and self.hang_step_after < 0:
+            raise ValueError(f"fault_hang_step_after must be >= 0, got {self.hang_step_after}")
+
+
+@dataclass(frozen=True)
 class TransferSettings:
     """KV transfer backend; host/port are where this worker's receiver listens (decode role, tcp).
 
@@ -259,6 +272,7 @@ class WorkerSettings:
     server: ServerSettings = field(default_factory=ServerSettings)
     tiers: TierConfig = field(default_factory=TierConfig)
     cache_policy: CachePolicy = field(default_factory=CachePolicy)
+    faults: FaultSettings = field(default_factory=FaultSettings)
 
     def __post_init__(self) -> None:
         if not self.roles or any(role not in ROLES for role in self.roles):

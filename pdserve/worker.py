@@ -185,7 +185,8 @@ class Worker:
             batcher = Batcher(self.prefix_cache, self.settings.scheduler.max_num_batched_tokens,
                               self.settings.scheduler.max_num_seqs, tiered=self.tiered)
             engine = PrefillEngine(batcher, self.runner, Sampler(self.device), sender, self.state_lock, self.model_lock,
-                                   copies_kv=not sender.shares_pool)
+                                   copies_kv=not sender.shares_pool,
+                                   hang_step_after=self.settings.faults.hang_step_after)
             prefill_config = PrefillNodeConfig(self.config.max_model_len, self.config.vocab_size,
                                                self.cache_config.block_size, self.config.num_layers,
                                                dtype_name(self.kv_spec.dtype), self.fingerprint,
@@ -220,7 +221,8 @@ class Worker:
                               max_waiting=limits.max_queued_requests,
                               max_local_prefill_tokens=limits.max_num_batched_tokens)
         return DecodeEngine(scheduler, self.runner, Sampler(self.device), self.state_lock, self.model_lock,
-                            async_scheduling=limits.async_scheduling)
+                            async_scheduling=limits.async_scheduling,
+                            hang_step_after=self.settings.faults.hang_step_after)
 
     # ---- lifecycle ----------------------------------------------------------------------------------
 
@@ -243,6 +245,12 @@ class Worker:
         engines = [n.engine for n in (self.roles.prefill, self.roles.decode) if n is not None]
         return all(engine.alive for engine in engines)
 
+    def step_stalled_s(self) -> float:
+        """Seconds since the least recently moving step thread moved (engine/step_liveness.py): the router
+        takes a worker whose step threads stopped for --stream-stall-timeout as stalled."""
+        engines = [n.engine for n in (self.roles.prefill, self.roles.decode) if n is not None]
+        return round(max((engine.progress.stalled_s() for engine in engines), default=0.0), 3)
+
     def status(self) -> dict[str, Any]:
         """The heartbeat fields. Colocated: queue_len counts both queues, num_running is the decode batch.
         `metrics`: every Prometheus sample of this worker, compact (pdserve/worker_metrics.py), which the
@@ -252,7 +260,7 @@ class Worker:
         status = {"worker_id": self.worker_id, "data_port": self.data_server.port, **self.control.status_fields(),
                   "queue_len": sum(p["queue_len"] for p in parts), "num_running": running["num_running"],
                   "num_waiting": sum(p["num_waiting"] for p in parts), "free_blocks": parts[0]["free_blocks"],
-                  "total_blocks": parts[0]["total_blocks"]}
+                  "total_blocks": parts[0]["total_blocks"], "step_stalled_s": self.step_stalled_s()}
         cache_stats = self.roles.prefill.batcher.cache.stats if self.roles.prefill is not None else None
         if cache_stats is not None and cache_stats.num_hit_blocks + cache_stats.num_miss_blocks:
             status["prefix_hit_rate"] = cache_stats.hit_rate  # none before the first lookup

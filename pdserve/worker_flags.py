@@ -17,6 +17,7 @@ from pdserve.settings import (
     LOAD_FORMATS,
     TRANSFER_BACKENDS,
     TRANSFER_STORES,
+    FaultSettings,
     KVCacheSettings,
     ModelSettings,
     SchedulerSettings,
@@ -117,6 +118,10 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
                        default=SchedulerSettings.async_scheduling,
                        help="decode: plan and launch each step while the previous one runs on the device "
                             "(outputs are the same; --no-async-scheduling runs one step at a time)")
+    group.add_argument("--fault-hang-step-after", type=int, default=None,
+                       help="TEST ONLY, never in service: the forward after the N-th hangs until the worker stops "
+                            "while its event loop runs on, for the router's stall detection tests "
+                            "(engine/step_liveness.py; default: none, off)")
 
 
 def add_log_arguments(parser: argparse.ArgumentParser) -> None:
@@ -204,7 +209,7 @@ def worker_settings_from_args(args: argparse.Namespace, cache_dir: str | None,
                               router_resolve_interval_s=args.router_resolve_interval, secret=secret,
                               worker_id=args.worker_id, advertise_host=args.advertise_host,
                               drain_on_sigterm=args.drain_on_sigterm, log_level=args.log_level),
-        tiers=tiers, cache_policy=cache_policy,
+        tiers=tiers, cache_policy=cache_policy, faults=FaultSettings(hang_step_after=args.fault_hang_step_after),
     )
 
 

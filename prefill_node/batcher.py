@@ -9,9 +9,11 @@ One `schedule()` packs at most `max_num_batched_tokens` prompt tokens:
     budget 512:  [ A: tokens 512..1023 (continues) ][ B: 0..99 ][ C: 0..304 (first chunk of 2,000) ]
 
 Requests already PREFILLING go first (so a long prompt keeps moving), then queued ones in arrival order; the
-last one may get a partial chunk, which ends on a block edge when one is in reach (a block split between two
-forwards would be sent to D twice). A queued request whose blocks do not fit waits at the head of the queue
-(FIFO, no overtaking: a long prompt is never starved by short ones). Only the suffix after the cached prefix
+first queued one that gets only a partial chunk takes it after the whole prompts queued behind it that fit in
+half of what it was left (a short prompt does not wait a forward behind a long one's first chunk); a partial
+chunk ends on a block edge when one is in reach (a block split between two forwards would be sent to D twice).
+A queued request whose blocks do not fit waits at the head of the queue (FIFO, no overtaking for blocks: a long
+prompt is never starved by short ones). Only the suffix after the cached prefix
 is computed; at least one token always is, since its logits give the first token. A request that asks for prompt
 logprobs skips the cache and computes its whole prompt (engine/prompt_logprobs.py). With a tiered cache, the
 cached prefix is the device's hits followed by the blocks the node fetched from host RAM / Redis before queueing
@@ -174,22 +176,48 @@ class Batcher:
         return budget
 
     def _admit_queued(self, plan: PrefillPlan, budget: int) -> None:
-        while self.queue and budget > 0 and len(self.prefilling) < self.max_num_seqs:
-            request = self.queue[0]
-            needed = blocks_needed(request.num_prompt_tokens, self.block_size)
-            if needed > self.pool.num_total:
-                request.error = (f"prompt of {request.num_prompt_tokens} tokens needs {needed} KV blocks; this "
-                                 f"prefill worker has {self.pool.num_total}")
-                self._move(request, PrefillState.FAILED)
-                plan.failed.append(request)
+        """Queued requests in arrival order, each with all its tokens while the budget allows. The first that
+        gets only part of its prompt (`partial`) is admitted in its turn (its blocks first: no overtaking for
+        blocks) but takes its chunk last: whole prompts queued behind it may use up to half of what was left
+        when its turn came, so a short prompt is not kept a whole forward behind a long one's first chunk
+        (a 512-token forward takes seconds on a CPU), and the long one still gets at least half."""
+        partial: PrefillRequest | None = None
+        reserve = 0  # budget kept for `partial`
+        for request in list(self.queue):
+            if budget - reserve <= 0 or len(self.prefilling) >= self.max_num_seqs:
+                break
+            if partial is not None and request.num_prompt_tokens > budget - reserve:
+                break  # only whole prompts go before the partial one
+            admitted = self._admit(request, plan)
+            if admitted is None:
+                continue  # refused: it can never fit
+            if not admitted:
+                break  # its blocks do not fit now: it waits at the head
+            if partial is None and request.remaining > budget:
+                partial, reserve = request, (budget + 1) // 2
                 continue
-            if not request.blocks_preassigned and not self._allocate(request, needed):
-                return
-            request.num_computed_tokens = request.num_cached_tokens
-            self._move(request, PrefillState.PREFILLING)
             take = self._take(request, budget)
             plan.chunks.append(ScheduledChunk(request, request.num_computed_tokens, request.num_computed_tokens + take))
             budget -= take
+        if partial is not None:
+            take = self._take(partial, budget)
+            plan.chunks.append(ScheduledChunk(partial, partial.num_computed_tokens, partial.num_computed_tokens + take))
+
+    def _admit(self, request: PrefillRequest, plan: PrefillPlan) -> bool | None:
+        """QUEUED -> PREFILLING with its blocks: True; False when its blocks do not fit now; None when it can
+        never fit (FAILED, in `plan.failed`)."""
+        needed = blocks_needed(request.num_prompt_tokens, self.block_size)
+        if needed > self.pool.num_total:
+            request.error = (f"prompt of {request.num_prompt_tokens} tokens needs {needed} KV blocks; this "
+                             f"prefill worker has {self.pool.num_total}")
+            self._move(request, PrefillState.FAILED)
+            plan.failed.append(request)
+            return None
+        if not request.blocks_preassigned and not self._allocate(request, needed):
+            return False
+        request.num_computed_tokens = request.num_cached_tokens
+        self._move(request, PrefillState.PREFILLING)
+        return True
 
     def _take(self, request: PrefillRequest, budget: int) -> int:
         """Tokens of `request` in this forward: all that remain if the budget allows, else a chunk that ends on a

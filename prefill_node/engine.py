@@ -32,6 +32,7 @@ from pdserve.cache_store.block_pool import blocks_needed
 from pdserve.engine.prompt_logprobs import chunk_entries
 from pdserve.engine.runner import ModelRunner
 from pdserve.engine.sampling import Sampler, SamplingRequest, TokenLogprobs
+from pdserve.engine.step_liveness import StepHang, StepProgress
 from pdserve.kv_transfer.base import ChunkSend, KVSender, KVTransferError
 from pdserve.prefill_node.batcher import Batcher, PrefillPlan, ScheduledChunk
 from pdserve.prefill_node.request import PrefillRequest, PrefillState
@@ -96,7 +97,8 @@ def chunk_send(chunk: ScheduledChunk, block_size: int) -> ChunkSend:
 
 class PrefillEngine:
     def __init__(self, batcher: Batcher, runner: ModelRunner, sampler: Sampler, sender: KVSender,
-                 state_lock: threading.RLock, model_lock: threading.Lock, copies_kv: bool = True) -> None:
+                 state_lock: threading.RLock, model_lock: threading.Lock, copies_kv: bool = True,
+                 hang_step_after: int | None = None) -> None:
         self.batcher = batcher
         self.runner = runner
         self.sampler = sampler
@@ -115,6 +117,9 @@ class PrefillEngine:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        # the step thread's liveness (engine/step_liveness.py); the hang is a test-only fault, None in service
+        self.progress = StepProgress()
+        self._hang = None if hang_step_after is None else StepHang(hang_step_after, self._stop)
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -199,6 +204,7 @@ class PrefillEngine:
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            self.progress.tick()  # a forward done, or an idle turn (at most 0.5 s apart)
             self._wake.clear()
             with self.state_lock:
                 plan = self.batcher.schedule()
@@ -246,6 +252,7 @@ class PrefillEngine:
         ids = {c.request.request_id for c in plan.chunks}
 
         def layer_done(layer: int) -> None:
+            self.progress.tick()
             if self.batcher.abort_requested >= ids:  # every request of the batch was aborted meanwhile
                 raise _EveryoneLeft
             self.sender.submit_prepared(prepared, layer, self.runner.kv_caches[layer])
@@ -257,7 +264,9 @@ class PrefillEngine:
                 self.stats.transfer_bytes += prepared.live_blocks * self._block_bytes
 
         chunks = [c.engine_chunk(self.block_size) for c in plan.chunks]
-        with self.model_lock:
+        with self.progress.holding(self.model_lock):  # waiting for it is not a stall
+            if self._hang is not None:
+                self._hang.maybe_hang()
             output = self.runner.prefill(chunks, layer_done=layer_done)
         for i, logits in output.all_logits.items():
             scheduled = plan.chunks[i]

@@ -51,7 +51,9 @@ class RouterConfig:
     # is a stalled worker: its requests end with an error (or are retried before their first token), the link
     # is closed (the worker, once it runs again, frees what it held) and it takes no new work until it
     # heartbeats again. Decode steps run on their own thread, so even a long one leaves the worker's event loop
-    # free to answer pings: 4 s is ~400 H200 steps and ~25 of the CPU default model's
+    # free to answer pings: 4 s is ~400 H200 steps and ~25 of the CPU default model's. The same limit applies to
+    # the step threads themselves (router/health.py): a worker whose steps made no progress for it (its
+    # heartbeats' step_stalled_s: a tick per layer, decode step or idle turn) is stalled
     stream_stall_timeout_s: float = 4.0
     prefill_timeout_s: float = 600.0  # a long prompt on a CPU worker takes minutes
     stream_idle_timeout_s: float = 600.0  # longest silence on a D stream (it waits for the prefill first)

@@ -1,5 +1,14 @@
 """HealthMonitor: the router's one background task. Every tick it drops registered workers whose heartbeats
-stopped, polls the static workers' /internal/status, and refreshes the worker gauges."""
+stopped, polls the static workers' /internal/status, finds stalled workers, and refreshes the worker gauges.
+
+A stalled worker answers heartbeats and PINGs (its event loop runs) but its step threads have not moved for
+--stream-stall-timeout: a forward that never ends (engine/step_liveness.py). Its report's `step_stalled_s`, plus
+the time since the report (at most one heartbeat interval: a late heartbeat alone is not a stall), less the time
+the report came late by (a process frozen by SIGSTOP, thawed, reports steps that could not move: not a stall),
+tells it.
+Then its data-plane link is closed with the reason, so its streams end with an error event and the prompts it
+had not prefilled are retried on another P (router/relay.py); it is `stalled`, out of `candidates`, until a
+report shows its step threads moving again."""
 
 from __future__ import annotations
 
@@ -26,8 +35,9 @@ class HealthMonitor:
         self._config = config
         self._metrics = metrics
         self._headers = headers
-        # a third of the timeout: a silent worker is dropped at most ~1.33 timeouts after its last heartbeat
-        self.tick_s = min(config.poll_interval_s, config.worker_timeout_s / 3)
+        # a third of the timeout: a silent worker is dropped at most ~1.33 timeouts after its last heartbeat; a
+        # quarter of the stall timeout: a stalled one is found at most 1.25 stall timeouts after its last step
+        self.tick_s = min(config.poll_interval_s, config.worker_timeout_s / 3, config.stream_stall_timeout_s / 4)
 
     async def run(self) -> None:
         while True:
@@ -46,8 +56,33 @@ class HealthMonitor:
                 self._links.forget(worker.worker_id, f"dropped: no heartbeat for "
                                                      f"{self._config.worker_timeout_s:g} s (--heartbeat-timeout)")
         await asyncio.gather(*(self._poll(w) for w in self._registry.static_workers()))
+        for worker in self._registry.workers():
+            self._check_steps(worker)
         for role in ROLES:
             self._metrics.workers.labels(role).set(len(self._registry.candidates(role)))
+
+    def _check_steps(self, worker: Worker) -> None:
+        """Mark a worker whose step threads stopped as stalled and close its link; clear it once they move."""
+        interval = self._config.heartbeat_interval_s
+        since_report = min(max(0.0, self._registry.clock() - worker.last_seen), interval)
+        # a report that came late by more than an interval follows a spell in which the whole process may not have
+        # run (frozen, starved): its step threads could not move either, so that spell does not count
+        frozen_s = max(0.0, worker.report_gap_s - interval)
+        reported_s = max(0.0, worker.load.step_stalled_s - frozen_s)
+        stalled_s = reported_s + since_report if reported_s > 0 else 0.0
+        limit_s = self._config.stream_stall_timeout_s
+        if worker.stalled and stalled_s <= limit_s:
+            log.warning("worker %s: its step threads move again; it takes new work", worker.worker_id)
+            worker.stalled = False
+        elif not worker.stalled and stalled_s > limit_s:
+            reason = (f"stalled: its model steps made no progress for {stalled_s:.1f} s while it answered "
+                      f"heartbeats (--stream-stall-timeout {limit_s:g})")
+            log.warning("worker %s (%s) %s; its requests end, and it takes no new work until its steps move",
+                        worker.worker_id, worker.url, reason)
+            worker.stalled = True
+            self._metrics.stalled_workers.inc()
+            if self._links is not None:
+                self._links.forget(worker.worker_id, reason)
 
     async def _poll(self, worker: Worker) -> None:
         timeout = httpx.Timeout(self._config.control_timeout_s, connect=self._config.connect_timeout_s)
@@ -95,6 +130,7 @@ def load_from_dict(data: dict[str, Any]) -> WorkerLoad:
         transfer_bytes_total=data.get("transfer_bytes_total"),
         transfer_seconds_total=data.get("transfer_seconds_total"),
         prefix_hit_rate=data.get("prefix_hit_rate"),
+        step_stalled_s=float(data.get("step_stalled_s", 0.0)),
         **{name: _optional_int(data.get(name)) for name in _COUNTS},
     )
 

@@ -93,6 +93,8 @@ class RouterMetrics:
         self.local_prefill_fallbacks = Counter("pdserve_local_prefill_fallbacks", "sub-requests sent to a decode "
                                                "worker to prefill there that it held too little of, so a prefill "
                                                "worker computed them", registry=r)
+        self.stalled_workers = Counter("pdserve_stalled_workers", "times a worker was found stalled: heartbeats "
+                                       "answered, model steps not moving for --stream-stall-timeout", registry=r)
         self.prompt_tokens = Counter("pdserve_prompt_tokens", "prompt tokens of served requests", registry=r)
         self.cached_tokens = Counter("pdserve_cached_prompt_tokens", "prompt tokens found in the KV cache",
                                      registry=r)

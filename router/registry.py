@@ -9,7 +9,8 @@ dead worker costs at most one failed attempt before the registry notices.
 Roles come from the registration (or the command line) and change through the admin API (`set_roles`) or
 through a heartbeat whose `roles_version` is newer than the one held (`take_roles`): a switch asked of one
 router reaches the others, and a report sent just before the switch cannot undo it. A worker is
-left out of `candidates` while it drains, whether the admin API said so here (`draining`) or it reports it.
+left out of `candidates` while it drains, whether the admin API said so here (`draining`) or it reports it, and
+while its step threads are stalled (`stalled`: its heartbeats come, but its forwards do not move; router/health.py).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ class WorkerLoad:
     transfer_bytes_total: int | None = None  # optional: KV bytes this worker sent or received so far
     transfer_seconds_total: float | None = None
     prefix_hit_rate: float | None = None  # optional: the worker's device prefix cache, blocks hit / looked up
+    step_stalled_s: float = 0.0  # seconds since its least recently moving step thread moved (engine/step_liveness.py)
     # optional, for the console's stats lines (router/console.py): vLLM's running / waiting (every queue of
     # the worker, KV transfers awaited included), and cumulative token counters since the worker started
     requests_running: int | None = None
@@ -69,6 +71,8 @@ class Worker:
     pending_blocks: int = 0  # blocks reserved here since the last load report (least_kv's correction)
     draining: bool = False  # set by the admin API: no new work from this router, whatever the worker reports
     paused: bool = False  # while the admin API switches its role
+    stalled: bool = False  # its step threads stopped moving (router/health.py): no new work until they move
+    report_gap_s: float = 0.0  # seconds between its last two reports (a frozen process's gap: router/health.py)
     roles_version: int = 0  # the worker's count of role switches that `roles` reflects
     fingerprint: str | None = None  # the model fingerprint its block hashes are chained with (registration)
     data_port: int | None = None  # where its data plane listens (registration, or a static worker's status)
@@ -96,9 +100,11 @@ class Worker:
         return out
 
     def health(self, silent_s: float, timeout_s: float) -> str:
-        """ok | draining | late (silent for two heartbeat intervals: 2/3 of the timeout) | unreachable."""
+        """ok | draining | late (silent for two heartbeat intervals: 2/3 of the timeout) | unreachable | stalled."""
         if not self.reachable:
             return "unreachable"
+        if self.stalled:
+            return "stalled"
         if self.draining or self.load.draining:
             return "draining"
         if not self.static and silent_s > timeout_s * 2 / 3:
@@ -138,7 +144,8 @@ class WorkerRegistry:
         if worker is None:
             return None
         worker.load = load
-        worker.last_seen = self._clock()
+        now = self._clock()
+        worker.report_gap_s, worker.last_seen = max(0.0, now - worker.last_seen), now
         worker.reachable = True
         worker.pending_blocks = 0
         return worker
@@ -189,8 +196,11 @@ class WorkerRegistry:
         """Workers that can take new work in `role` now, in registration order."""
         now = self._clock()
         return [w for w in self._workers.values()
-                if role in w.roles and w.reachable and not (w.draining or w.paused or w.load.draining)
+                if role in w.roles and w.reachable and not (w.draining or w.paused or w.load.draining or w.stalled)
                 and (w.static or now - w.last_seen <= self._timeout_s)]
+
+    def clock(self) -> float:
+        return self._clock()
 
     def get(self, worker_id: str) -> Worker | None:
         return self._workers.get(worker_id)

@@ -48,7 +48,27 @@ def test_long_prompt_is_chunked_and_keeps_going_first():
     b.add(make("long", list(range(20))))
     b.add(make("short", [7, 8, 9]))
     plans = drain(b)
-    assert plans == [[("long", 0, 8)], [("long", 8, 16)], [("long", 16, 20), ("short", 0, 3)]]
+    # the short one queued behind goes in the long one's first forward (within half the budget), and the long
+    # one takes the rest, to a block edge; then it keeps going first
+    assert plans == [[("short", 0, 3), ("long", 0, 4)], [("long", 4, 12)], [("long", 12, 20)]]
+    assert_no_leak_but_cached(b)
+
+
+def test_short_prompts_do_not_wait_a_forward_behind_a_long_ones_first_chunk():
+    """Issue 16's prefill kill: the surviving worker finishes its own long prompt while a retried long prompt
+    and new short ones queue; the short ones go in the next forward, the long ones keep at least half of it."""
+    b = batcher(budget=16)
+    b.add(make("own", list(range(20))))
+    first = b.schedule()
+    assert [(c.request.request_id, c.start, c.end) for c in first.chunks] == [("own", 0, 16)]
+    b.update(first)
+    b.add(make("retried", list(range(200, 230))))
+    for i in range(3):
+        b.add(make(f"new{i}", [300 + i, 301, 302]))
+    plans = drain(b)
+    assert plans[0] == [("own", 16, 20), ("new0", 0, 3), ("new1", 0, 3), ("retried", 0, 4)]
+    # new2 did not fit in half of what was left: once the retried one prefills, it continues first again
+    assert plans[1:] == [[("retried", 4, 20)], [("retried", 20, 30), ("new2", 0, 3)]]
     assert_no_leak_but_cached(b)
 
 

@@ -21,6 +21,7 @@ class StreamResult:
     events: int = 0
     sent_at: float = 0.0  # time.monotonic() when the request was sent
     first_at: float | None = None  # ... when its first text arrived
+    last_at: float | None = None  # ... when its last text arrived
     ended_at: float = 0.0  # ... of the last byte
     headers: dict[str, str] = field(default_factory=dict)
 
@@ -46,8 +47,10 @@ async def stream_completion(client: httpx.AsyncClient, prompt: list[int] | str, 
             if "error" in event:
                 result.error = event["error"]
             for choice in event.get("choices") or []:
-                if choice.get("text") and result.first_at is None:
-                    result.first_at = time.monotonic()
+                if choice.get("text"):
+                    result.last_at = time.monotonic()
+                    if result.first_at is None:
+                        result.first_at = result.last_at
                 result.text += choice.get("text") or ""
                 result.finish_reason = choice.get("finish_reason") or result.finish_reason
             if event.get("usage"):

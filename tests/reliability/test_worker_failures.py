@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import httpx
 from cluster import AUTH, MODEL, Cluster, Proc, metric, wait_until
@@ -35,6 +35,9 @@ class Kill:
     old_data_port: int
     held: int = 0  # requests it was prefilling or decoding when killed
     routed_away_s: float = 0.0
+    # prefill kill: the other prefill worker's forwards, their seconds and tokens from the kill until the new
+    # requests ended (where the new requests' first-token time goes)
+    survivor_forwards: list[float] = field(default_factory=list)
 
 
 def running(cluster: Cluster, procs: list[Proc]) -> dict[str, int]:
@@ -135,6 +138,12 @@ def test_decode_worker_killed_mid_stream(healthy: Cluster) -> None:
           f"pool idle")
 
 
+def forwards(proc: Proc) -> list[float]:
+    """The prefill worker's forwards so far, their seconds and their tokens."""
+    return [metric(proc, f"pdserve_prefill_{name}_total") for name in ("forwards", "forward_seconds",
+                                                                        "computed_tokens")]
+
+
 def _prefilling(cluster: Cluster) -> dict[str, int]:
     """Queued or prefilling requests per prefill worker (a worker's num_running is its decode batch's)."""
     return {p.name: cluster.status(p)["queue_len"] for p in cluster.live("prefill")}
@@ -156,14 +165,18 @@ async def _kill_prefill_mid_prefill(cluster: Cluster) -> tuple[list[StreamResult
         queued = await asyncio.to_thread(wait_until, lambda: (q := _prefilling(cluster)) and sum(q.values()) >=
                                          LONG_PROMPTS and q, 60, "the long prompts queued on the prefill workers")
         victim = cluster.workers[max(queued, key=queued.__getitem__)]
+        [survivor] = [p for p in cluster.live("prefill") if p.name != victim.name]
         await asyncio.sleep(0.3)
+        before = forwards(survivor)
         record = kill(cluster, victim)
         record.held = queued[victim.name]
         fresh = asyncio.create_task(new_requests(client, "Prefill"))
         record.routed_away_s = await asyncio.to_thread(
             wait_until, lambda: routed_away(cluster, victim.name) and time.monotonic() - record.killed_at, 5,
             "routed away")
-        return await asyncio.gather(*decoding), await asyncio.gather(*long), await fresh, record
+        fresh_results = await fresh
+        record.survivor_forwards = [b - a for a, b in zip(before, forwards(survivor), strict=True)]
+        return await asyncio.gather(*decoding), await asyncio.gather(*long), fresh_results, record
 
 
 def test_prefill_worker_killed_mid_prefill(healthy: Cluster) -> None:
@@ -178,6 +191,12 @@ def test_prefill_worker_killed_mid_prefill(healthy: Cluster) -> None:
     retries = metric(cluster.router, "pdserve_retries_total") - retries_before
     assert 1 <= retries <= record.held  # what the victim held; no new request was sent to it and retried
     first_s, done_s = check_new_requests(fresh, record.killed_at)
+    # Not asserted: "first token within 1 s of the kill" (issue 16's Must-show). On this CPU machine it cannot
+    # hold: the new prompts reach the one prefill worker left while it runs a forward of its own long prompt
+    # (512 tokens, the --max-num-batched-tokens budget), and the next forward packs the rest of it with the
+    # retried prompt's first chunk (FIFO, chunked), so their first token comes ~2 forwards later; one such
+    # forward takes seconds here (printed below), so no ordering in the batcher brings it under 1 s
+    n_forwards, forward_s, forward_tokens = record.survivor_forwards
     retried_s = max(r.ended_at - record.killed_at for r in retried) if retried else 0.0
     back_s, _ = rejoined(cluster, record)
     rounds = takes_work(cluster, record.victim.name, "pdserve_prefill_requests_completed_total", "After the P restart")
@@ -186,8 +205,10 @@ def test_prefill_worker_killed_mid_prefill(healthy: Cluster) -> None:
           f"worker ({len(retried)} finished, the last {retried_s:.2f} s after the kill; {len(cut)} error events), "
           f"2 streams already decoding finished every token; routed away after {record.routed_away_s:.2f} s; "
           f"{NEW_REQUESTS}/{NEW_REQUESTS} requests sent 0.1 s after the kill succeeded (first token by "
-          f"{first_s:.2f} s, last by {done_s:.2f} s); restarted and registered again {back_s:.1f} s after the "
-          f"kill, took work in round {rounds}; every pool idle")
+          f"{first_s:.2f} s, last by {done_s:.2f} s); meanwhile the other prefill worker ran {n_forwards:.0f} "
+          f"forwards of {forward_tokens / max(n_forwards, 1):.0f} tokens on average, {forward_s / max(n_forwards, 1):.2f} s "
+          f"each; restarted and registered again {back_s:.1f} s after the kill, took work in round {rounds}; "
+          f"every pool idle")
 
 
 def test_router_killed_is_restarted_on_its_port_and_the_workers_register_again(healthy: Cluster) -> None:
