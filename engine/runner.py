@@ -61,15 +61,18 @@ class ModelRunner:
         max_num_seqs: int = 256,
         decode_buckets: list[int] | None = None,
         enforce_eager: bool = False,
+        quantization: str = "none",
     ) -> None:
         """On CUDA the decode step is captured as one CUDA graph per bucket here, once the KV pool exists
         (engine/cuda_graphs.py); `enforce_eager` keeps every step eager (debugging, profiling per kernel).
-        `weights` are HF-named, or already fused (a worker fuses first, to size the KV pool by what is left)."""
+        `weights` are HF-named, or already fused (a worker fuses first, to size the KV pool by what is left);
+        `quantization` is fuse_weights' (HF-named weights only)."""
         self.config = config
         self.cache_config = cache_config
         self.device = torch.device(device)
         self.dtype = dtype
-        fused = weights if isinstance(weights, ModelWeights) else fuse_weights(config, weights, self.device, dtype)
+        fused = (weights if isinstance(weights, ModelWeights)
+                 else fuse_weights(config, weights, self.device, dtype, quantization))
         self.model = LlamaModel(config, fused)
         self.kv_caches: list[torch.Tensor] = allocate_kv_caches(config, cache_config, self.device, dtype)
         self.max_blocks_per_seq = -(-config.max_model_len // cache_config.block_size)

@@ -28,6 +28,10 @@ ROLES = ("prefill", "decode")
 DEFAULT_MODEL = "smollm2-135m-instruct"
 LOAD_FORMATS = ("auto", "gguf", "hf", "dummy")  # hf: a Hugging Face directory of safetensors
 DTYPES = ("auto", "float32", "float16", "bfloat16")
+QUANTIZATIONS = ("none", "fp8")  # of the layers' linears (engine/model.py fuse_weights)
+QUANTIZATION_HELP = ("fp8: the layers' linears in float8 e4m3, weights per output channel, activations per token "
+                     "(embeddings, norms and lm_head stay in --dtype); none: every weight in --dtype (default: as "
+                     "the checkpoint is, fp8 for an FP8 checkpoint)")
 # cuda_ipc: one host's GPUs; nccl: torch.distributed; store: through a store both pools reach (kv_transfer/store/)
 TRANSFER_BACKENDS = ("auto", "local", "tcp", "cuda_ipc", "nccl", "store")
 TRANSFER_STORES = ("auto", "shm", "redis")  # auto: redis when --redis-url is given, else shm (one host)
@@ -71,6 +75,7 @@ class ModelSettings:
     tokenizer: str | None = None  # a directory with tokenizer.json, overriding the model's
     device: str = "auto"  # auto: cuda when available, else cpu
     dtype: str = "auto"  # auto: bfloat16 on cuda, float32 on cpu
+    quantization: str | None = None  # "fp8" | "none"; None: as the checkpoint is (engine/weights/loader.py)
     cache_dir: str | None = None
     max_model_len: int | None = None
     seed: int = 0  # dummy weights, and the worker's torch RNG
@@ -85,6 +90,8 @@ class ModelSettings:
             raise ValueError(f"unknown load format {self.load_format!r}; choose one of {LOAD_FORMATS}")
         if self.dtype not in DTYPES:
             raise ValueError(f"unknown dtype {self.dtype!r}; choose one of {DTYPES}")
+        if self.quantization not in (None, *QUANTIZATIONS):
+            raise ValueError(f"unknown quantization {self.quantization!r}; choose one of {QUANTIZATIONS}")
         if self.max_model_len is not None and self.max_model_len <= 0:
             raise ValueError(f"max_model_len must be positive, got {self.max_model_len}")
         if any(not name.strip() for name in self.served_model_names):

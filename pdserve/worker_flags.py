@@ -14,6 +14,8 @@ from pdserve.settings import (
     GPU_MAX_NUM_SEQS,
     KV_LOAD_FAILURE_POLICIES,
     LOAD_FORMATS,
+    QUANTIZATION_HELP,
+    QUANTIZATIONS,
     TRANSFER_BACKENDS,
     TRANSFER_STORES,
     KVCacheSettings,
@@ -62,6 +64,7 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 ...; auto: cuda if available")
     group.add_argument("--dtype", default="auto", choices=DTYPES,
                        help="weights and KV dtype; auto: bfloat16 on CUDA, float32 on CPU")
+    group.add_argument("--quantization", default=None, choices=QUANTIZATIONS, help=QUANTIZATION_HELP)
     group.add_argument("--seed", type=int, default=ModelSettings.seed,
                        help="seed of the worker's random generator (sampling of requests without their own "
                             "`seed`) and of --load-format dummy's weights")
@@ -169,7 +172,8 @@ def add_transfer_store_arguments(parser: argparse.ArgumentParser) -> None:
 
 def model_settings_from_args(args: argparse.Namespace, cache_dir: str | None) -> ModelSettings:
     return ModelSettings(model=args.model, load_format=args.load_format, model_preset=args.model_preset,
-                         tokenizer=args.tokenizer, device=args.device, dtype=args.dtype, cache_dir=cache_dir,
+                         tokenizer=args.tokenizer, device=args.device, dtype=args.dtype,
+                         quantization=args.quantization, cache_dir=cache_dir,
                          max_model_len=args.max_model_len, seed=args.seed, torch_threads=args.torch_threads,
                          enforce_eager=args.enforce_eager, revision=args.revision, download_dir=args.download_dir,
                          served_model_names=tuple(args.served_model_name or ()))

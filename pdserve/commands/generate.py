@@ -13,6 +13,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from pdserve.settings import QUANTIZATION_HELP, QUANTIZATIONS
+
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("generate", help="continue one prompt (offline, no server)")
@@ -32,6 +34,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
                         help="Hugging Face cache of repo ids (default: huggingface_hub's, from HF_HOME)")
     parser.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda:N")
     parser.add_argument("--dtype", default=None, help="float32 | float16 | bfloat16 (default: fp32 on CPU)")
+    parser.add_argument("--quantization", default=None, choices=QUANTIZATIONS, help=QUANTIZATION_HELP)
     parser.add_argument("--num-blocks", type=int, default=256, help="KV blocks of 16 tokens (default 256)")
     parser.add_argument("--cache-dir", type=Path, default=None,
                         help="model cache (default: $PDSERVE_CACHE_DIR or ~/.cache/pdserve)")
@@ -73,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         with _stdout_to_stderr():
             llm = LLM(args.model or DEFAULT_MODEL, dtype=args.dtype, device=device, num_blocks=args.num_blocks,
-                      max_num_seqs=1, cache_dir=cache_dir, hub=hub)
+                      max_num_seqs=1, cache_dir=cache_dir, hub=hub, quantization=args.quantization)
     except ModelNotFoundError as exc:
         print(f"pdserve generate: {exc}", file=sys.stderr)
         return 2
