@@ -143,12 +143,18 @@ def fp8_gemm_triton(xq: torch.Tensor, x_scale: torch.Tensor, weight: Fp8Weight, 
 
 
 def gemm_config(m: int, n: int, k: int) -> Fp8GemmConfig:
-    """Untuned: 64-row tiles (one warpgroup) for decode-sized batches, 128 x 128 x 128 for prefill."""
+    """Untuned, picked from benchmarks/linear_fp8_gpu.py's sweep on the H200 at llama3-8b's shapes
+    (benchmarks/results/linear_fp8_h200.json): 64 x 32 x 256 tiles at 64 rows (qkv, o, down: 47, 44, 56 us
+    against 76, 45, 64 us for 64 x 64 x 128), 64 x 128 x 128 for gate_up's 28,672 columns; 128 x 256 x 128 for
+    prefill (4,096 rows: 191, 138, 828, 362 us, 2-6 % behind torch._scaled_mm; 128 x 128 x 128: 222, 152, 874,
+    397 us)."""
     if m <= 64:
-        return Fp8GemmConfig(block_m=64, block_n=64, block_k=128, num_warps=4, num_stages=5)
+        if n >= 16384:
+            return Fp8GemmConfig(block_m=64, block_n=128, block_k=128, num_warps=4, num_stages=4)
+        return Fp8GemmConfig(block_m=64, block_n=32, block_k=256, num_warps=4, num_stages=4)
     if m <= 256:
         return Fp8GemmConfig(block_m=64, block_n=128, block_k=128, num_warps=4, num_stages=4)
-    return Fp8GemmConfig()
+    return Fp8GemmConfig(block_m=128, block_n=256, block_k=128, num_warps=8, num_stages=3)
 
 
 @functools.lru_cache(maxsize=1024)

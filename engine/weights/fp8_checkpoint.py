@@ -83,4 +83,4 @@ def cat_fp8(parts: list[Fp8Weight]) -> Fp8Weight:
 
 
 def is_fp8(tensor: torch.Tensor) -> bool:
-    return tensor.dtype == FP8_DTYPE
+    return bool(tensor.dtype == FP8_DTYPE)
