@@ -4,8 +4,8 @@ dtype_parity_cpu.py measures bf16 and fp16), the first step's logits cosine, and
 
     .venv/bin/python benchmarks/fp8_weights_accuracy_cpu.py [--new-tokens 16] [--out benchmarks/results/fp8_weights_accuracy_cpu.json]
 
-Settings: fp32 (the reference), fp32 with fp8 linears, bf16 with fp8 linears (what a GPU runs). Prompts of at
-most 16 tokens prefill weight-only (x unquantized), longer ones W8A8, as on the GPU (kernels/linear_fp8.py).
+Settings: fp32 (the reference), fp32 with fp8 linears, bf16 with fp8 linears (what a GPU runs); the linears
+take the path the GPU takes at each batch size (kernels/linear_fp8.py: W8A8 at every batch).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """fp8 linears against bf16 at llama3-8b's four layer shapes: our dispatcher on each (bf16: the tuned GEMV or
-cuBLAS; fp8: the weight-only GEMV at <= 16 rows, quantize + W8A8 GEMM above), torch._scaled_mm on the same
+cuBLAS; fp8: quantize + W8A8 GEMM, see kernels/fp8_weight.py), the weight-only GEMV, torch._scaled_mm on the same
 fp8 operands, and a small sweep of the GEMM's tile configs and the GEMV's K block, so the defaults can be set
 from numbers.
 

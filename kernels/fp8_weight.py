@@ -18,10 +18,13 @@ import torch
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0
-# up to this many rows (decode batches) an fp8 linear is weight-only: x stays in its dtype and the fp8 weight
-# is upcast in registers (GEMV: the step reads W once, so halving W's bytes is the win and quantizing x would
-# buy nothing); above it, x is quantized per row and the product runs on fp8 tensor cores (W8A8 GEMM)
-FP8_WEIGHT_ONLY_MAX_ROWS = 16
+# up to this many rows an fp8 linear is weight-only: x stays in its dtype and the fp8 weight is upcast in
+# registers (the GEMV of kernels/linear_triton.py); above it x is quantized per row and the product runs on
+# fp8 tensor cores (W8A8 GEMM). 0: W8A8 at every batch, because on the H200 the weight-only GEMV read fp8 at
+# ~1 TB/s (decode b1 ctx512 8.63 ms against bf16's 4.73) while W8A8 at 64 rows ran a step in 6.04 ms
+# (benchmarks/results/engine_gpu_fp8w_h200.json, run with 16 here); per linear, the W8A8 GEMM at 64 rows beat
+# the GEMV at one row on all four llama3-8b shapes (linear_fp8_h200.json). 16 routes decode batches back to it.
+FP8_WEIGHT_ONLY_MAX_ROWS = 0
 _MIN_AMAX = 1e-12
 
 

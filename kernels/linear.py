@@ -5,7 +5,7 @@ linear(x, weight, bias=None)
 # -> [num_tokens, N] in x's dtype
 On CUDA a GEMV / skinny-GEMM Triton kernel serves small batches where it beats cuBLAS; the dispatcher in
 linear_triton decides by shape. Elsewhere this is torch's matmul. An Fp8Weight goes to kernels/linear_fp8.py
-(weight-only GEMV for decode-sized batches, W8A8 GEMM above), whichever the backend.
+(W8A8: per-token quantization + fp8 GEMM), whichever the backend.
 """
 
 from __future__ import annotations

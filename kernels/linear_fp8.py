@@ -5,9 +5,10 @@ linear_fp8(x, weight: Fp8Weight, bias=None)
 
 Two numerics, chosen by the number of rows M (the same rule on every backend, so a CPU run computes what
 the GPU computes):
-    M <= FP8_WEIGHT_ONLY_MAX_ROWS (decode): weight-only, x @ (Wq * s).T, accumulated in fp32
-    M >  FP8_WEIGHT_ONLY_MAX_ROWS (prefill, big decode batches): W8A8, (xq * sx) @ (Wq * s).T, x quantized
-                                  per row at each call (dynamic), accumulated in fp32
+    M <= FP8_WEIGHT_ONLY_MAX_ROWS: weight-only, x @ (Wq * s).T, accumulated in fp32
+    M >  FP8_WEIGHT_ONLY_MAX_ROWS: W8A8, (xq * sx) @ (Wq * s).T, x quantized per row at each call (dynamic),
+                                   accumulated in fp32
+FP8_WEIGHT_ONLY_MAX_ROWS is 0 (kernels/fp8_weight.py says why, with the H200 numbers): every batch is W8A8.
 On CUDA kernels/linear_fp8_triton.py runs them (a GEMV with the fp8 weight upcast in registers; a Triton
 GEMM with fp8 tensor-core dots and both scales applied in the epilogue); elsewhere the references below.
 """

@@ -1,9 +1,9 @@
 """Triton kernels of the fp8 linear (kernels/linear_fp8.py): per-row activation quantization, the W8A8 GEMM,
 and the launcher that picks them or the fp8-weight GEMV (kernels/linear_triton.py's, SCALED) by batch rows.
 
-    M <= 16:  gemv_triton(x, Wq, scale=s)          x in bf16/fp16/fp32, Wq upcast in registers (weight-only)
-    M >  16:  xq, sx = quantize_rows_fp8_triton(x)  one program per row: amax pass, then a scale-and-cast pass
-              fp8_gemm_triton(xq, sx, Wq, s)        y[m, n] = (sum_k xq[m, k] Wq[n, k]) * sx[m] * s[n] (+ b[n])
+    M <= FP8_WEIGHT_ONLY_MAX_ROWS (0):  gemv_triton(x, Wq, scale=s)      x in its dtype, Wq upcast in registers
+    M >  FP8_WEIGHT_ONLY_MAX_ROWS:      xq, sx = quantize_rows_fp8_triton(x)   per row: amax pass, scale-and-cast pass
+                                        fp8_gemm_triton(xq, sx, Wq, s)   y = (xq Wq^T) * sx[m] * s[n] (+ b[n])
 
 The GEMM: grid cdiv(M, BLOCK_M) * cdiv(N, BLOCK_N) in GROUP_M-row super-groups (programs sharing W tiles run
 together, for L2); each program keeps a [BLOCK_M, BLOCK_N] fp32 accumulator and `tl.dot`s e4m3 tiles, which

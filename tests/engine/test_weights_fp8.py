@@ -98,7 +98,7 @@ def test_fp8_checkpoint_loads_as_stored(fmt: str, tiny: TinyModel, tmp_path: Pat
         assert torch.equal(qkv.weight.view(torch.uint8), stored.view(torch.uint8))
     assert fused.lm_head.dtype == torch.float32 and fused.embed.dtype == torch.float32
     runner = ModelRunner(loaded.config, CacheConfig(num_blocks=16, block_size=4), fused, "cpu", torch.float32)
-    ids = list(range(3, 24))  # 21 rows: W8A8 prefill
+    ids = list(range(3, 24))
     assert _cosine(_logits(runner, ids), hf_last_logits(tiny.hf, ids)) > 0.99
     none = load_model(ModelSpec(str(path), "hf", quantization="none"), dtype=torch.float32, device="cpu")
     assert none.quantization == "none" and none.fingerprint != loaded.fingerprint
@@ -114,7 +114,7 @@ def _saved_dir(tiny: TinyModel, tmp_path: Path) -> Path:
 
 def test_quantization_fp8_at_load_close_to_unquantized(tiny: TinyModel, tmp_path: Path) -> None:
     """An unquantized checkpoint with --quantization fp8: every layer linear fp8, the rest in the model dtype,
-    logits of a weight-only decode-sized prefill (8 rows) and a W8A8 one (21 rows) close to the fp32 run's."""
+    logits of an 8-row and a 21-row prefill close to the fp32 run's."""
     path = _saved_dir(tiny, tmp_path)
     loaded = load_model(ModelSpec(str(path), "hf", quantization="fp8"), dtype=torch.float32, device="cpu")
     plain = load_model(ModelSpec(str(path), "hf"), dtype=torch.float32, device="cpu")
