@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeAlias
 
 import torch
 
@@ -33,7 +34,7 @@ LayerDone = Callable[[int], None]
 Attend = Callable[..., torch.Tensor]  # (q [T, Hq, D], k, v [T, Hkv, D] (rotated), kv_cache) -> [T, Hq, D]
 
 
-Linear = torch.Tensor | Fp8Weight  # [N, K] in the model dtype, or fp8 with per-row scales (--quantization fp8)
+Linear: TypeAlias = torch.Tensor | Fp8Weight  # [N, K] in the model dtype, or fp8 with per-row scales (--quantization fp8)
 
 
 @dataclass(frozen=True)
