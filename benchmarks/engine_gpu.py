@@ -5,7 +5,9 @@ cuda_ipc KV transfer between two processes against a device copy; correctness is
     python benchmarks/engine_gpu.py --device cpu --tiny --out /tmp/engine_gpu_cpu.json   (plumbing, seconds)
 
 Model: `--load-format dummy --model-preset llama3-8b` in bf16 (engine/presets.py, random weights) or, with
---tiny, a 2-layer model of that family. Checks: graph-replayed logits = the eager forward's at batch 1, 3, 8
+--tiny, a 2-layer model of that family. `--quantization none,fp8` (the default) times the same workloads a
+second time with fp8 linears (`--quantization fp8`: rows named `<workload>_fp8_w`, e.g. decode_b1_ctx512_fp8_w;
+`fp8_w_ms` holds them as `decode_b1_ctx512_fp8_w_ms`), HF only beside bf16. Checks: graph-replayed logits = the eager forward's at batch 1, 3, 8
 (on CUDA); --parity: the default model's first 16 greedy tokens in bf16 on the GPU = fp32 on the CPU for >= 90 %
 of 20 prompts. Times: median of --repeat after warm-ups, CUDA events. Every decode step streams the 16 GB of
 weights, so L2 (60 MB) holds nothing from one step to the next and inputs need no rotation; the transfer
@@ -41,7 +43,10 @@ PREFILL_TOKENS = 4096
 BLOCK = 16
 # issue 6 / BENCHMARKS.md, H200 bf16, Llama-3-8B shape: our targets in ms (HF's anchors beside them)
 TARGETS_MS = {"decode_b1_ctx512": 4.4, "decode_b8_ctx512": 4.6, "decode_b64_ctx512": 6.5, "decode_b1_ctx4096": 4.6,
-              "prefill_4096": 100.0}
+              "prefill_4096": 100.0,
+              # issue 19, fp8 linears (W8A8): halving the 16 GB a decode step reads
+              "decode_b1_ctx512_fp8_w": 2.6, "decode_b64_ctx512_fp8_w": 4.0, "prefill_4096_fp8_w": 65.0}
+SUFFIX = {"none": "", "fp8": "_fp8_w"}  # row-name suffix per --quantization
 HF_ANCHORS_MS = {"decode_b1_ctx512": 7.14, "decode_b8_ctx512": 8.49, "decode_b64_ctx512": 20.0, "prefill_4096": 133.0}
 TINY = ModelConfig(name="tiny-llama", vocab_size=1024, hidden_size=128, intermediate_size=256, num_layers=2,
                    num_heads=4, num_kv_heads=2, head_dim=32, max_model_len=8192)
@@ -66,14 +71,15 @@ class Report:
     transfer: dict[str, object] | None = None
     fp8_kv: dict[str, object] | None = None  # --fp8-kv: benchmarks/engine_gpu_fp8kv.py
     notes: list[str] = field(default_factory=list)
+    fp8_w_ms: dict[str, float] = field(default_factory=dict)  # the fp8 rows again, keyed <row>_ms
 
 
-def build_runner(config: ModelConfig, device: torch.device) -> ModelRunner:
+def build_runner(config: ModelConfig, device: torch.device, quantization: str = "none") -> ModelRunner:
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     blocks = 64 * -(-(512 + 1) // BLOCK) + 2 * -(-(PREFILL_TOKENS + 1) // BLOCK)  # b64 ctx 512 + two 4k rows
     weights = dummy_weights(config, dtype, str(device))
     return ModelRunner(config, CacheConfig(num_blocks=blocks, block_size=BLOCK), weights, device, dtype,
-                       max_num_seqs=64)
+                       max_num_seqs=64, quantization=quantization)
 
 
 def decode_items(batch: int, context: int, first_block: int = 0) -> list[DecodeInput]:
@@ -143,12 +149,16 @@ def run(args: argparse.Namespace) -> Report:
         report.checks["parity"] = parity(device)
     elif args.parity:
         report.notes.append("parity skipped: it compares a GPU's bf16 run with the CPU's fp32 one")
-    runner = build_runner(config, device)
-    check_graphs(runner, report)
-    ours, passes = time_ours(runner, args.repeat)
-    report.checks["decode_pass_medians_ms"] = passes
-    del runner
-    free(device)
+    ours: dict[str, float] = {}
+    for quantization in args.quantization.split(","):
+        runner = build_runner(config, device, quantization)
+        check_graphs(runner, report)
+        times, passes = time_ours(runner, args.repeat)
+        ours.update({k + SUFFIX[quantization]: v for k, v in times.items()})
+        report.checks[f"decode_pass_medians_ms{SUFFIX[quantization]}"] = passes
+        del runner
+        free(device)
+    report.fp8_w_ms = {f"{k}_ms": v for k, v in ours.items() if k.endswith(SUFFIX["fp8"])}
     hf: dict[str, float] = {}
     if device.type == "cuda" and not args.skip_hf:
         hf = time_hf(config, device)
@@ -158,7 +168,7 @@ def run(args: argparse.Namespace) -> Report:
     report.rows = [Row(k, v, hf.get(k), TARGETS_MS.get(k) if not args.tiny else None) for k, v in ours.items()]
     if args.fp8_kv:
         report.fp8_kv = fp8_kv_rows(config, device, args.repeat)
-    if device.type == "cuda":
+    if device.type == "cuda" and not args.skip_transfer:
         report.transfer = dataclasses.asdict(transfer_benchmark(config, PREFILL_TOKENS, device))
     else:
         report.notes.append("cuda_ipc transfer skipped: it needs CUDA (two processes sharing a GPU)")
@@ -169,12 +179,12 @@ def print_table(report: Report) -> None:
     print(f"\n{report.model} on {report.device} (torch {report.torch})")
     for key, value in report.checks.items():
         print(f"  check {key}: {value}")
-    print(f"{'workload':20s} {'ours ms':>9s} {'HF ms':>8s} {'HF anchor':>9s} {'target':>7s}")
+    print(f"{'workload':27s} {'ours ms':>9s} {'HF ms':>8s} {'HF anchor':>9s} {'target':>7s}")
     for row in report.rows:
         hf = f"{row.hf_ms:8.2f}" if row.hf_ms is not None else f"{'-':>8s}"
         target = row.target_ms
         anchor = HF_ANCHORS_MS.get(row.name) if target is not None else None
-        print(f"{row.name:20s} {row.ours_ms:9.2f} {hf} {anchor or '-':>9} {target or '-':>7}")
+        print(f"{row.name:27s} {row.ours_ms:9.2f} {hf} {anchor or '-':>9} {target or '-':>7}")
     if report.transfer is not None:
         t = report.transfer
         print(f"cuda_ipc {t['bytes'] / 2**20:.0f} MiB: {t['cuda_ipc_gpu_ms']:.3f} ms ({t['cuda_ipc_gbps']:.0f} GB/s, "
@@ -195,6 +205,9 @@ def main() -> None:
     parser.add_argument("--skip-hf", action="store_true", help="no HF transformers baseline")
     parser.add_argument("--fp8-kv", action="store_true",
                         help="also decode b64 ctx 4096 with a bf16 and an fp8 KV pool (benchmarks/engine_gpu_fp8kv.py)")
+    parser.add_argument("--skip-transfer", action="store_true", help="no cuda_ipc transfer benchmark")
+    parser.add_argument("--quantization", default="none,fp8",
+                        help="comma-separated runs of the same workloads: none (bf16 linears), fp8 (fp8 linears)")
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/engine_gpu_h200.json"))
     parser.add_argument("--parity-only", action="store_true",

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeAlias
 
 import torch
 
@@ -26,21 +27,27 @@ from pdserve import kernels
 from pdserve.engine.attention_metadata import DecodeBatch, PrefillBatch
 from pdserve.engine.config import ModelConfig
 from pdserve.engine.kv_cache_spec import KVCacheSpec
+from pdserve.engine.weights.fp8_checkpoint import cat_fp8, fp8_linear, is_fp8
+from pdserve.kernels.fp8_weight import Fp8Weight, dequantize_weight_fp8, quantize_weight_fp8
 
+QUANTIZATIONS = ("none", "fp8")
 LayerDone = Callable[[int], None]
 # (q [T, Hq, D], k, v [T, Hkv, D] (rotated), kv_cache, k_scale, v_scale) -> [T, Hq, D]
 Attend = Callable[..., torch.Tensor]
 
 
+Linear: TypeAlias = torch.Tensor | Fp8Weight  # [N, K] in the model dtype, or fp8 with per-row scales (--quantization fp8)
+
+
 @dataclass(frozen=True)
 class LayerWeights:
     input_norm: torch.Tensor  # [H]
-    qkv: torch.Tensor  # [(Hq + 2 Hkv) D, H]: q rows, then k, then v
+    qkv: Linear  # [(Hq + 2 Hkv) D, H]: q rows, then k, then v
     qkv_bias: torch.Tensor | None  # [(Hq + 2 Hkv) D] (Qwen2)
-    o_proj: torch.Tensor  # [H, Hq D]
+    o_proj: Linear  # [H, Hq D]
     post_norm: torch.Tensor  # [H]
-    gate_up: torch.Tensor  # [2 I, H]: gate rows, then up (kernels.silu_and_mul's layout)
-    down: torch.Tensor  # [H, I]
+    gate_up: Linear  # [2 I, H]: gate rows, then up (kernels.silu_and_mul's layout)
+    down: Linear  # [H, I]
 
 
 @dataclass(frozen=True)
@@ -85,29 +92,44 @@ def _check_weights(config: ModelConfig, weights: dict[str, torch.Tensor]) -> Non
 
 
 def fuse_weights(
-    config: ModelConfig, weights: dict[str, torch.Tensor], device: torch.device | str, dtype: torch.dtype
+    config: ModelConfig, weights: dict[str, torch.Tensor], device: torch.device | str, dtype: torch.dtype,
+    quantization: str = "none",
 ) -> ModelWeights:
-    """HF-named weights -> ModelWeights on `device` in `dtype`, q/k/v and gate/up concatenated."""
+    """HF-named weights -> ModelWeights on `device` in `dtype`, q/k/v and gate/up concatenated.
+
+    quantization "fp8": every linear of the layers (qkv, o, gate_up, down) becomes an Fp8Weight, quantized
+    per output channel here or taken as stored from an FP8 checkpoint; embeddings, norms and lm_head stay in
+    `dtype` (as vLLM keeps them). "none": linears in `dtype` (an FP8 checkpoint's dequantized)."""
+    if quantization not in QUANTIZATIONS:
+        raise ValueError(f"unknown quantization {quantization!r}; choose one of {QUANTIZATIONS}")
     _check_weights(config, weights)
 
     def get(name: str) -> torch.Tensor:
+        if is_fp8(weights[name]):
+            raise ValueError(f"{name} is fp8 in the checkpoint; only the layers' linears may be")
         return weights[name].to(device=device, dtype=dtype)
+
+    def linear(*prefixes: str) -> Linear:
+        if is_fp8(weights[prefixes[0] + ".weight"]):
+            stored = cat_fp8([fp8_linear(weights, p, device) for p in prefixes])
+            return stored if quantization == "fp8" else dequantize_weight_fp8(stored, dtype)
+        fused = torch.cat([get(p + ".weight") for p in prefixes])
+        return quantize_weight_fp8(fused) if quantization == "fp8" else fused
 
     layers = []
     for i in range(config.num_layers):
         p = f"model.layers.{i}."
-        attn = [get(p + f"self_attn.{n}_proj.weight") for n in "qkv"]
         bias = None
         if config.attention_bias:
             bias = torch.cat([get(p + f"self_attn.{n}_proj.bias") for n in "qkv"])
         layers.append(LayerWeights(
             input_norm=get(p + "input_layernorm.weight"),
-            qkv=torch.cat(attn),
+            qkv=linear(*(p + f"self_attn.{n}_proj" for n in "qkv")),
             qkv_bias=bias,
-            o_proj=get(p + "self_attn.o_proj.weight"),
+            o_proj=linear(p + "self_attn.o_proj"),
             post_norm=get(p + "post_attention_layernorm.weight"),
-            gate_up=torch.cat([get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")]),
-            down=get(p + "mlp.down_proj.weight"),
+            gate_up=linear(p + "mlp.gate_proj", p + "mlp.up_proj"),
+            down=linear(p + "mlp.down_proj"),
         ))
     embed = get("model.embed_tokens.weight")
     lm_head = embed if config.tie_word_embeddings else get("lm_head.weight")

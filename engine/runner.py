@@ -63,17 +63,20 @@ class ModelRunner:
         decode_buckets: list[int] | None = None,
         enforce_eager: bool = False,
         kv_spec: KVCacheSpec | None = None,
+        quantization: str = "none",
     ) -> None:
         """On CUDA the decode step is captured as one CUDA graph per bucket here, once the KV pool exists
         (engine/cuda_graphs.py); `enforce_eager` keeps every step eager (debugging, profiling per kernel).
         `weights` are HF-named, or already fused (a worker fuses first, to size the KV pool by what is left).
-        `kv_spec`: the pool's dtype and fp8 scales (engine/kv_cache_spec.py); None: the model's dtype."""
+        `kv_spec`: the pool's dtype and fp8 scales (engine/kv_cache_spec.py); None: the model's dtype.
+        `quantization` is fuse_weights' (HF-named weights only)."""
         self.config = config
         self.cache_config = cache_config
         self.device = torch.device(device)
         self.dtype = dtype
         self.kv_spec = kv_spec if kv_spec is not None else KVCacheSpec(dtype)
-        fused = weights if isinstance(weights, ModelWeights) else fuse_weights(config, weights, self.device, dtype)
+        fused = (weights if isinstance(weights, ModelWeights)
+                 else fuse_weights(config, weights, self.device, dtype, quantization))
         self.model = LlamaModel(config, fused, self.kv_spec)
         self.kv_caches: list[torch.Tensor] = allocate_kv_caches(config, cache_config, self.device, self.kv_spec.dtype)
         self.max_blocks_per_seq = -(-config.max_model_len // cache_config.block_size)

@@ -42,12 +42,13 @@ class GemvConfig:
 
 @triton.jit(do_not_specialize=["M", "stride_ps"])  # per-batch values (stride_ps = M * N): one kernel per bucket
 def _gemv_kernel(
-    x_ptr, w_ptr, bias_ptr, out_ptr, part_ptr, M, N, K, k_per_split,
+    x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, part_ptr, M, N, K, k_per_split,
     stride_xm, stride_wn, stride_om, stride_ps,
-    HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, USE_DOT: tl.constexpr, EVEN: tl.constexpr, PRECISION: tl.constexpr,
+    HAS_BIAS: tl.constexpr, SCALED: tl.constexpr, SPLIT: tl.constexpr, USE_DOT: tl.constexpr, EVEN: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     # x: [M, K]; w: [N, K]; out: [M, N]; part: [SPLIT_K, M, N] fp32; grid: (cdiv(N, BLOCK_N), SPLIT_K)
+    # SCALED: w is fp8 with scale [N] fp32 (kernels/fp8_weight.py), upcast to x's dtype in registers
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_m = tl.arange(0, BLOCK_M)
@@ -67,6 +68,8 @@ def _gemv_kernel(
             k_ok = (offs_k + k0 < K)[None, :]
             w = tl.load(w_ptrs, mask=(offs_n < N)[:, None] & k_ok, other=0.0, eviction_policy="evict_first")
             x = tl.load(x_ptrs, mask=(offs_m[:, None] < M) & k_ok, other=0.0)
+        if SCALED:
+            w = w.to(x_ptr.dtype.element_ty)
         if USE_DOT:
             acc = tl.dot(x.to(w.dtype), tl.trans(w), acc, input_precision=PRECISION)
         else:
@@ -75,6 +78,8 @@ def _gemv_kernel(
         x_ptrs += BLOCK_K
     if not USE_DOT:
         acc = tl.sum(acc, axis=2)
+    if SCALED:  # per output channel, so it commutes with the split-K sum
+        acc *= tl.load(scale_ptr + offs_n, mask=offs_n < N, other=0.0)[None, :]
     mn_mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
     if SPLIT:
         tl.store(part_ptr + pid_k * stride_ps + offs_m[:, None] * N + offs_n[None, :], acc, mask=mn_mask)
@@ -102,8 +107,10 @@ def _split_k_reduce_kernel(
     tl.store(out_ptr + m * stride_om + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def gemv_triton(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, cfg: GemvConfig) -> torch.Tensor:
-    """x2: [M, K] (M <= 16, unit stride along K); weight: [N, K] contiguous rows -> [M, N]."""
+def gemv_triton(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, cfg: GemvConfig,
+                scale: torch.Tensor | None = None) -> torch.Tensor:
+    """x2: [M, K] (M <= 16, unit stride along K); weight: [N, K] contiguous rows -> [M, N] in x2's dtype.
+    scale: [N] fp32 when weight is fp8 (its per-channel scales), else None."""
     m, k = x2.shape
     n = weight.shape[0]
     if m > MAX_TRITON_BATCH:
@@ -118,9 +125,9 @@ def gemv_triton(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     block_m = max(16, triton.next_power_of_2(m)) if cfg.use_dot else triton.next_power_of_2(m)
     bias_arg = bias if bias is not None else out
     _gemv_kernel[(triton.cdiv(n, cfg.block_n), split_k)](
-        x2, weight, bias_arg, out, part, m, n, k, k_per_split,
+        x2, weight, scale if scale is not None else out, bias_arg, out, part, m, n, k, k_per_split,
         x2.stride(0), weight.stride(0), out.stride(0), part.stride(0),
-        HAS_BIAS=bias is not None, SPLIT=split_k > 1, USE_DOT=cfg.use_dot, EVEN=even,
+        HAS_BIAS=bias is not None, SCALED=scale is not None, SPLIT=split_k > 1, USE_DOT=cfg.use_dot, EVEN=even,
         PRECISION="ieee" if x2.dtype == torch.float32 else "tf32",
         BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,

@@ -88,12 +88,13 @@ class LLM:
         enforce_eager: bool = False,
         hub: HubOptions | None = None,
         kv_cache_dtype: str = "auto",
+        quantization: str | None = None,
     ) -> None:
         """`kv_cache_dtype`: auto (the weights' dtype) or fp8 (float8_e4m3fn, engine/kv_cache_spec.py)."""
         if max_num_seqs <= 0 or max_num_batched_tokens < max_num_seqs:
             raise ValueError(f"need 0 < max_num_seqs ({max_num_seqs}) <= max_num_batched_tokens "
                              f"({max_num_batched_tokens}): every running sequence decodes one token per step")
-        spec = ModelSpec(model, load_format, hub=hub or HubOptions())
+        spec = ModelSpec(model, load_format, hub=hub or HubOptions(), quantization=quantization)
         loaded = load_model(spec, dtype=dtype, device=device, cache_dir=cache_dir,
                             progress=progress)
         if loaded.tokenizer is None:
@@ -107,7 +108,7 @@ class LLM:
         self.eos_token_ids = frozenset(self.tokenizer.eos_token_ids) | frozenset(self.config.eos_token_ids)
         self.runner = ModelRunner(self.config, self.cache_config, loaded.weights, device,
                                   torch_dtype, max_num_seqs=max_num_seqs,
-                                  enforce_eager=enforce_eager, kv_spec=kv_spec)
+                                  enforce_eager=enforce_eager, kv_spec=kv_spec, quantization=loaded.quantization)
         self.sampler = Sampler(device)
         self.pool = BlockPool(num_blocks)
         self.prefix_cache = PrefixCache(self.pool, block_size) if enable_prefix_caching else None

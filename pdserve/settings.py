@@ -29,6 +29,10 @@ DEFAULT_MODEL = "smollm2-135m-instruct"
 LOAD_FORMATS = ("auto", "gguf", "hf", "dummy")  # hf: a Hugging Face directory of safetensors
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 KV_CACHE_DTYPES = ("auto", "fp8")  # auto: --dtype; fp8: float8_e4m3fn (engine/kv_cache_spec.py, which checks it too)
+QUANTIZATIONS = ("none", "fp8")  # of the layers' linears (engine/model.py fuse_weights)
+QUANTIZATION_HELP = ("fp8: the layers' linears in float8 e4m3, weights per output channel, activations per token "
+                     "(embeddings, norms and lm_head stay in --dtype); none: every weight in --dtype (default: as "
+                     "the checkpoint is, fp8 for an FP8 checkpoint)")
 # cuda_ipc: one host's GPUs; nccl: torch.distributed; store: through a store both pools reach (kv_transfer/store/)
 TRANSFER_BACKENDS = ("auto", "local", "tcp", "cuda_ipc", "nccl", "store")
 TRANSFER_STORES = ("auto", "shm", "redis")  # auto: redis when --redis-url is given, else shm (one host)
@@ -73,6 +77,7 @@ class ModelSettings:
     device: str = "auto"  # auto: cuda when available, else cpu
     dtype: str = "auto"  # auto: bfloat16 on cuda, float32 on cpu
     kv_cache_dtype: str = "auto"  # auto: `dtype`; fp8: float8_e4m3fn with per-layer scales
+    quantization: str | None = None  # "fp8" | "none"; None: as the checkpoint is (engine/weights/loader.py)
     cache_dir: str | None = None
     max_model_len: int | None = None
     seed: int = 0  # dummy weights, and the worker's torch RNG
@@ -89,6 +94,8 @@ class ModelSettings:
             raise ValueError(f"unknown dtype {self.dtype!r}; choose one of {DTYPES}")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"unknown KV cache dtype {self.kv_cache_dtype!r}; choose one of {KV_CACHE_DTYPES}")
+        if self.quantization not in (None, *QUANTIZATIONS):
+            raise ValueError(f"unknown quantization {self.quantization!r}; choose one of {QUANTIZATIONS}")
         if self.max_model_len is not None and self.max_model_len <= 0:
             raise ValueError(f"max_model_len must be positive, got {self.max_model_len}")
         if any(not name.strip() for name in self.served_model_names):

@@ -53,7 +53,9 @@ VLLM_FLAGS: tuple[VllmFlag, ...] = (
     VllmFlag("--kv-transfer-config", ("--transfer-backend",), "prefill/decode disaggregation is built in"),
     VllmFlag("--data-parallel-size", ("--num-colocated",), "with --colocated: that many full replicas"),
     VllmFlag("--tensor-parallel-size, --pipeline-parallel-size", (), _ONE_DEVICE),
-    VllmFlag("--quantization", (), "GGUF files are dequantised once at load; weights run in --dtype"),
+    VllmFlag("--quantization", ("--quantization",),
+             "fp8 (W8A8: weights per channel, activations per token, dynamic) or none; FP8 checkpoints load as "
+             "stored; GGUF files are dequantised once at load"),
     VllmFlag("--kv-cache-dtype", ("--kv-cache-dtype",), "auto, fp8 (e4m3; fp8_e5m2 is not supported)"),
     VllmFlag("--cpu-offload-gb", (), "weights stay on the worker's device"),
     VllmFlag("--enable-lora, --lora-modules", (), "no adapters"),

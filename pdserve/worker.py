@@ -81,7 +81,8 @@ def served_model_name(settings: ModelSettings) -> str:
 def load_engine_model(settings: ModelSettings, device: str, dtype: torch.dtype) -> LoadedModel:
     dummy = settings.load_format == "dummy"
     model = (settings.model_preset or settings.model) if dummy else settings.model
-    spec = ModelSpec(model, settings.load_format, tokenizer=settings.tokenizer, seed=settings.seed, hub=settings.hub)
+    spec = ModelSpec(model, settings.load_format, tokenizer=settings.tokenizer, seed=settings.seed, hub=settings.hub,
+                     quantization=settings.quantization)
     loaded = load_model(spec, dtype, device, settings.cache_dir)
     if settings.max_model_len is not None:
         limit = min(settings.max_model_len, loaded.config.max_model_len)
@@ -147,7 +148,7 @@ class Worker:
         """The runner's fused weights, built before the KV pool is sized. The HF-named originals of the fused
         q|k|v and gate|up are dropped (and their cache emptied), else a GPU holds them twice: 9.1 GB of
         Llama-3-8B's 16 GB in bf16."""
-        fused = fuse_weights(self.config, self.loaded.weights, self.device, self.dtype)
+        fused = fuse_weights(self.config, self.loaded.weights, self.device, self.dtype, self.loaded.quantization)
         self.loaded.weights = {}
         if torch.device(self.device).type == "cuda":
             torch.cuda.empty_cache()

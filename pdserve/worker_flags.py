@@ -15,6 +15,8 @@ from pdserve.settings import (
     KV_CACHE_DTYPES,
     KV_LOAD_FAILURE_POLICIES,
     LOAD_FORMATS,
+    QUANTIZATION_HELP,
+    QUANTIZATIONS,
     TRANSFER_BACKENDS,
     TRANSFER_STORES,
     FaultSettings,
@@ -67,6 +69,7 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES,
                        help="KV pool dtype; auto: --dtype; fp8: float8_e4m3fn, half the bytes of bf16, with the "
                             "checkpoint's per-layer k/v scales or 1.0 (docs/quantization.md); P and D must agree")
+    group.add_argument("--quantization", default=None, choices=QUANTIZATIONS, help=QUANTIZATION_HELP)
     group.add_argument("--seed", type=int, default=ModelSettings.seed,
                        help="seed of the worker's random generator (sampling of requests without their own "
                             "`seed`) and of --load-format dummy's weights")
@@ -179,7 +182,8 @@ def add_transfer_store_arguments(parser: argparse.ArgumentParser) -> None:
 def model_settings_from_args(args: argparse.Namespace, cache_dir: str | None) -> ModelSettings:
     return ModelSettings(model=args.model, load_format=args.load_format, model_preset=args.model_preset,
                          tokenizer=args.tokenizer, device=args.device, dtype=args.dtype,
-                         kv_cache_dtype=args.kv_cache_dtype, cache_dir=cache_dir,
+                         kv_cache_dtype=args.kv_cache_dtype, quantization=args.quantization,
+                         cache_dir=cache_dir,
                          max_model_len=args.max_model_len, seed=args.seed, torch_threads=args.torch_threads,
                          enforce_eager=args.enforce_eager, revision=args.revision, download_dir=args.download_dir,
                          served_model_names=tuple(args.served_model_name or ()))

@@ -15,6 +15,7 @@ from safetensors import safe_open
 
 from pdserve.engine.config import ModelConfig
 from pdserve.engine.presets import weight_shapes
+from pdserve.engine.weights.fp8_checkpoint import checkpoint_quantization, is_fp8, is_scale
 from pdserve.kernels.rope import Llama3RopeScaling
 
 _ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
@@ -44,6 +45,11 @@ def _ids(value: int | list[int] | None) -> tuple[int, ...]:
     if value is None:
         return ()
     return tuple(value) if isinstance(value, list) else (value,)
+
+
+def hf_quantization(path: Path) -> str | None:
+    """"fp8" for an FP8 checkpoint, None for an unquantized one (engine/weights/fp8_checkpoint.py)."""
+    return checkpoint_quantization(_read_json(path / "config.json"), str(path / "config.json"))
 
 
 def hf_config(path: Path, name: str) -> ModelConfig:
@@ -100,14 +106,18 @@ def safetensors_files(path: Path) -> list[Path]:
 
 
 def load_safetensors(path: Path, config: ModelConfig, dtype: torch.dtype, device: str) -> dict[str, torch.Tensor]:
-    """Load every expected weight, cast one tensor at a time (peak memory: one fp32 tensor over the result)."""
+    """Load every expected weight, cast one tensor at a time (peak memory: one fp32 tensor over the result).
+    An FP8 checkpoint's fp8 weights stay fp8 and their scales fp32 (engine/weights/fp8_checkpoint.py)."""
     shapes = weight_shapes(config)
     weights: dict[str, torch.Tensor] = {}
     for file in safetensors_files(path):
         with safe_open(str(file), framework="pt", device="cpu") as f:
             for name in f.keys():  # noqa: SIM118 - safe_open handles are not iterable
                 if name in shapes:  # drops e.g. old checkpoints' rotary_emb.inv_freq buffers
-                    weights[name] = f.get_tensor(name).to(device=device, dtype=dtype)
+                    tensor = f.get_tensor(name)
+                    weights[name] = tensor.to(device=device, dtype=tensor.dtype if is_fp8(tensor) else dtype)
+                elif is_scale(name) and name.rsplit(".", 1)[0] + ".weight" in shapes:
+                    weights[name] = f.get_tensor(name).to(device=device, dtype=torch.float32)
     if config.tie_word_embeddings and "model.embed_tokens.weight" in weights:
         weights["lm_head.weight"] = weights["model.embed_tokens.weight"]
     check_weights(weights, config, str(path))

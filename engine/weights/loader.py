@@ -30,7 +30,7 @@ from pdserve.engine.weights.convert import CONVERSION_INFO, ensure_converted
 from pdserve.engine.weights.dummy import dummy_weights
 from pdserve.engine.weights.fetch import converted_dir, default_cache_dir, fetch_model
 from pdserve.engine.weights.fingerprint import file_digest, files_digest, model_fingerprint
-from pdserve.engine.weights.hf_dir import hf_config, load_safetensors, safetensors_files
+from pdserve.engine.weights.hf_dir import hf_config, hf_quantization, load_safetensors, safetensors_files
 from pdserve.engine.weights.hub import HubOptions, snapshot_dir
 from pdserve.engine.weights.registry import DEFAULT_MODEL, ModelKind, ResolvedModel, resolve_model
 
@@ -49,6 +49,9 @@ class ModelSpec:
     tokenizer: str | None = None  # directory with tokenizer.json, overriding the model's (or giving dummy one)
     seed: int = 0  # dummy weights
     hub: HubOptions = field(default_factory=HubOptions)
+    # "fp8": the layers' linears in fp8 (quantized at fuse_weights, or as an FP8 checkpoint stores them);
+    # "none": in the model dtype; None: as the checkpoint is (fp8 for an FP8 checkpoint, else none)
+    quantization: str | None = None
 
 
 @dataclass
@@ -58,6 +61,7 @@ class LoadedModel:
     tokenizer: Tokenizer | None
     fingerprint: str
     path: Path | None = None  # the directory the weights came from (None for dummy)
+    quantization: str = "none"  # what fuse_weights makes of the linears: "none" or "fp8" (ModelSpec's, resolved)
 
 
 def parse_dtype(dtype: torch.dtype | str | None, device: str) -> torch.dtype:
@@ -82,14 +86,17 @@ def load_model(
     torch_dtype = parse_dtype(dtype, device)
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     resolved = resolve_model(spec.model, spec.load_format)
+    if spec.quantization not in (None, "none", "fp8"):
+        raise ValueError(f"unknown quantization {spec.quantization!r}; choose none or fp8")
     if resolved.kind is ModelKind.DUMMY:
-        loaded = _load_dummy(resolved, spec.seed, torch_dtype, device)
+        loaded = _load_dummy(resolved, spec.seed, torch_dtype, device, spec.quantization or "none")
     else:
         path = model_dir(resolved, cache, progress, spec.hub)
         started = time.perf_counter()
         logger.info("loading %s from %s (%s on %s)", resolved.name, path, torch_dtype, device)
-        loaded = _load_dir(path, resolved.name, torch_dtype, device)
-        logger.info("loaded %s in %.1f s", resolved.name, time.perf_counter() - started)
+        loaded = _load_dir(path, resolved.name, torch_dtype, device, spec.quantization)
+        logger.info("loaded %s in %.1f s (linears: %s)", resolved.name, time.perf_counter() - started,
+                    loaded.quantization)
     if spec.tokenizer is not None:
         loaded.tokenizer = Tokenizer.from_dir(spec.tokenizer, eos_token_ids=loaded.config.eos_token_ids)
     return loaded
@@ -128,20 +135,28 @@ def model_dir(resolved: ResolvedModel, cache: Path, progress: bool = True, hub: 
     return resolved.path
 
 
-def _load_dir(path: Path, name: str, dtype: torch.dtype, device: str) -> LoadedModel:
+def _load_dir(path: Path, name: str, dtype: torch.dtype, device: str, quantization: str | None) -> LoadedModel:
     info_file = path / CONVERSION_INFO
     if info_file.is_file():
         name = json.loads(info_file.read_text())["name"]
     config = hf_config(path, name)
+    quant = quantization or hf_quantization(path) or "none"
     weights = load_safetensors(path, config, dtype, device)
     tokenizer = Tokenizer.from_dir(path, config.eos_token_ids) if (path / "tokenizer.json").is_file() else None
     digest = files_digest(safetensors_files(path))
-    return LoadedModel(config, weights, tokenizer, model_fingerprint(name, config, str(dtype), digest), path)
+    fingerprint = model_fingerprint(name, config, _numerics(dtype, quant), digest)
+    return LoadedModel(config, weights, tokenizer, fingerprint, path, quant)
 
 
-def _load_dummy(resolved: ResolvedModel, seed: int, dtype: torch.dtype, device: str) -> LoadedModel:
+def _load_dummy(resolved: ResolvedModel, seed: int, dtype: torch.dtype, device: str, quant: str) -> LoadedModel:
     assert resolved.preset is not None
     config = get_preset(resolved.preset)
     weights = dummy_weights(config, dtype, device, seed)
     digest = hashlib.sha256(f"dummy:{seed}".encode()).hexdigest()
-    return LoadedModel(config, weights, None, model_fingerprint(config.name, config, str(dtype), digest))
+    fingerprint = model_fingerprint(config.name, config, _numerics(dtype, quant), digest)
+    return LoadedModel(config, weights, None, fingerprint, quantization=quant)
+
+
+def _numerics(dtype: torch.dtype, quantization: str) -> str:
+    """The fingerprint's dtype part: KV computed through fp8 linears must not mix with the model dtype's."""
+    return str(dtype) if quantization == "none" else f"{dtype}+{quantization}-linears"

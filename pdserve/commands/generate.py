@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from pdserve.settings import KV_CACHE_DTYPES
+from pdserve.settings import KV_CACHE_DTYPES, QUANTIZATION_HELP, QUANTIZATIONS
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -36,6 +36,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     parser.add_argument("--dtype", default=None, help="float32 | float16 | bfloat16 (default: fp32 on CPU)")
     parser.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES,
                         help="auto: the --dtype; fp8: float8_e4m3fn with per-layer scales (docs/quantization.md)")
+    parser.add_argument("--quantization", default=None, choices=QUANTIZATIONS, help=QUANTIZATION_HELP)
     parser.add_argument("--num-blocks", type=int, default=256, help="KV blocks of 16 tokens (default 256)")
     parser.add_argument("--cache-dir", type=Path, default=None,
                         help="model cache (default: $PDSERVE_CACHE_DIR or ~/.cache/pdserve)")
@@ -77,7 +78,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         with _stdout_to_stderr():
             llm = LLM(args.model or DEFAULT_MODEL, dtype=args.dtype, device=device, num_blocks=args.num_blocks,
-                      max_num_seqs=1, cache_dir=cache_dir, hub=hub, kv_cache_dtype=args.kv_cache_dtype)
+                      max_num_seqs=1, cache_dir=cache_dir, hub=hub, kv_cache_dtype=args.kv_cache_dtype,
+                      quantization=args.quantization)
     except ModelNotFoundError as exc:
         print(f"pdserve generate: {exc}", file=sys.stderr)
         return 2

@@ -44,3 +44,17 @@ def test_fp8_kv_cache_generates_on_the_cpu(model_cache_dir: Path) -> None:
     result = run_cli(["The capital of France is", "--max-tokens", "8", "--kv-cache-dtype", "fp8"], model_cache_dir)
     assert result.returncode == 0, result.stderr
     assert result.stdout == expected.text + "\n" and expected.text.strip()
+
+
+def test_quantization_fp8_runs_on_cpu_close_to_fp32(model_cache_dir: Path) -> None:
+    """`--quantization fp8` through the reference kernels: the CLI prints the fp8 engine's greedy text, whose
+    first tokens are fp32's (benchmarks/results/fp8_weights_accuracy_cpu.json measures all 20 parity prompts)."""
+    prompt = "The capital of France is"
+    params = SamplingParams(max_tokens=4, temperature=0)
+    fp8 = LLM(num_blocks=32, max_num_seqs=1, cache_dir=model_cache_dir, progress=False, quantization="fp8")
+    fp32 = LLM(num_blocks=32, max_num_seqs=1, cache_dir=model_cache_dir, progress=False)
+    ours = fp8.generate([prompt], params)[0]
+    assert ours.token_ids == fp32.generate([prompt], params)[0].token_ids
+    result = run_cli([prompt, "--max-tokens", "4", "--quantization", "fp8"], model_cache_dir)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == ours.text + "\n"

@@ -1,0 +1,54 @@
+"""Linear layer over an fp8 weight: y = x @ dequant(W).T (+ bias), x in its own dtype, y in x's dtype.
+
+linear_fp8(x, weight: Fp8Weight, bias=None)
+# x: [..., K]; weight.weight: [N, K] e4m3, weight.scale: [N] fp32; bias: [N] or None -> [..., N]
+
+Two numerics, chosen by the number of rows M (the same rule on every backend, so a CPU run computes what
+the GPU computes):
+    M <= FP8_WEIGHT_ONLY_MAX_ROWS: weight-only, x @ (Wq * s).T, accumulated in fp32
+    M >  FP8_WEIGHT_ONLY_MAX_ROWS: W8A8, (xq * sx) @ (Wq * s).T, x quantized per row at each call (dynamic),
+                                   accumulated in fp32
+FP8_WEIGHT_ONLY_MAX_ROWS is 0 (kernels/fp8_weight.py says why, with the H200 numbers): every batch is W8A8.
+On CUDA kernels/linear_fp8_triton.py runs them (a GEMV with the fp8 weight upcast in registers; a Triton
+GEMM with fp8 tensor-core dots and both scales applied in the epilogue); elsewhere the references below.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from pdserve.kernels.dispatch import use_triton
+from pdserve.kernels.fp8_weight import (
+    FP8_WEIGHT_ONLY_MAX_ROWS,
+    Fp8Weight,
+    dequantize_weight_fp8,
+    quantize_rows_fp8_ref,
+)
+
+
+def quantizes_activations(num_rows: int) -> bool:
+    """W8A8 (True) or weight-only (False) for a product of this many rows."""
+    return num_rows > FP8_WEIGHT_ONLY_MAX_ROWS
+
+
+def linear_fp8_ref(x: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Dequantize and multiply in fp32 (x quantized first when quantizes_activations(rows))."""
+    k = x.shape[-1]
+    x2 = x.reshape(-1, k)
+    if quantizes_activations(x2.shape[0]):
+        xq, sx = quantize_rows_fp8_ref(x2)
+        xf = xq.float() * sx[:, None]
+    else:
+        xf = x2.float()
+    out = xf @ dequantize_weight_fp8(weight).T
+    if bias is not None:
+        out += bias.float()
+    return out.to(x.dtype).view(*x.shape[:-1], weight.shape[0])
+
+
+def linear_fp8(x: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    if use_triton(x):
+        from pdserve.kernels.linear_fp8_triton import linear_fp8_triton
+
+        return linear_fp8_triton(x, weight, bias)
+    return linear_fp8_ref(x, weight, bias)

@@ -1,0 +1,188 @@
+"""Triton kernels of the fp8 linear (kernels/linear_fp8.py): per-row activation quantization, the W8A8 GEMM,
+and the launcher that picks them or the fp8-weight GEMV (kernels/linear_triton.py's, SCALED) by batch rows.
+
+    M <= FP8_WEIGHT_ONLY_MAX_ROWS (0):  gemv_triton(x, Wq, scale=s)      x in its dtype, Wq upcast in registers
+    M >  FP8_WEIGHT_ONLY_MAX_ROWS:      xq, sx = quantize_rows_fp8_triton(x)   per row: amax pass, scale-and-cast pass
+                                        fp8_gemm_triton(xq, sx, Wq, s)   y = (xq Wq^T) * sx[m] * s[n] (+ b[n])
+
+The GEMM: grid cdiv(M, BLOCK_M) * cdiv(N, BLOCK_N) in GROUP_M-row super-groups (programs sharing W tiles run
+together, for L2); each program keeps a [BLOCK_M, BLOCK_N] fp32 accumulator and `tl.dot`s e4m3 tiles, which
+on sm90 are wgmma fp8 instructions (both operands K-major, as W [N, K] and x [M, K] are). Rows and columns
+past M, N are read modulo M, N (no masks in the loop) and not stored. Not fused: the activation quantization
+is a pass of its own over x [M, K] (fusing it into rms_norm / silu_and_mul would save one read of x, about
+2 M K bytes: 33 MB at M = 4096, K = 4096, ~7 us a linear on an H200; not done).
+"""
+
+import functools
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from pdserve.kernels.fp8_weight import FP8_DTYPE, FP8_MAX, Fp8Weight
+from pdserve.kernels.linear_fp8 import quantizes_activations
+from pdserve.kernels.linear_triton import GemvConfig, gemv_triton
+
+
+@dataclass(frozen=True)
+class Fp8GemmConfig:
+    block_m: int = 128
+    block_n: int = 128
+    block_k: int = 128
+    group_m: int = 8
+    num_warps: int = 8
+    num_stages: int = 4
+
+
+@triton.jit
+def _round_to_e4m3(v):
+    # v: fp32 within [-448, 448] -> the nearest e4m3 value (ties to even), still fp32, so that the cast to fp8
+    # after it is exact. Triton 3.8's interpreter casts fp32 -> e4m3 without carrying a rounded-up mantissa
+    # into the exponent (1.95 -> 1.0, 125 -> 64); rounding here first gives every backend torch's codes.
+    bits = v.to(tl.int32, bitcast=True)
+    exp = tl.maximum((bits >> 23) & 0xFF, 127 - 6)  # below 2^-6 the subnormals' step is 2^-9, as at 2^-6
+    step = ((exp - 3) << 23).to(tl.float32, bitcast=True)  # 2^(e - 3): 3 mantissa bits
+    u = v / step  # exact (a power of two); |u| < 16
+    return ((u + 12582912.0) - 12582912.0) * step  # 1.5 * 2^23: the fp32 add rounds u to an integer, to even
+
+
+@triton.jit(do_not_specialize=["M"])
+def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, M, K, stride_xm, stride_qm, FP8_MAX: tl.constexpr,
+                          BLOCK_K: tl.constexpr):
+    # x: [M, K] -> q: [M, K] e4m3, s: [M] fp32; grid: (M,)
+    row = tl.program_id(0).to(tl.int64)
+    amax = tl.zeros([BLOCK_K], tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        offs = k0 + tl.arange(0, BLOCK_K)
+        x = tl.load(x_ptr + row * stride_xm + offs, mask=offs < K, other=0.0).to(tl.float32)
+        amax = tl.maximum(amax, tl.abs(x))
+    scale = tl.maximum(tl.max(amax, axis=0), 1e-12) / FP8_MAX
+    tl.store(s_ptr + row, scale)
+    for k0 in range(0, K, BLOCK_K):
+        offs = k0 + tl.arange(0, BLOCK_K)
+        x = tl.load(x_ptr + row * stride_xm + offs, mask=offs < K, other=0.0).to(tl.float32)
+        q = _round_to_e4m3(tl.clamp(x / scale, -FP8_MAX, FP8_MAX))
+        tl.store(q_ptr + row * stride_qm + offs, q.to(q_ptr.dtype.element_ty), mask=offs < K)
+
+
+@triton.jit(do_not_specialize=["M"])
+def _fp8_gemm_kernel(
+    a_ptr, b_ptr, a_scale_ptr, b_scale_ptr, bias_ptr, c_ptr, M, N, K, stride_am, stride_bn, stride_cm,
+    HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):
+    # a: [M, K] e4m3, a_scale: [M]; b: [N, K] e4m3, b_scale: [N]; c: [M, N]; grid: (cdiv(M, BM) * cdiv(N, BN),)
+    pid = tl.program_id(0)
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    per_group = GROUP_M * num_n
+    first_m = (pid // per_group) * GROUP_M
+    rows_in_group = min(num_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % per_group) % rows_in_group
+    pid_n = (pid % per_group) // rows_in_group
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rm = tl.max_contiguous(tl.multiple_of(offs_m % M, BLOCK_M), BLOCK_M)
+    rn = tl.max_contiguous(tl.multiple_of(offs_n % N, BLOCK_N), BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + rm.to(tl.int64)[:, None] * stride_am + offs_k[None, :]  # [BLOCK_M, BLOCK_K]
+    b_ptrs = b_ptr + rn.to(tl.int64)[:, None] * stride_bn + offs_k[None, :]  # [BLOCK_N, BLOCK_K]
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        if EVEN_K:
+            a = tl.load(a_ptrs)
+            b = tl.load(b_ptrs)
+        else:
+            k_ok = (offs_k + k0 < K)[None, :]
+            a = tl.load(a_ptrs, mask=k_ok, other=0.0)
+            b = tl.load(b_ptrs, mask=k_ok, other=0.0)
+        acc = tl.dot(a, tl.trans(b), acc)
+        a_ptrs += BLOCK_K
+        b_ptrs += BLOCK_K
+    acc *= tl.load(a_scale_ptr + rm)[:, None] * tl.load(b_scale_ptr + rn)[None, :]
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + rn).to(tl.float32)[None, :]
+    c_ptrs = c_ptr + offs_m.to(tl.int64)[:, None] * stride_cm + offs_n[None, :]
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(offs_m < M)[:, None] & (offs_n < N)[None, :])
+
+
+def quantize_rows_fp8_triton(x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x2 [M, K] (unit stride along K) -> (xq [M, K] e4m3, scale [M] fp32), as quantize_rows_fp8_ref."""
+    m, k = x2.shape
+    if x2.stride(1) != 1:
+        raise ValueError(f"x {tuple(x2.shape)} needs unit stride along K, has strides {x2.stride()}")
+    q = torch.empty((m, k), dtype=FP8_DTYPE, device=x2.device)
+    scale = torch.empty((m,), dtype=torch.float32, device=x2.device)
+    if m:
+        _quantize_rows_kernel[(m,)](x2, q, scale, m, k, x2.stride(0), q.stride(0), FP8_MAX=FP8_MAX,
+                                    BLOCK_K=min(4096, triton.next_power_of_2(k)), num_warps=8)
+    return q, scale
+
+
+def fp8_gemm_triton(xq: torch.Tensor, x_scale: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None,
+                    out_dtype: torch.dtype, cfg: Fp8GemmConfig | None = None) -> torch.Tensor:
+    """xq [M, K] e4m3 with x_scale [M]; weight [N, K] -> [M, N] in out_dtype."""
+    m, k = xq.shape
+    n = weight.shape[0]
+    if weight.shape[1] != k or xq.stride(1) != 1 or weight.weight.stride(1) != 1:
+        raise ValueError(f"x {tuple(xq.shape)} and weight {tuple(weight.shape)} must share K with unit stride")
+    cfg = cfg or gemm_config(m, n, k)
+    out = torch.empty((m, n), dtype=out_dtype, device=xq.device)
+    if m == 0:
+        return out
+    grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n),)
+    _fp8_gemm_kernel[grid](
+        xq, weight.weight, x_scale, weight.scale, bias if bias is not None else out, out, m, n, k,
+        xq.stride(0), weight.weight.stride(0), out.stride(0),
+        HAS_BIAS=bias is not None, EVEN_K=k % cfg.block_k == 0,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return out
+
+
+def gemm_config(m: int, n: int, k: int) -> Fp8GemmConfig:
+    """Untuned, picked from benchmarks/linear_fp8_gpu.py's sweep on the H200 at llama3-8b's shapes
+    (benchmarks/results/linear_fp8_h200.json): 64 x 32 x 256 tiles at 64 rows (qkv, o, down: 47, 44, 56 us
+    against 76, 45, 64 us for 64 x 64 x 128), 64 x 128 x 128 for gate_up's 28,672 columns; 128 x 256 x 128 for
+    prefill (4,096 rows: 191, 138, 828, 362 us, 2-6 % behind torch._scaled_mm; 128 x 128 x 128: 222, 152, 874,
+    397 us)."""
+    if m <= 64:
+        if n >= 16384:
+            return Fp8GemmConfig(block_m=64, block_n=128, block_k=128, num_warps=4, num_stages=4)
+        return Fp8GemmConfig(block_m=64, block_n=32, block_k=256, num_warps=4, num_stages=4)
+    if m <= 256:
+        return Fp8GemmConfig(block_m=64, block_n=128, block_k=128, num_warps=4, num_stages=4)
+    return Fp8GemmConfig(block_m=128, block_n=256, block_k=128, num_warps=8, num_stages=3)
+
+
+@functools.lru_cache(maxsize=1024)
+def gemv_config(m: int, n: int, k: int, dtype: torch.dtype) -> GemvConfig:
+    """The weight-only GEMV over fp8 rows: ~2 programs per SM (of 132) as the bf16 heuristic; a 1,024-wide K
+    block moves as many bytes a stage as bf16's 512; fp32 activations use the FMA path (exact)."""
+    split_k = max(1, min(8, (2 * 132 * 16) // max(n, 1)))
+    if dtype == torch.float32:
+        return GemvConfig(split_k=split_k, use_dot=False, block_k=max(16, 8192 // (16 * triton.next_power_of_2(m))))
+    return GemvConfig(split_k=split_k, block_k=1024 if k % 1024 == 0 else 512)
+
+
+def linear_fp8_triton(x: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    k = x.shape[-1]
+    n = weight.shape[0]
+    if weight.shape[1] != k:
+        raise ValueError(f"weight {tuple(weight.shape)} must be [N, K={k}]")
+    if bias is not None and bias.shape != (n,):
+        raise ValueError(f"bias {tuple(bias.shape)} must be [N={n}]")
+    x2 = x.reshape(-1, k)
+    if x2.stride(1) != 1:
+        x2 = x2.contiguous()
+    m = x2.shape[0]
+    if m == 0:
+        return x.new_empty((*x.shape[:-1], n))
+    if quantizes_activations(m):
+        xq, sx = quantize_rows_fp8_triton(x2)
+        out = fp8_gemm_triton(xq, sx, weight, bias, x.dtype)
+    else:
+        out = gemv_triton(x2, weight.weight, bias, gemv_config(m, n, k, x.dtype), scale=weight.scale)
+    return out.view(*x.shape[:-1], n)
