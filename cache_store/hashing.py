@@ -23,6 +23,16 @@ _PERSON = b"pdserve.kvblk.v1"  # blake2b personalization (16 bytes max): version
 _MAX_TOKEN_ID = 2**32 - 1
 
 
+def prefix_lookup(hashes: Sequence[bytes], num_prompt_tokens: int, block_size: int) -> list[bytes]:
+    """The hashes a prompt looks up in a prefix cache: its full blocks but the one holding its last token, whose
+    logits give the first output token, so that token is always computed.
+
+        prompt of 33 tokens, block_size 16:  [ h0 ][ h1 ][t32]    lookup = [h0, h1]  ((33 - 1) // 16 = 2)
+        prompt of 32 tokens:                  [ h0 ][ h1 ]         lookup = [h0]      (t31 must be computed)
+    """
+    return list(hashes[: (num_prompt_tokens - 1) // block_size])
+
+
 def block_hashes(
     token_ids: Sequence[int],
     block_size: int,

@@ -32,6 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from pdserve.cache_store.block_pool import blocks_needed
+from pdserve.cache_store.hashing import prefix_lookup
 from pdserve.cache_store.prefix_cache import PrefixCache
 from pdserve.cache_store.tiered import TieredKVCache
 from pdserve.engine.attention_metadata import PrefillChunk
@@ -203,7 +204,7 @@ class Batcher:
 
     def _allocate(self, request: PrefillRequest, needed: int) -> bool:
         """Cached prefix + new blocks for the prompt, or False when they do not fit now."""
-        lookup = request.block_hashes[: (request.num_prompt_tokens - 1) // self.block_size]
+        lookup = prefix_lookup(request.block_hashes, request.num_prompt_tokens, self.block_size)
         if request.wants_prompt_logprobs:
             lookup = []  # a cached prefix has no logits: the whole prompt is computed
         if not self.cache.can_allocate(lookup, needed):
