@@ -30,7 +30,13 @@ def prefix_lookup(hashes: Sequence[bytes], num_prompt_tokens: int, block_size: i
         prompt of 33 tokens, block_size 16:  [ h0 ][ h1 ][t32]    lookup = [h0, h1]  ((33 - 1) // 16 = 2)
         prompt of 32 tokens:                  [ h0 ][ h1 ]         lookup = [h0]      (t31 must be computed)
     """
-    return list(hashes[: (num_prompt_tokens - 1) // block_size])
+    return list(hashes[: num_lookup_blocks(num_prompt_tokens, block_size)])
+
+
+def num_lookup_blocks(num_prompt_tokens: int, block_size: int) -> int:
+    """How many leading blocks of a prompt a prefix cache may give (`prefix_lookup`'s length for a prompt
+    whose full blocks are all hashed; the planner's simulator, which has no hashes, counts with it)."""
+    return (num_prompt_tokens - 1) // block_size
 
 
 def block_hashes(

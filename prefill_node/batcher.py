@@ -36,6 +36,7 @@ from pdserve.cache_store.hashing import prefix_lookup
 from pdserve.cache_store.prefix_cache import PrefixCache
 from pdserve.cache_store.tiered import TieredKVCache
 from pdserve.engine.attention_metadata import PrefillChunk
+from pdserve.prefill_node.chunking import chunk_tokens
 from pdserve.prefill_node.request import TRANSITIONS, PrefillRequest, PrefillState
 
 logger = logging.getLogger(__name__)
@@ -195,12 +196,7 @@ class Batcher:
     def _take(self, request: PrefillRequest, budget: int) -> int:
         """Tokens of `request` in this forward: all that remain if the budget allows, else a chunk that ends on a
         block edge when one is in reach (a block split between two forwards is sent to D twice)."""
-        take = min(request.remaining, budget)
-        if take < request.remaining:
-            end = (request.num_computed_tokens + take) // self.block_size * self.block_size
-            if end > request.num_computed_tokens:
-                take = end - request.num_computed_tokens
-        return take
+        return chunk_tokens(request.num_computed_tokens, request.remaining, budget, self.block_size)
 
     def _allocate(self, request: PrefillRequest, needed: int) -> bool:
         """Cached prefix + new blocks for the prompt, or False when they do not fit now."""
