@@ -21,10 +21,11 @@ returns the deltas. `close` gives everything back however the caller stopped (al
 
 from __future__ import annotations
 
-import asyncio
 import threading
 from collections import deque
+from collections.abc import Coroutine
 from dataclasses import dataclass
+from typing import Any
 
 from pdserve.cache_store.block_pool import BlockPool, blocks_needed
 from pdserve.cache_store.prefix_cache import PrefixCache
@@ -92,7 +93,6 @@ class OfflineWorker:
         self.prompt_logprobs: dict[str, PromptLogprobs] = {}  # what P collected, for requests that asked
         self._arrived: list[RequestOutput] = []  # first-token deltas of the step's completed transfers
         self.decode.on_outputs = self._arrived.extend
-        self._loop = asyncio.new_event_loop()  # runs the local sender's "done" (a coroutine that never waits)
 
     @property
     def has_work(self) -> bool:
@@ -103,10 +103,11 @@ class OfflineWorker:
 
     def step(self) -> list[RequestOutput]:
         self._reserve_pending()
-        self._arrived = []
+        self._arrived.clear()
+        preemptions = self.scheduler.num_preemptions
         prefilled = self._prefill_step()
-        outputs = self._arrived + self.decode.run_step()
-        if not prefilled and not outputs:
+        outputs = [*self._arrived, *self.decode.run_step()]
+        if not prefilled and not outputs and self.scheduler.num_preemptions == preemptions:
             queues = self.scheduler.queues
             raise RuntimeError(f"no progress possible: {len(self.pending)} prompts not reserved, "
                                f"{len(queues.requests)} live, {self.scheduler.pool.num_free} of "
@@ -121,7 +122,6 @@ class OfflineWorker:
             self.receiver.cancel(request_id)
             self.scheduler.abort(request_id, "the offline generation ended")
         self.pending.clear()
-        self._loop.close()
 
     # ---- phases -------------------------------------------------------------------------------------
 
@@ -164,5 +164,16 @@ class OfflineWorker:
                 if request.prompt_logprobs is not None:
                     self.prompt_logprobs[rid] = request.prompt_logprobs
         for request, result in finished:
-            self._loop.run_until_complete(self.prefill.complete(request, result))
+            _run_now(self.prefill.complete(request, result))
         return True
+
+
+def _run_now(coroutine: Coroutine[Any, Any, None]) -> None:
+    """Run to its end, on this thread, a coroutine that never suspends: the local sender's "done" only records it
+    (kv_transfer/local.py). Not through an event loop: the LLM may be called inside a running one (async tests)."""
+    try:
+        coroutine.send(None)
+    except StopIteration:
+        return
+    coroutine.close()
+    raise RuntimeError("the local KV hand-off waited for I/O: the offline worker cannot step it synchronously")
