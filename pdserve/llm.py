@@ -63,8 +63,10 @@ class _Collected:
         if delta.finish_reason in ("abort", "error"):
             raise RuntimeError(f"prompt {delta.request_id} ended with {delta.finish_reason}: {delta.error}")
         self.text += delta.text
-        wire = delta.logprobs or [None] * len(delta.token_ids)
-        self.logprobs += [None if entry is None else logprobs_from_wire(entry) for entry in wire]
+        if delta.logprobs is None:  # not asked for
+            self.logprobs += [None] * len(delta.token_ids)
+        else:
+            self.logprobs += [logprobs_from_wire(entry) for entry in delta.logprobs]
         self.finish_reason = delta.finish_reason or self.finish_reason
 
 
