@@ -15,7 +15,9 @@ blocks and treats the request as preempted with no output yet: D prefills the pr
 its next decode step feeds that last token and samples the first one (greedy and seeded outputs are the same).
 
 Every live request sits in the queue of its state, which changes in one place only: `DecodeQueues.move`
-(decode_node/queues.py, with what each move does to the request's blocks); the scheduler decides the moves.
+(decode_node/queues.py, with what each move does to the request's blocks); the scheduler decides the moves, by
+the rules of decode_node/admission.py (reservation, resume, slots, preemption victim: the planner's simulator
+asks the same object).
 
 A step is `schedule()` (phases `_resume_preempted`, `_admit_waiting`, `_grow_running`) then, after the model
 ran, `update()`. The engine overlaps them (decode_node/engine.py): step N+1 is scheduled and launched while

@@ -10,7 +10,7 @@ One `schedule()` packs at most `max_num_batched_tokens` prompt tokens:
 
 Requests already PREFILLING go first (so a long prompt keeps moving), then queued ones in arrival order; the
 last one may get a partial chunk, which ends on a block edge when one is in reach (a block split between two
-forwards would be sent to D twice). A queued request whose blocks do not fit waits at the head of the queue
+forwards would be sent to D twice; prefill_node/chunking.py, which the planner's simulator calls too). A queued request whose blocks do not fit waits at the head of the queue
 (FIFO, no overtaking: a long prompt is never starved by short ones). Only the suffix after the cached prefix
 is computed; at least one token always is, since its logits give the first token. A request that asks for prompt
 logprobs skips the cache and computes its whole prompt (engine/prompt_logprobs.py). With a tiered cache, the
