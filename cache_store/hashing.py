@@ -23,6 +23,22 @@ _PERSON = b"pdserve.kvblk.v1"  # blake2b personalization (16 bytes max): version
 _MAX_TOKEN_ID = 2**32 - 1
 
 
+def prefix_lookup(hashes: Sequence[bytes], num_prompt_tokens: int, block_size: int) -> list[bytes]:
+    """The hashes a prompt looks up in a prefix cache: its full blocks but the one holding its last token, whose
+    logits give the first output token, so that token is always computed.
+
+        prompt of 33 tokens, block_size 16:  [ h0 ][ h1 ][t32]    lookup = [h0, h1]  ((33 - 1) // 16 = 2)
+        prompt of 32 tokens:                  [ h0 ][ h1 ]         lookup = [h0]      (t31 must be computed)
+    """
+    return list(hashes[: num_lookup_blocks(num_prompt_tokens, block_size)])
+
+
+def num_lookup_blocks(num_prompt_tokens: int, block_size: int) -> int:
+    """How many leading blocks of a prompt a prefix cache may give (`prefix_lookup`'s length for a prompt
+    whose full blocks are all hashed; the planner's simulator, which has no hashes, counts with it)."""
+    return (num_prompt_tokens - 1) // block_size
+
+
 def block_hashes(
     token_ids: Sequence[int],
     block_size: int,

@@ -216,6 +216,25 @@ class DecodeEngine:
                 self._wake.wait(timeout=0.5)
         self._finish(in_flight)
 
+    def run_step(self) -> list[RequestOutput]:
+        """One step on the calling thread with nothing in flight before or after it (the offline LLM's loop,
+        pdserve/offline_worker.py): schedule, forward, draw, update; its deltas ([] when nothing ran). A forward
+        that raises ends the batch's requests with an error and propagates."""
+        self.stats.start_step()
+        with self.state_lock:
+            batch = self.scheduler.schedule()
+        if batch.empty:
+            return list(batch.outputs)
+        try:
+            launched = self._forward(batch, None)
+        except Exception:
+            with self.state_lock:
+                self.scheduler.fail_batch(batch, "decode step failed")
+            raise
+        outputs = list(batch.outputs) + self._complete(launched)
+        self.stats.end_step()
+        return outputs
+
     def _finish(self, launched: _Launched | None) -> None:
         """Complete a launched step (if any) and publish its deltas."""
         if launched is not None:

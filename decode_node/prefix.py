@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 
 from pdserve.cache_store.block_pool import BlockPool
+from pdserve.cache_store.hashing import prefix_lookup
 from pdserve.cache_store.prefix_cache import PrefixCache, SequenceBlocks
 from pdserve.cache_store.tier_reader import FetchedPrefix
 from pdserve.cache_store.tiered import TieredKVCache
@@ -44,7 +45,7 @@ class DecodePrefix:
         request asks for prompt logprobs (P computes its whole prompt: a cached prefix has no logits)."""
         if self.prefix_cache is None or request.sampling.prompt_logprobs is not None:
             return []
-        return request.block_hashes[: (len(request.prompt_token_ids) - 1) // self.block_size]
+        return prefix_lookup(request.block_hashes, len(request.prompt_token_ids), self.block_size)
 
     def can_reserve(self, lookup: list[bytes], num_blocks: int) -> bool:
         if self.prefix_cache is None:

@@ -15,7 +15,9 @@ blocks and treats the request as preempted with no output yet: D prefills the pr
 its next decode step feeds that last token and samples the first one (greedy and seeded outputs are the same).
 
 Every live request sits in the queue of its state, which changes in one place only: `DecodeQueues.move`
-(decode_node/queues.py, with what each move does to the request's blocks); the scheduler decides the moves.
+(decode_node/queues.py, with what each move does to the request's blocks); the scheduler decides the moves, by
+the rules of decode_node/admission.py (reservation, resume, slots, preemption victim: the planner's simulator
+asks the same object).
 
 A step is `schedule()` (phases `_resume_preempted`, `_admit_waiting`, `_grow_running`) then, after the model
 ran, `update()`. The engine overlaps them (decode_node/engine.py): step N+1 is scheduled and launched while
@@ -52,6 +54,7 @@ from pdserve.cache_store.block_pool import BlockPool, blocks_needed
 from pdserve.cache_store.prefix_cache import PrefixCache
 from pdserve.cache_store.tier_reader import FetchedPrefix
 from pdserve.cache_store.tiered import TieredKVCache
+from pdserve.decode_node.admission import DecodeAdmission
 from pdserve.decode_node.prefix import DecodePrefix
 from pdserve.decode_node.queues import DecodeQueues
 from pdserve.decode_node.request import DecodeRequest, RequestState
@@ -77,6 +80,7 @@ class Scheduler:
         self.output = output
         self.max_num_seqs = max_num_seqs
         self.watermark_blocks = watermark_blocks
+        self.admission = DecodeAdmission(block_size, max_num_seqs, watermark_blocks)  # the rules, as arithmetic
         # reservations take their cached prefix from `prefix_cache` (None: new blocks only); finished sequences
         # are committed to `tiered` (the next turn's prefix)
         self.prefix = DecodePrefix(pool, block_size, prefix_cache, tiered)
@@ -112,7 +116,7 @@ class Scheduler:
         the request by `TieredKVCache.fetch`) is loaded after it."""
         if request.request_id in self.queues.requests:
             return Refusal(f"request {request.request_id!r} is already reserved on this worker", 0.0, 409)
-        needed = blocks_needed(len(request.prompt_token_ids) + 1, self.block_size)
+        needed = self.admission.reservation_blocks(len(request.prompt_token_ids))
         if needed > self.pool.num_total - self.watermark_blocks:
             return Refusal(f"prompt of {len(request.prompt_token_ids)} tokens needs {needed} KV blocks; this "
                            f"worker has {self.pool.num_total} in all", 0.0, 400)
@@ -120,7 +124,8 @@ class Scheduler:
             return Refusal(f"queue full: {self.queues.num_waiting} requests wait on this decode worker already "
                            f"(--max-queued-requests {self.max_waiting})", self._retry_after())
         lookup = self.prefix.lookup_hashes(request)
-        if self.queues.preempted or not self.prefix.can_reserve(lookup, needed + self.watermark_blocks):
+        if not self.admission.may_reserve(needed, len(self.queues.preempted),
+                                          lambda n: self.prefix.can_reserve(lookup, n)):
             return Refusal(f"no room: {needed} KV blocks needed, {self.pool.num_free} of {self.pool.num_total} "
                            f"free, {len(self.queues.preempted)} preempted requests waiting", self._retry_after())
         blocks = self.prefix.allocate(lookup, needed, fetched)
@@ -277,12 +282,10 @@ class Scheduler:
 
     def _resume_preempted(self, batch: DecodeBatch) -> None:
         """Oldest preempted first; it needs blocks for all its tokens, plus the watermark."""
-        while self.queues.preempted and len(self.queues.running) < self.max_num_seqs:
+        while self.queues.preempted and self.admission.has_slot(len(self.queues.running)):
             request = self.queues.preempted[0]
             needed = blocks_needed(request.num_tokens, self.block_size)
-            if not self.pool.can_allocate(needed + self.watermark_blocks) and self.queues.running:
-                return
-            if not self.pool.can_allocate(needed):
+            if not self.pool.can_allocate(self.admission.resume_blocks(needed, len(self.queues.running))):
                 return
             request.block_ids = list(self.pool.allocate(needed).block_ids)
             request.num_computed_tokens = request.num_tokens - 1
@@ -291,7 +294,7 @@ class Scheduler:
                 batch.recompute.append(RecomputeItem(request, request.all_token_ids[:-1], request.block_ids))
 
     def _admit_waiting(self) -> None:
-        while self.queues.waiting and len(self.queues.running) < self.max_num_seqs:
+        while self.queues.waiting and self.admission.has_slot(len(self.queues.running)):
             self.queues.move(self.queues.waiting[0], RequestState.RUNNING)
 
     def _admit_local_prefills(self, batch: DecodeBatch) -> None:
@@ -300,7 +303,7 @@ class Scheduler:
         `max_local_prefill_tokens` a step, but always the oldest one."""
         budget = self.max_local_prefill_tokens
         taken = 0
-        while self.queues.local_prefills and len(self.queues.running) < self.max_num_seqs:
+        while self.queues.local_prefills and self.admission.has_slot(len(self.queues.running)):
             request = self.queues.local_prefills[0]
             prompt, start = request.prompt_token_ids, request.cached_tokens
             tokens = max(0, len(prompt) - 1 - start)
@@ -325,7 +328,7 @@ class Scheduler:
                 request.block_ids.extend(self.pool.allocate(missing).block_ids)
                 index += 1
             else:
-                victim = self.queues.running[-1]
+                victim = self.admission.victim(self.queues.running)
                 self._preempt(victim)
                 if victim is request:
                     return

@@ -78,6 +78,11 @@ def logprobs_to_wire(entry: TokenLogprobs) -> dict[str, Any]:
     return {"token_id": entry.token_id, "logprob": entry.logprob, "top": [[t, lp] for t, lp in entry.top]}
 
 
+def logprobs_from_wire(entry: dict[str, Any]) -> TokenLogprobs:
+    """The inverse of `logprobs_to_wire` (the offline LLM reads its tokens' logprobs from the deltas)."""
+    return TokenLogprobs(int(entry["token_id"]), float(entry["logprob"]), [(int(t), float(lp)) for t, lp in entry["top"]])
+
+
 class OutputProcessor:
     """Stateless over sequences: the per-sequence detokenizer and stop checker live on the sequence."""
 

@@ -11,9 +11,10 @@ One `schedule()` packs at most `max_num_batched_tokens` prompt tokens:
 Requests already PREFILLING go first (so a long prompt keeps moving), then queued ones in arrival order; the
 first queued one that gets only a partial chunk takes it after the whole prompts queued behind it that fit in
 half of what it was left (a short prompt does not wait a forward behind a long one's first chunk); a partial
-chunk ends on a block edge when one is in reach (a block split between two forwards would be sent to D twice).
-A queued request whose blocks do not fit waits at the head of the queue (FIFO, no overtaking for blocks: a long
-prompt is never starved by short ones). Only the suffix after the cached prefix
+chunk ends on a block edge when one is in reach (a block split between two forwards would be sent to D twice;
+prefill_node/chunking.py, which the planner's simulator calls too). A queued request whose blocks do not fit
+waits at the head of the queue (FIFO, no overtaking for blocks: a long prompt is never starved by short ones).
+Only the suffix after the cached prefix
 is computed; at least one token always is, since its logits give the first token. A request that asks for prompt
 logprobs skips the cache and computes its whole prompt (engine/prompt_logprobs.py). With a tiered cache, the
 cached prefix is the device's hits followed by the blocks the node fetched from host RAM / Redis before queueing
@@ -34,9 +35,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from pdserve.cache_store.block_pool import blocks_needed
+from pdserve.cache_store.hashing import prefix_lookup
 from pdserve.cache_store.prefix_cache import PrefixCache
 from pdserve.cache_store.tiered import TieredKVCache
 from pdserve.engine.attention_metadata import PrefillChunk
+from pdserve.prefill_node.chunking import chunk_tokens
 from pdserve.prefill_node.request import TRANSITIONS, PrefillRequest, PrefillState
 
 logger = logging.getLogger(__name__)
@@ -222,16 +225,11 @@ class Batcher:
     def _take(self, request: PrefillRequest, budget: int) -> int:
         """Tokens of `request` in this forward: all that remain if the budget allows, else a chunk that ends on a
         block edge when one is in reach (a block split between two forwards is sent to D twice)."""
-        take = min(request.remaining, budget)
-        if take < request.remaining:
-            end = (request.num_computed_tokens + take) // self.block_size * self.block_size
-            if end > request.num_computed_tokens:
-                take = end - request.num_computed_tokens
-        return take
+        return chunk_tokens(request.num_computed_tokens, request.remaining, budget, self.block_size)
 
     def _allocate(self, request: PrefillRequest, needed: int) -> bool:
         """Cached prefix + new blocks for the prompt, or False when they do not fit now."""
-        lookup = request.block_hashes[: (request.num_prompt_tokens - 1) // self.block_size]
+        lookup = prefix_lookup(request.block_hashes, request.num_prompt_tokens, self.block_size)
         if request.wants_prompt_logprobs:
             lookup = []  # a cached prefix has no logits: the whole prompt is computed
         if not self.cache.can_allocate(lookup, needed):

@@ -8,7 +8,7 @@
                                                         └─ layer i done ─▶ sender.submit_prepared(sends, i)
                                                            (blocks copied out now, written on the loop)
                                                      sample first tokens; batcher.update / finish
-    _complete(): await sender.finish(done frame) ◀── run_coroutine_threadsafe
+    complete(): await sender.finish(done frame)  ◀── run_coroutine_threadsafe
                  resolve the node's future (it answers the router with PREFILLED)
 
 Layer i of the whole packed batch goes out while layer i + 1 computes. A chunk carries the blocks its tokens
@@ -177,7 +177,8 @@ class PrefillEngine:
         else:
             future.set_result(outcome)
 
-    async def _complete(self, request: PrefillRequest, result: PrefillResult) -> None:
+    async def complete(self, request: PrefillRequest, result: PrefillResult) -> None:
+        """Hand the computed prompt to D (the sender's "done", with the first token) and resolve its future."""
         logprob = None if result.logprobs is None else result.logprobs.logprob
         top = [] if result.logprobs is None else result.logprobs.top  # D's first delta carries them too
         try:
@@ -206,16 +207,26 @@ class PrefillEngine:
         while not self._stop.is_set():
             self.progress.tick()  # a forward done, or an idle turn (at most 0.5 s apart)
             self._wake.clear()
-            with self.state_lock:
-                plan = self.batcher.schedule()
-            for request in plan.failed:
-                self._on_loop(self._fail(request, request.error or "refused", 400))
-            if plan.empty:
+            finished = self.run_step()
+            if finished is None:
                 self._wake.wait(timeout=0.5)
                 continue
-            self._step(plan)
+            for request, result in finished:
+                self._on_loop(self.complete(request, result))
 
-    def _step(self, plan: PrefillPlan) -> None:
+    def run_step(self) -> list[tuple[PrefillRequest, PrefillResult]] | None:
+        """Schedule and compute one packed forward on the calling thread; None when nothing was scheduled. Returns
+        the requests whose prompt it ended, each with its first token, for `complete` (the hand-off to D): the step
+        thread runs that on the event loop, the offline LLM (pdserve/offline_worker.py) at once."""
+        with self.state_lock:
+            plan = self.batcher.schedule()
+        for request in plan.failed:
+            self._on_loop(self._fail(request, request.error or "refused", 400))
+        if plan.empty:
+            return None
+        return self._step(plan)
+
+    def _step(self, plan: PrefillPlan) -> list[tuple[PrefillRequest, PrefillResult]]:
         sends = [chunk_send(chunk, self.block_size) for chunk in plan.chunks]
         broken: dict[str, str] = {}
         started = time.perf_counter()
@@ -226,7 +237,7 @@ class PrefillEngine:
         except Exception as exc:  # a failed forward ends its requests, not the worker
             logger.exception("prefill forward of %d tokens failed", plan.num_tokens)
             self._fail_all([c.request for c in plan.chunks], f"prefill forward failed: {exc!r}", 500)
-            return
+            return []
         self.stats.num_forwards += 1
         self.stats.num_computed_tokens += plan.num_tokens
         self.stats.forward_seconds += time.perf_counter() - started
@@ -240,8 +251,7 @@ class PrefillEngine:
             request = chunk.request
             if request.state == PrefillState.ABORTED and request.request_id not in broken:
                 self._on_loop(self.sender.abort(request.request_id, request.error or "aborted"))
-        for request in done:
-            self._finish(request, *first_tokens[request.request_id])
+        return [(request, self._result(request, *first_tokens[request.request_id])) for request in done]
 
     def _forward(self, plan: PrefillPlan, sends: list[ChunkSend],
                  broken: dict[str, str]) -> dict[str, tuple[int, TokenLogprobs | None]]:
@@ -281,13 +291,11 @@ class PrefillEngine:
                                                for r in last])
         return {r.request_id: (token, lp) for r, token, lp in zip(last, sampled.token_ids, sampled.logprobs, strict=True)}
 
-    def _finish(self, request: PrefillRequest, token_id: int, logprobs: TokenLogprobs | None) -> None:
+    def _result(self, request: PrefillRequest, token_id: int, logprobs: TokenLogprobs | None) -> PrefillResult:
         self.stats.num_cached_tokens += request.num_cached_tokens
         self.stats.num_prompt_tokens += request.num_prompt_tokens
-        result = PrefillResult(request.request_id, token_id, logprobs, request.num_cached_tokens,
-                               request.num_prompt_tokens - request.num_cached_tokens,
-                               time.monotonic() - request.arrival)
-        self._on_loop(self._complete(request, result))
+        return PrefillResult(request.request_id, token_id, logprobs, request.num_cached_tokens,
+                             request.num_prompt_tokens - request.num_cached_tokens, time.monotonic() - request.arrival)
 
     def _fail_all(self, requests: list[PrefillRequest], message: str, status: int) -> None:
         if not requests:

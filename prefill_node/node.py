@@ -15,7 +15,7 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from pdserve.cache_store.block_pool import blocks_needed
-from pdserve.cache_store.hashing import block_hashes
+from pdserve.cache_store.hashing import block_hashes, prefix_lookup
 from pdserve.engine.detokenizer import Decoder
 from pdserve.engine.grammar import GrammarBackend, GrammarError
 from pdserve.engine.output import NoTextDecoder, OutputProcessor, SequenceText, logprobs_to_wire
@@ -170,7 +170,7 @@ class PrefillNode:
         """Stage the prompt's blocks found in host RAM / Redis (the batcher loads them at admission).
         Colocated requests took theirs with D's reservation."""
         tiered = self.batcher.tiered
-        lookup = request.block_hashes[: (request.num_prompt_tokens - 1) // self.config.block_size]
+        lookup = prefix_lookup(request.block_hashes, request.num_prompt_tokens, self.config.block_size)
         if (tiered is None or not tiered.has_lower_tiers or not lookup or self.engine.sender.shares_pool
                 or request.wants_prompt_logprobs):
             return

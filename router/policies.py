@@ -26,7 +26,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from pdserve.cache_store.hashing import block_hashes
+from pdserve.cache_store.hashing import block_hashes, prefix_lookup
 from pdserve.router.registry import Worker
 
 
@@ -143,7 +143,7 @@ def matched_blocks(worker: Worker, prompt: Prompt | None, block_size: int) -> in
     if prompt is None or worker.fingerprint is None:
         return 0
     hashes = prompt.hashes(worker.fingerprint, block_size)
-    return worker.prefixes.matched(hashes[: (len(prompt.token_ids) - 1) // block_size])
+    return worker.prefixes.matched(prefix_lookup(hashes, len(prompt.token_ids), block_size))
 
 
 def decode_load(worker: Worker) -> int:

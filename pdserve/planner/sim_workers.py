@@ -1,5 +1,21 @@
-"""The simulated prefill and decode workers: the same policies as prefill_node/batcher.py and
-decode_node/scheduler.py, with step times from a fitted Profile.
+"""The simulated prefill and decode workers: the policies of prefill_node/batcher.py and decode_node/scheduler.py,
+with step times from a fitted Profile.
+
+Where the policy is the same code: the chunk a prompt gets in a forward (`chunk_tokens`, prefill_node/chunking.py:
+the budget's rest, cut back to a block edge when one is in reach), the cached prefix a prompt may use
+(`num_lookup_blocks`, cache_store/hashing.py: never the block of its last token), and D's admission and
+preemption (`DecodeAdmission`, decode_node/admission.py: reservation size and watermark, no reservation while a
+preempted request waits, resume rule, running slots, newest preempted first). Those are called here, not copied.
+
+Where it cannot be, and why: the simulator does not run `Batcher` and `Scheduler` themselves. They hold a
+request object per sequence (token lists, detokenizer, block ids) over a real `BlockPool` (free list, ref counts,
+eviction), so a decode step costs O(batch) Python work, and the plan sweeps clusters of hundreds of workers over
+tens of thousands of requests (tests/planner/test_simulator.py: 200 workers, 20,000 requests in seconds). Here a
+worker is counters: free blocks, a prompt's group instead of its hashes (a workload has lengths and group ids,
+not tokens: a group's prefix counts as cached on a P once it finished a prompt of the group, and is never
+evicted). Not simulated at all: D's own prefix cache at reservation, host RAM / Redis tiers, the batcher's
+limit on prefilling requests and its refusal of prompts that can never fit, the decode engine's overlap of
+step N+1's scheduling with step N (same tokens, less host time), local prefill on D and KV-load failures.
 
 Prefill: FIFO queue; one iteration packs at most max_num_batched_tokens prompt tokens, requests already
 prefilling first, then queued ones in arrival order, the last possibly a partial chunk. Only the suffix after
@@ -23,7 +39,10 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
+from pdserve.cache_store.hashing import num_lookup_blocks
+from pdserve.decode_node.admission import DecodeAdmission
 from pdserve.planner.profile import Profile
+from pdserve.prefill_node.chunking import chunk_tokens
 
 DecodeCoef = tuple[float, float, float, float, float]  # Profile.decode_coef(): Σctx, batch·max(ctx), batch, const, [batch > 1]
 
@@ -58,14 +77,14 @@ class PrefillWorker:
         for rid, done in self.prefilling.items():
             if budget <= 0:
                 break
-            take = min(input_len[rid] - done, budget)
+            take = chunk_tokens(done, input_len[rid] - done, budget, self.block_size)
             plan.append(Chunk(rid, done, done + take))
             budget -= take
         while self.queue and budget > 0:
             rid = self.queue.popleft()
             cached = self._cached_tokens(input_len[rid], prefix_len[rid], group[rid])
             self.prefilling[rid] = cached
-            take = min(input_len[rid] - cached, budget)
+            take = chunk_tokens(cached, input_len[rid] - cached, budget, self.block_size)
             plan.append(Chunk(rid, cached, cached + take))
             budget -= take
         self.plan = plan
@@ -75,7 +94,7 @@ class PrefillWorker:
         """Full blocks of the group's prefix, never the prompt's last token (its logits give the first token)."""
         if prefix <= 0 or group not in self.cached_groups:
             return 0
-        return min(prefix, n - 1) // self.block_size * self.block_size
+        return min(prefix // self.block_size, num_lookup_blocks(n, self.block_size)) * self.block_size
 
     def finish_iteration(self, input_len: list[int], group: list[int], prefix_len: list[int]) -> list[int]:
         """Advance the plan's requests; returns those whose whole prompt is now computed."""
@@ -104,8 +123,7 @@ class DecodeWorker:
         self.total = num_blocks
         self.free = num_blocks
         self.block_size = block_size
-        self.max_num_seqs = max_num_seqs
-        self.watermark = watermark_blocks
+        self.admission = DecodeAdmission(block_size, max_num_seqs, watermark_blocks)
         self.waiting: deque[tuple[int, int, int]] = deque()  # (rid, ctx0, steps) with KV present
         self.preempted: deque[tuple[int, int, int]] = deque()
         self.running: dict[int, tuple[int, int, int]] = {}
@@ -133,8 +151,8 @@ class DecodeWorker:
         return bool(self.running or self.waiting or self.preempted)
 
     def reserve(self, prompt_len: int) -> bool:
-        needed = blocks_for(prompt_len + 1, self.block_size)
-        if self.preempted or self.free - needed < self.watermark:
+        needed = self.admission.reservation_blocks(prompt_len)
+        if not self.admission.may_reserve(needed, len(self.preempted), lambda n: n <= self.free):
             return False
         self.free -= needed
         return True
@@ -146,16 +164,16 @@ class DecodeWorker:
         """Resume preempted, admit waiting, then make room for this step's new blocks."""
         self.recompute_tokens = []
         joined: list[tuple[int, int, int]] = []
-        while self.preempted and len(self.running) + len(joined) < self.max_num_seqs:
+        while self.preempted and self.admission.has_slot(len(self.running) + len(joined)):
             rid, ctx0, steps = self.preempted[0]
             needed = blocks_for(ctx0, self.block_size)
-            if self.free < needed + (self.watermark if self.running or joined else 0):
+            if self.free < self.admission.resume_blocks(needed, len(self.running) + len(joined)):
                 break
             self.preempted.popleft()
             self.free -= needed
             self.recompute_tokens.append(ctx0 - 1)
             joined.append((rid, ctx0, steps))
-        while self.waiting and len(self.running) + len(joined) < self.max_num_seqs:
+        while self.waiting and self.admission.has_slot(len(self.running) + len(joined)):
             joined.append(self.waiting.popleft())
         self._grow()
         for rid, ctx0, steps in joined:
@@ -168,7 +186,7 @@ class DecodeWorker:
         the steps start (`sync_to`), so a reservation sees what it would see step by step; one that leaves
         too few cuts the run (`rest_fits`), and so does a KV arrival that could join (`cut_run`)."""
         self.run_taken = 1  # the first step's blocks were taken by _grow
-        if joined or self.preempted or not self.finishing or (self.waiting and len(self.running) < self.max_num_seqs):
+        if joined or self.preempted or not self.finishing or (self.waiting and self.admission.has_slot(len(self.running))):
             return 1
         k = self.finishing[0][0] - self.step + 1
         while k > 1 and self._due_over(self.step + 1, k - 1) > self.free:
@@ -256,7 +274,7 @@ class DecodeWorker:
 
     def _preempt_newest(self) -> int:
         """Free the newest request's blocks; returns how many of this step's due blocks it no longer needs."""
-        rid = next(reversed(self.running))
+        rid = self.admission.victim(self.running)
         ctx0, s0, last = self.running[rid]
         was_due = int(self.step > s0 and (ctx0 + self.step - s0 - 1) % self.block_size == 0)
         tokens, held = self._leave(rid)
@@ -286,4 +304,4 @@ class DecodeWorker:
 
     def release_reservation(self, prompt_len: int) -> None:
         """A request that finished at its first token (output_len 1) frees its reservation."""
-        self.free += blocks_for(prompt_len + 1, self.block_size)
+        self.free += self.admission.reservation_blocks(prompt_len)

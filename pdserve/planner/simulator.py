@@ -214,7 +214,7 @@ class Simulation:
             worker = self.decode[d]
             self._sync(t, d)
             if worker.reserve(self.inp[rid]):
-                self.d_pending[d] += -(-(self.inp[rid] + 1) // self.cluster.block_size)
+                self.d_pending[d] += worker.admission.reservation_blocks(self.inp[rid])
                 self.d_inflight[d] += 1
                 if worker.busy and worker.run_len > worker.run_taken and not worker.rest_fits():
                     self._cut(d, worker.run_taken)  # step by step, a later step would preempt: let it
@@ -270,7 +270,7 @@ class Simulation:
             worker.kv_arrived(rid, self.inp[rid], self.out[rid])
             if not worker.busy:
                 self._d_start(t, d)
-            elif worker.run_len > 1 and len(worker.running) < worker.max_num_seqs:
+            elif worker.run_len > 1 and worker.admission.has_slot(len(worker.running)):
                 self._cut_run(t, d)  # it can join at the next step boundary
 
     def _d_start(self, t: float, d: int) -> None:

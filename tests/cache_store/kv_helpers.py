@@ -9,6 +9,7 @@ import msgpack
 import torch
 
 from pdserve.cache_store.block_pool import BlockPool, blocks_needed
+from pdserve.cache_store.hashing import prefix_lookup
 from pdserve.cache_store.kv_codec import FORMAT_VERSION, BlockLayout, encode_block
 from pdserve.cache_store.prefix_cache import PrefixCache
 from pdserve.cache_store.tiered import TieredKVCache
@@ -101,7 +102,7 @@ def prefill(worker: Worker, prompt: list[int], salt: str | None = None, seed: in
     """
     cache = worker.cache
     hashes = cache.sequence_hashes(prompt, salt)
-    lookup = hashes[:(len(prompt) - 1) // BS]
+    lookup = prefix_lookup(hashes, len(prompt), BS)
     fetched = cache.fetch(lookup, salt, timeout_s)
     seq = cache.allocate(lookup, blocks_needed(len(prompt), BS), fetched)
     fresh = seq.block_ids[seq.num_cached_blocks:]

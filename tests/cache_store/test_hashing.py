@@ -5,7 +5,13 @@ import sys
 
 import pytest
 
-from pdserve.cache_store.hashing import DIGEST_SIZE, block_hashes, hash_block
+from pdserve.cache_store.hashing import (
+    DIGEST_SIZE,
+    block_hashes,
+    hash_block,
+    num_lookup_blocks,
+    prefix_lookup,
+)
 
 FP = "smollm2-135m:bf16"
 
@@ -75,3 +81,11 @@ def test_bad_parent_and_block_size() -> None:
         block_hashes([1] * 16, 16, FP, parent=b"short")
     with pytest.raises(ValueError, match="block_size"):
         block_hashes([1] * 16, 0, FP)
+
+
+@pytest.mark.parametrize(("num_tokens", "expected"), [(1, 0), (16, 0), (17, 1), (32, 1), (33, 2), (48, 2)])
+def test_prefix_lookup_never_covers_the_last_token(num_tokens: int, expected: int) -> None:
+    """Its logits give the first output token, so the block holding it is always computed."""
+    hashes = block_hashes(list(range(num_tokens)), 16, "model")
+    assert num_lookup_blocks(num_tokens, 16) == expected
+    assert prefix_lookup(hashes, num_tokens, 16) == hashes[:expected]
