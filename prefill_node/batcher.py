@@ -39,7 +39,7 @@ from pdserve.cache_store.hashing import prefix_lookup
 from pdserve.cache_store.prefix_cache import PrefixCache
 from pdserve.cache_store.tiered import TieredKVCache
 from pdserve.engine.attention_metadata import PrefillChunk
-from pdserve.prefill_node.chunking import chunk_tokens
+from pdserve.prefill_node.chunking import QueuedAdmission, chunk_tokens
 from pdserve.prefill_node.request import TRANSITIONS, PrefillRequest, PrefillState
 
 logger = logging.getLogger(__name__)
@@ -185,25 +185,25 @@ class Batcher:
         when its turn came, so a short prompt is not kept a whole forward behind a long one's first chunk
         (a 512-token forward takes seconds on a CPU), and the long one still gets at least half."""
         partial: PrefillRequest | None = None
-        reserve = 0  # budget kept for `partial`
+        order = QueuedAdmission(budget)
         for request in list(self.queue):
-            if budget - reserve <= 0 or len(self.prefilling) >= self.max_num_seqs:
+            if not order.room() or len(self.prefilling) >= self.max_num_seqs:
                 break
-            if partial is not None and request.num_prompt_tokens > budget - reserve:
+            if not order.goes_before_partial(request.num_prompt_tokens):
                 break  # only whole prompts go before the partial one
             admitted = self._admit(request, plan)
             if admitted is None:
                 continue  # refused: it can never fit
             if not admitted:
                 break  # its blocks do not fit now: it waits at the head
-            if partial is None and request.remaining > budget:
-                partial, reserve = request, (budget + 1) // 2
+            if not order.takes_now(request.remaining):
+                partial = request
                 continue
-            take = self._take(request, budget)
+            take = self._take(request, order.budget)
             plan.chunks.append(ScheduledChunk(request, request.num_computed_tokens, request.num_computed_tokens + take))
-            budget -= take
+            order.spend(take)
         if partial is not None:
-            take = self._take(partial, budget)
+            take = self._take(partial, order.budget)
             plan.chunks.append(ScheduledChunk(partial, partial.num_computed_tokens, partial.num_computed_tokens + take))
 
     def _admit(self, request: PrefillRequest, plan: PrefillPlan) -> bool | None:

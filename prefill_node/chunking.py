@@ -21,3 +21,39 @@ def chunk_tokens(num_computed: int, remaining: int, budget: int, block_size: int
         if end > num_computed:
             take = end - num_computed
     return take
+
+
+class QueuedAdmission:
+    """The order in which queued prompts take a forward's budget, as arithmetic (one per forward).
+
+        for each queued prompt, in arrival order:
+            room() false                            ─▶ stop
+            goes_before_partial(n) false            ─▶ stop: only whole prompts go before the partial one
+            (admit it: blocks, slots)
+            takes_now(n) false                      ─▶ it is the first that gets only part of its prompt:
+                                                       half of what was left is kept for it, its chunk last
+            else spend(its chunk)
+        then the partial one's chunk from what is left
+
+    So a short prompt is not kept a whole forward behind a long one's first chunk, and the long one still gets
+    at least half. The batcher (prefill_node/batcher.py) and the planner's simulated P both follow it."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self.reserve = 0  # kept for the partial prompt
+        self.has_partial = False
+
+    def room(self) -> bool:
+        return self.budget - self.reserve > 0
+
+    def goes_before_partial(self, num_prompt_tokens: int) -> bool:
+        return not self.has_partial or num_prompt_tokens <= self.budget - self.reserve
+
+    def takes_now(self, remaining: int) -> bool:
+        if not self.has_partial and remaining > self.budget:
+            self.has_partial, self.reserve = True, (self.budget + 1) // 2
+            return False
+        return True
+
+    def spend(self, take: int) -> None:
+        self.budget -= take

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from pdserve.cache_store.hashing import num_lookup_blocks
 from pdserve.decode_node.admission import DecodeAdmission
 from pdserve.planner.profile import Profile
-from pdserve.prefill_node.chunking import chunk_tokens
+from pdserve.prefill_node.chunking import QueuedAdmission, chunk_tokens
 
 DecodeCoef = tuple[float, float, float, float, float]  # Profile.decode_coef(): Σctx, batch·max(ctx), batch, const, [batch > 1]
 
@@ -80,13 +80,21 @@ class PrefillWorker:
             take = chunk_tokens(done, input_len[rid] - done, budget, self.block_size)
             plan.append(Chunk(rid, done, done + take))
             budget -= take
-        while self.queue and budget > 0:
+        order, partial = QueuedAdmission(budget), None
+        while self.queue and order.room() and order.goes_before_partial(input_len[self.queue[0]]):
             rid = self.queue.popleft()
             cached = self._cached_tokens(input_len[rid], prefix_len[rid], group[rid])
             self.prefilling[rid] = cached
-            take = chunk_tokens(cached, input_len[rid] - cached, budget, self.block_size)
+            if not order.takes_now(input_len[rid] - cached):
+                partial = (rid, cached)
+                continue
+            take = chunk_tokens(cached, input_len[rid] - cached, order.budget, self.block_size)
             plan.append(Chunk(rid, cached, cached + take))
-            budget -= take
+            order.spend(take)
+        if partial is not None:
+            rid, cached = partial
+            take = chunk_tokens(cached, input_len[rid] - cached, order.budget, self.block_size)
+            plan.append(Chunk(rid, cached, cached + take))
         self.plan = plan
         return plan
 

@@ -36,7 +36,7 @@ def test_simulated_prefill_chunks_as_the_batcher_does() -> None:
             batcher.finish(request)
         simulated.finish_iteration(lengths, none, none)
         forwards += 1
-    assert forwards == 8 and not simulated.prefilling and not simulated.queue
+    assert forwards == 9 and not simulated.prefilling and not simulated.queue
     assert_no_leak(pool)
 
 
