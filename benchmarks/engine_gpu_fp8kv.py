@@ -35,11 +35,13 @@ def _items(per_seq: int) -> list[DecodeInput]:
     return [DecodeInput(11 + i, CONTEXT, list(range(i * per_seq, (i + 1) * per_seq))) for i in range(BATCH)]
 
 
-def _decode_ms(config: ModelConfig, device: torch.device, dtype: torch.dtype, kv: str, repeat: int) -> float:
+def _decode_ms(config: ModelConfig, device: torch.device, dtype: torch.dtype, kv: str, repeat: int,
+               quantization: str = "none") -> float:
     per_seq = -(-(CONTEXT + 1) // BLOCK)
     spec = KVCacheSpec.build(kv, dtype, config.num_layers)
     runner = ModelRunner(config, CacheConfig(num_blocks=BATCH * per_seq, block_size=BLOCK),
-                         dummy_weights(config, dtype, str(device)), device, dtype, max_num_seqs=BATCH, kv_spec=spec)
+                         dummy_weights(config, dtype, str(device)), device, dtype, max_num_seqs=BATCH, kv_spec=spec,
+                         quantization=quantization)
     ms = time_ms(functools.partial(runner.decode, _items(per_seq)), device, repeat, warmup=3)
     del runner  # the pool (and its graphs) go before the next one is allocated
     gc.collect()
@@ -54,12 +56,14 @@ def fp8_kv_rows(config: ModelConfig, device: torch.device, repeat: int) -> dict[
     name = str(dtype).removeprefix("torch.")
     base = _decode_ms(config, device, dtype, "auto", repeat)
     fp8 = _decode_ms(config, device, dtype, "fp8", repeat)
+    both = _decode_ms(config, device, dtype, "fp8", repeat, quantization="fp8")  # fp8 KV and fp8 linears
     per_seq_blocks = -(-(CONTEXT + 1) // BLOCK)
     seqs = {kv: blocks_for_bytes(config, BLOCK, d, 1 << 30) // per_seq_blocks
             for kv, d in ((name, dtype), ("fp8", torch.float8_e4m3fn))}
     transfer = {kv: config.kv_bytes_per_token(d.itemsize) * TRANSFER_TOKENS
                 for kv, d in ((name, dtype), ("fp8", torch.float8_e4m3fn))}
     return {f"decode_b{BATCH}_ctx{CONTEXT}_{name}kv_ms": base, f"decode_b{BATCH}_ctx{CONTEXT}_fp8kv_ms": fp8,
+            f"decode_b{BATCH}_ctx{CONTEXT}_fp8kv_fp8_w_ms": both,
             "fp8kv_speedup": base / fp8, "target_speedup": 1.4,
             f"seqs_per_gib_ctx{CONTEXT}": seqs, f"transfer_{TRANSFER_TOKENS}_tokens_bytes": transfer,
             "transfer_times": "benchmarks/transfer_backends.py --presets llama3-8b:bfloat16 llama3-8b:float8_e4m3fn"}

@@ -45,7 +45,8 @@ from pdserve.bench.tokenizer import CountingTokenizer, load_tokenizer
 from pdserve.engine.presets import get_preset
 
 REPO = Path(__file__).resolve().parents[1]
-DEPLOYMENTS = {"disaggregated": [], "colocated": ["--colocated"]}
+DEPLOYMENTS = {"disaggregated": [], "colocated": ["--colocated"],
+               "disaggregated_fp8kv": ["--kv-cache-dtype", "fp8"]}  # issue 19: the same with an fp8 KV cache
 KEYS = ("completed", "failed", "duration", "request_throughput", "output_throughput", "total_token_throughput",
         "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms", "median_itl_ms", "p99_itl_ms",
         "median_e2el_ms")
@@ -114,8 +115,9 @@ def workloads(args: argparse.Namespace) -> tuple[dict[str, tuple[list[Conversati
     sharegpt = as_token_ids(sample_sharegpt(data, args.num_prompts, tokenizer, seed=0), tokenizer)
     poisson = as_token_ids(sample_sharegpt(data, args.poisson_prompts, tokenizer, seed=1), tokenizer)
     lengths = [(c.turns[0].prompt_len, c.turns[0].output_len) for c in sharegpt]
-    cases = {"sharegpt": (sharegpt, LoadSpec(math.inf)),
-             f"poisson_{args.rate:g}": (poisson, LoadSpec(args.rate, seed=1))}
+    cases = {"sharegpt": (sharegpt, LoadSpec(math.inf))}
+    if args.poisson_prompts > 0:
+        cases[f"poisson_{args.rate:g}"] = (poisson, LoadSpec(args.rate, seed=1))
     return cases, lengths
 
 
@@ -159,7 +161,7 @@ def main() -> int:
     parser.add_argument("--num-prompts", type=int, default=1000)
     parser.add_argument("--poisson-prompts", type=int, default=400)
     parser.add_argument("--rate", type=float, default=20.0, help="Poisson arrivals per second")
-    parser.add_argument("--deployments", nargs="+", default=list(DEPLOYMENTS), choices=list(DEPLOYMENTS))
+    parser.add_argument("--deployments", nargs="+", default=["disaggregated", "colocated"], choices=list(DEPLOYMENTS))
     parser.add_argument("--no-engine-bound", action="store_true", help="skip the engine's step table (CPU runs)")
     parser.add_argument("--port", type=int, default=8741)
     parser.add_argument("--py-spy", type=Path, default=None)
