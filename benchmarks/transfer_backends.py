@@ -270,7 +270,8 @@ def run(args: argparse.Namespace) -> dict:
             dtype = DTYPES[dtype_text] if dtype_text else torch.bfloat16 if devices[0].type == "cuda" else torch.float32
             kv = layout(preset, args.tokens, dtype)
             results: dict[str, dict] = {}
-            report["presets"][preset] = {"kv": kv, "results": results}
+            name = item  # "llama3-8b", or "llama3-8b:float8_e4m3fn": one entry per preset and dtype asked for
+            report["presets"][name] = {"kv": kv, "results": results}
             for row in runs(args):
                 try:
                     if why := unrunnable(row["backend"], devices):
@@ -282,11 +283,11 @@ def run(args: argparse.Namespace) -> dict:
                         server_cpu = stores.server_cpu if row.get("kind") == "redis" and not args.redis_url else None
                         results[row["name"]] = asyncio.run(transfer(spec, kv, devices, args.repeat, server_cpu))
                         if "p_exit" in results[row["name"]]:
-                            report["warnings"][f"{preset}/{row['name']}"] = results[row["name"]].pop("p_exit")
+                            report["warnings"][f"{name}/{row['name']}"] = results[row["name"]].pop("p_exit")
                 except Skipped as exc:
-                    report["skipped"][f"{preset}/{row['name']}"] = str(exc)
+                    report["skipped"][f"{name}/{row['name']}"] = str(exc)
                 except (RuntimeError, OSError, TimeoutError) as exc:  # a finding; the other rows still run
-                    report["errors"][f"{preset}/{row['name']}"] = str(exc)
+                    report["errors"][f"{name}/{row['name']}"] = str(exc)
                 write_report(report, args.out)
             relative_to(results, "tcp")
     finally:
