@@ -44,9 +44,10 @@ def _decode_split_kernel(
     stride_ckv, stride_cblk, stride_ctok, stride_ch,
     stride_pb, stride_ph, stride_ps, stride_lb, stride_lh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, SINGLE: tl.constexpr, PRECISION: tl.constexpr,
-    BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, F16_DOT: tl.constexpr,
 ):
     # q: [B, Hq, D]; cache: [2, num_blocks, PAGE, Hkv, D]; block_tables: [B, max_blocks]
+    # F16_DOT (an fp8 cache, bf16 queries): q and the fp8 K/V meet in fp16, e4m3's native widening on sm90
     # out: [B, Hq, D] (SINGLE) or part_out: [B, Hq, S, D] fp32 + part_lse: [B, Hq, S] fp32
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -61,6 +62,8 @@ def _decode_split_kernel(
     d = tl.arange(0, BLOCK_D)
     gd_mask = (g < GROUP)[:, None] & (d < HEAD_DIM)[None, :]
     q = tl.load(q_ptr + b.to(tl.int64) * stride_qb + heads[:, None] * stride_qh + d[None, :], mask=gd_mask, other=0.0)
+    if F16_DOT:
+        q = q.to(tl.float16)
     k_base = cache_ptr + kv_head * stride_ch
     v_base = k_base + stride_ckv
     table = block_tables_ptr + b.to(tl.int64) * stride_bt
@@ -154,7 +157,8 @@ def _check(q, kv_cache, seq_lens, block_tables):
         raise ValueError("q, kv_cache and block_tables need unit stride in their last dim")
 
 
-def _launch(q, kv_cache, seq_lens, block_tables, scale, num_splits=None, config=None, k_scale=1.0, v_scale=1.0):
+def _launch(q, kv_cache, seq_lens, block_tables, scale, num_splits=None, config=None, k_scale=1.0, v_scale=1.0,
+            f16_dot=None):
     _check(q, kv_cache, seq_lens, block_tables)
     batch, q_heads, dim = q.shape
     kv_heads, page = kv_cache.shape[3], kv_cache.shape[2]
@@ -165,9 +169,13 @@ def _launch(q, kv_cache, seq_lens, block_tables, scale, num_splits=None, config=
     if num_splits is None:
         num_splits = num_splits_for(batch, kv_heads, block_tables.shape[1] * page, _sm_count(q.device))
     # fp32 (tests only) runs its exact dots on the FMA units: a small tile keeps it out of local memory
-    block_n, num_warps, num_stages = config or ((64, 4, 3) if q.dtype != torch.float32 else (16, 4, 1))
+    # an fp8 cache: twice the tokens a tile for the same bytes in flight (benchmarks/decode_attention_fp8_gpu.py)
+    block_n, num_warps, num_stages = config or ((16, 4, 1) if q.dtype == torch.float32 else
+                                                (128, 4, 3) if is_fp8(kv_cache.dtype) else (64, 4, 3))
     block_d = triton.next_power_of_2(dim)
     single = num_splits == 1
+    if f16_dot is None:  # e4m3 -> fp16 is one instruction per pair on sm90, -> bf16 goes through fp32
+        f16_dot = is_fp8(kv_cache.dtype) and q.dtype == torch.bfloat16
     part_out = out if single else torch.empty((batch, q_heads, num_splits, dim), dtype=torch.float32, device=q.device)
     part_lse = out if single else torch.empty((batch, q_heads, num_splits), dtype=torch.float32, device=q.device)
     _decode_split_kernel[(batch, kv_heads, num_splits)](
@@ -176,7 +184,7 @@ def _launch(q, kv_cache, seq_lens, block_tables, scale, num_splits=None, config=
         *kv_cache.stride()[:4], part_out.stride(0), part_out.stride(1), part_out.stride(2),
         part_lse.stride(0), part_lse.stride(1),
         GROUP=group, HEAD_DIM=dim, PAGE=page, SINGLE=single, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n, BLOCK_D=block_d,
+        BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n, BLOCK_D=block_d, F16_DOT=f16_dot,
         num_warps=num_warps, num_stages=num_stages,
     )
     if not single:
