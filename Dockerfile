@@ -26,6 +26,9 @@ COPY prefill_node /prefill_node
 COPY decode_node /decode_node
 COPY router /router
 COPY protocol /protocol
+COPY worker /worker
+COPY bench /bench
+COPY planner /planner
 
 FROM python:${PYTHON_VERSION}-slim AS base
 ENV PYTHONUNBUFFERED=1 \

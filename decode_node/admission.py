@@ -8,7 +8,7 @@
     preempt     when a running request cannot grow, the newest running one gives its blocks back
 
 Used by decode_node/scheduler.py, which asks these questions of its block pool (and prefix cache), and by the
-planner's simulated decode worker (pdserve/planner/sim_workers.py), which asks them of a free-block counter:
+planner's simulated decode worker (planner/sim_workers.py), which asks them of a free-block counter:
 one definition of the policy. Torch-free, so the planner imports it cheaply.
 """
 

@@ -2,7 +2,7 @@
 
 Constructors differ per backend (`local` shares the receiver object, `tcp` takes an address, `store` a shared
 store), so each backend registers two builders over one `TransferEnv`: what a worker knows that a backend may
-need. The worker (pdserve/worker_transfer.py) and the benchmarks build both sides through them.
+need. The worker (worker/transfer.py) and the benchmarks build both sides through them.
 """
 
 from __future__ import annotations

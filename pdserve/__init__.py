@@ -1,1 +1,1 @@
-"""pdserve: the command line, settings, worker processes and launcher."""
+"""pdserve: the command line, settings and the launcher; the worker process is worker/ (pdserve.worker)."""

@@ -5,7 +5,7 @@ A worker process receives a `WorkerSettings` composed of `ModelSettings` (what t
 (how KV moves between P and D), `ServerSettings` (HTTP address, router, secret) and the KV cache tiers'
 `TierConfig` + `CachePolicy` (cache_store/policy.py: host RAM, Redis; eviction, write and admission policies).
 Each component is handed only its own part. `LaunchSettings` describes what `pdserve serve` starts. The
-command-line flags that build them are in pdserve/worker_flags.py. Nothing here reads the environment: the
+command-line flags that build them are in worker/flags.py. Nothing here reads the environment: the
 command modules do that and pass values in.
 """
 
@@ -236,7 +236,7 @@ class ServerSettings:
 
     `router_url` is one URL or several, comma-separated; a URL whose host is a name (a Kubernetes headless
     Service, a Compose service) stands for every address the name resolves to, looked up again every
-    `router_resolve_interval_s` (pdserve/router_links.py)."""
+    `router_resolve_interval_s` (worker/router_links.py)."""
 
     host: str = "127.0.0.1"
     port: int = 0  # 0: any free port
@@ -329,7 +329,7 @@ class LaunchSettings:
     num_decode: int = 1
     colocated: bool = False
     num_colocated: int = 1  # with colocated: that many replicas, each over its own pool (one per GPU)
-    num_routers: int = 1  # every worker registers with each (pdserve/router_links.py)
+    num_routers: int = 1  # every worker registers with each (worker/router_links.py)
     worker_args: tuple[str, ...] = ()  # passed through to every worker command line
     router_args: tuple[str, ...] = ()
     ready_timeout_s: float = 600.0

@@ -5,7 +5,7 @@
         (a block split between two forwards would be sent to D twice)
     budget 10 from token 20: no block edge in reach (20 + 10 < 32) ─▶ 10 tokens, the split is paid
 
-Used by prefill_node/batcher.py and by the planner's simulated prefill worker (pdserve/planner/sim_workers.py),
+Used by prefill_node/batcher.py and by the planner's simulated prefill worker (planner/sim_workers.py),
 so the plan chunks prompts as the real worker does. Torch-free, so the planner imports it cheaply.
 """
 

@@ -172,7 +172,7 @@ def _encode(keys: Iterable[bytes]) -> str:
 
 
 class PrefixPublisher:
-    """The prefix part of each router's heartbeats (pdserve/router_links.py): the held keys are observed at most
+    """The prefix part of each router's heartbeats (worker/router_links.py): the held keys are observed at most
     every `min_interval_s` (one pass over up to 8,192 recent hashes, shared by the links to all routers), and
     each router gets what it lacks after the (epoch, seq) it acknowledged."""
 

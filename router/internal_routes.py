@@ -58,7 +58,7 @@ class Heartbeat(BaseModel):
     prefix_queried_tokens: int | None = Field(default=None, ge=0)
     prefix_hit_tokens: int | None = Field(default=None, ge=0)
     step_stalled_s: float = Field(default=0.0, ge=0.0)  # since its step threads last moved (router/health.py)
-    # its Prometheus samples, compact (pdserve/worker_metrics.py); kept as sent, decoded when /metrics is scraped
+    # its Prometheus samples, compact (worker/metrics.py); kept as sent, decoded when /metrics is scraped
     metrics: list[Any] | None = None
 
 

@@ -77,7 +77,7 @@ class Worker:
     fingerprint: str | None = None  # the model fingerprint its block hashes are chained with (registration)
     data_port: int | None = None  # where its data plane listens (registration, or a static worker's status)
     prefixes: CachedPrefixes = field(default_factory=CachedPrefixes)  # cache_aware's view of its prefix cache
-    # its Prometheus samples as its last heartbeat / status carried them (pdserve/worker_metrics.py's compact
+    # its Prometheus samples as its last heartbeat / status carried them (worker/metrics.py's compact
     # form), decoded only when /metrics is scraped (router/worker_series.py)
     series: list[Any] = field(default_factory=list)
 

@@ -1,7 +1,7 @@
 """The workers' own series on the router's `/metrics`: one scrape for the whole deployment.
 
 Each worker's heartbeat (a static worker's status poll) carries every Prometheus sample of its own `/metrics`
-in a compact form (pdserve/worker_metrics.py): the nodes' `pdserve_prefill_*` / `pdserve_decode_*`, the cache
+in a compact form (worker/metrics.py): the nodes' `pdserve_prefill_*` / `pdserve_decode_*`, the cache
 tiers' `pdserve_kv_cache_*` (hits per tier, Redis errors and timeouts, bytes between tiers), KV transfer bytes
 and seconds, and vLLM's engine-level names (`vllm:num_requests_running`, `vllm:kv_cache_usage_perc`, ...). The
 router keeps the last one per worker as it came and, when scraped, writes them out with two labels added:

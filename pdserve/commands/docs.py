@@ -1,7 +1,7 @@
 """`pdserve docs configuration | performance`: the generated parts of the documentation.
 
     pdserve docs configuration > docs/configuration.md      every command's flags (pdserve/config_doc.py)
-    pdserve docs performance --write README.md               the measured-numbers table (pdserve/perf_doc.py)
+    pdserve docs performance --write README.md               the measured-numbers table (bench/perf_doc.py)
     pdserve docs performance --write docs/benchmarks.md
 
 Each flag's default would follow a PDSERVE_<FLAG> variable set in this shell (pdserve/env_flags.py), so the
@@ -58,7 +58,7 @@ def run_configuration(args: argparse.Namespace) -> int:
 
 
 def run_performance(args: argparse.Namespace) -> int:
-    from pdserve.perf_doc import collect, render_table, replace_region
+    from pdserve.bench.perf_doc import collect, render_table, replace_region
 
     sources = collect(args.results_dir)
     if args.write is None:

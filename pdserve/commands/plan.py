@@ -1,7 +1,7 @@
 """`pdserve plan`: from a profile (`pdserve profile`), a workload and SLOs, simulate router + P pool + D pool
-and recommend the P:D split and pool size with the most goodput per worker (pdserve/planner/plan.py); then say
+and recommend the P:D split and pool size with the most goodput per worker (planner/plan.py); then say
 how the choice was made and print the `pdserve serve` (and, for a GPU profile, `pdserve compose`) command that
-deploys it (pdserve/planner/deploy_command.py)."""
+deploys it (planner/deploy_command.py)."""
 
 from __future__ import annotations
 

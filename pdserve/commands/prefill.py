@@ -11,7 +11,7 @@ import argparse
 import os
 
 from pdserve.env_flags import apply_env_defaults
-from pdserve.worker_flags import add_worker_arguments, worker_settings_from_args
+from pdserve.worker.flags import add_worker_arguments, worker_settings_from_args
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -25,7 +25,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 def run(args: argparse.Namespace) -> int:
     from pdserve.cache_store.shared_store import StoreError
     from pdserve.engine.weights.hub import ModelNotFoundError
-    from pdserve.worker_app import run_worker
+    from pdserve.worker.app import run_worker
 
     try:
         settings = worker_settings_from_args(

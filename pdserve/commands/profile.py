@@ -1,5 +1,5 @@
 """`pdserve profile`: time one worker's prefill iterations and decode steps in process and fit the planner's
-latency models (see pdserve/planner/profile.py). Random weights of the model's shapes are used: step times
+latency models (see planner/profile.py). Random weights of the model's shapes are used: step times
 depend on shapes and dtype, not on weight values."""
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from pdserve.router_flags import add_router_arguments
-    from pdserve.worker_flags import add_log_arguments, add_model_source_arguments
+    from pdserve.worker.flags import add_log_arguments, add_model_source_arguments
 
     parser = subparsers.add_parser("router", help="start the router (OpenAI API)", description=__doc__.split("\n\n")[0])
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0: every interface)")

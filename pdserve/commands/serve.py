@@ -21,7 +21,7 @@ from pdserve.cache_store.policy import add_cache_arguments, cache_argv
 from pdserve.router_flags import SECRET_FLAGS, add_router_arguments, parse_list
 from pdserve.settings import TRANSFER_BACKENDS, LaunchSettings
 from pdserve.supervision import RestartPolicy
-from pdserve.worker_flags import (
+from pdserve.worker.flags import (
     add_engine_arguments,
     add_log_arguments,
     add_model_arguments,

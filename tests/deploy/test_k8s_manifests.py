@@ -23,7 +23,7 @@ import yaml
 
 from pdserve.cli import build_parser
 from pdserve.router_flags import router_config
-from pdserve.worker_flags import worker_settings_from_args
+from pdserve.worker.flags import worker_settings_from_args
 from tests.deploy.kustomize import (
     K8S,
     Rendered,

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from pdserve.bench.perf_doc import MARKER_BEGIN, MARKER_END, collect, render_table, replace_region
 from pdserve.config_doc import command_flags, env_reads, split_env
-from pdserve.perf_doc import MARKER_BEGIN, MARKER_END, collect, render_table, replace_region
 
 
 def test_env_reads_finds_get_and_subscript(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pdserve.perf_doc import MARKER_BEGIN, MARKER_END, collect, render_table, replace_region
+from pdserve.bench.perf_doc import MARKER_BEGIN, MARKER_END, collect, render_table, replace_region
 from tests.docs.markdown_blocks import REPO, doc_files
 
 README = REPO / "README.md"

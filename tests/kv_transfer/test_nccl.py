@@ -26,7 +26,7 @@ from pdserve.kv_transfer.nccl.receiver import GroupBytesIn
 from pdserve.kv_transfer.target import TransferTarget
 from pdserve.kv_transfer.wire import BulkKVHeader, FrameLimits, encode_frame, write_frame
 from pdserve.settings import TransferSettings
-from pdserve.worker_flags import add_worker_arguments
+from pdserve.worker.flags import add_worker_arguments
 
 HERE = Path(__file__).parent
 GROUP_TIMEOUT_S = 1.5

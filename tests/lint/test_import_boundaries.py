@@ -85,6 +85,28 @@ def test_lower_layers_import_nothing_above_them(package: str) -> None:
         f"{name} (in {reached.third_party[name]})" for name in forbidden)
 
 
+# the worker process (worker/) assembles the nodes over the lower layers; from pdserve/ it takes settings (and
+# what settings.py imports: its RestartPolicy comes from supervision.py) and gc_tuning, never the CLI, the
+# router, the benchmark client or the planner
+WORKER_MUST_NOT_REACH = ("pdserve.router", "pdserve.cli", "pdserve.commands", "pdserve.bench", "pdserve.planner",
+                         "pdserve.llm", "pdserve.offline_worker")
+NODES = ("pdserve.prefill_node", "pdserve.decode_node")
+
+
+def test_the_worker_reaches_neither_the_router_nor_the_cli() -> None:
+    reached = reached_from(modules_in("pdserve.worker"))
+    above = [m for m in reached.first_party if _within(m, WORKER_MUST_NOT_REACH)]
+    assert not above, "the worker reaches:\n" + "\n".join(" → ".join(reached.chain(m)) for m in sorted(above))
+
+
+@pytest.mark.parametrize("package", [*NODES, *sorted(LOWER_LAYERS)])
+def test_nothing_below_the_worker_imports_it(package: str) -> None:
+    reached = reached_from(modules_in(package))
+    worker = [m for m in reached.first_party if _within(m, ("pdserve.worker",))]
+    assert not worker, f"{package} reaches the worker:\n" + "\n".join(
+        " → ".join(reached.chain(m)) for m in sorted(worker))
+
+
 def _loaded_after_importing(modules: list[str]) -> list[str]:
     code = "import importlib, json, sys\n" \
            f"for name in {modules!r}: importlib.import_module(name)\n" \

@@ -18,7 +18,7 @@ from pdserve.env_flags import apply_env_defaults
 from pdserve.router.cors import CorsSettings
 from pdserve.router_flags import add_router_arguments, parse_list, read_chat_template, router_config
 from pdserve.router_server import ListenSettings
-from pdserve.worker_flags import add_worker_arguments, worker_settings_from_args
+from pdserve.worker.flags import add_worker_arguments, worker_settings_from_args
 
 # the router's flags that `pdserve serve` sets itself: the workers it starts, the TLS side listener's port
 SERVE_OWNS = {"--prefill", "--decode", "--internal-port"}

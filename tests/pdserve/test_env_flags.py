@@ -8,7 +8,7 @@ import pytest
 
 from pdserve.env_flags import apply_env_defaults, env_name
 from pdserve.settings import parse_size
-from pdserve.worker_flags import add_worker_arguments
+from pdserve.worker.flags import add_worker_arguments
 
 
 def worker_parser(environ: dict[str, str]) -> argparse.ArgumentParser:

@@ -14,7 +14,7 @@ from pdserve.settings import (
     parse_roles,
     parse_size,
 )
-from pdserve.worker_flags import add_worker_arguments, worker_settings_from_args
+from pdserve.worker.flags import add_worker_arguments, worker_settings_from_args
 
 
 def test_sizes_and_roles() -> None:

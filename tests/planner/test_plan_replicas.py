@@ -1,4 +1,4 @@
-"""`pdserve plan --kustomize-replicas` (pdserve/planner/replicas.py): the recommended pool sizes as a kustomize
+"""`pdserve plan --kustomize-replicas` (planner/replicas.py): the recommended pool sizes as a kustomize
 patch that an overlay of deploy/k8s renders with: the Deployments' replicas and the autoscalers' bounds."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The simulated workers decide as the real nodes do where they share the policy's code (pdserve/planner/
+"""The simulated workers decide as the real nodes do where they share the policy's code (planner/
 sim_workers.py): the same chunks as the prefill batcher, the same reservations as the decode scheduler."""
 
 from __future__ import annotations

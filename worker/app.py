@@ -1,10 +1,10 @@
 """The worker's HTTP app and its process: what `pdserve prefill` / `pdserve decode` run (pdserve/commands/).
 
-    run_worker(settings)   logging, torch threads and seed ─▶ Worker (engine, roles, tiers: pdserve/worker.py)
+    run_worker(settings)   logging, torch threads and seed ─▶ Worker (engine, roles, tiers: worker/assembly.py)
       bind the HTTP port ─▶ create_app(worker) ─▶ uvicorn (DrainOnSigterm with --drain-on-sigterm)
     create_app(worker)     lifespan: worker.start(), the router links' registration task; worker.stop() at exit
       GET /internal/status, /health (503 until the engines run and a router took the registration), /metrics;
-      the control routes (pdserve/worker_control.py), the cache routes (pdserve/worker_cache.py);
+      the control routes (worker/control.py), the cache routes (worker/cache.py);
       /internal/* behind `X-PDServe-Secret` when a secret is configured (InternalSecret)
 """
 
@@ -26,9 +26,9 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from pdserve.gc_tuning import quiet_garbage_collector
 from pdserve.settings import WorkerSettings
-from pdserve.worker import Worker
-from pdserve.worker_cache import build_cache_router
-from pdserve.worker_control import DrainOnSigterm, build_control_router
+from pdserve.worker.assembly import Worker
+from pdserve.worker.cache import build_cache_router
+from pdserve.worker.control import DrainOnSigterm, build_control_router
 
 logger = logging.getLogger("pdserve.worker")
 

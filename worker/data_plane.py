@@ -25,7 +25,7 @@ from pdserve.protocol.messages import (
     Reserve,
     SenderLost,
 )
-from pdserve.worker_control import RETRY_AFTER_S, WorkerControl
+from pdserve.worker.control import RETRY_AFTER_S, WorkerControl
 
 logger = logging.getLogger("pdserve.worker")
 

@@ -2,14 +2,14 @@
 
     load_model ─▶ ModelRunner (weights + KV pool tensors) ─▶ BlockPool + PrefixCache
         prefill role: Batcher ─ PrefillEngine ─ KV sender      } both built through the kv_transfer registry
-        decode role:  Scheduler ─ DecodeEngine ─ KV receiver   } (pdserve/worker_transfer.py): tcp, local, ...
-    KV cache tiers: TieredKVCache over the pool (host RAM, Redis; pdserve/worker_cache.py), shared by both roles
+        decode role:  Scheduler ─ DecodeEngine ─ KV receiver   } (worker/transfer.py): tcp, local, ...
+    KV cache tiers: TieredKVCache over the pool (host RAM, Redis; worker/cache.py), shared by both roles
     the data plane (--data-port): the routers' connections, each message to its role's service
-        (decode_node/service.py, prefill_node/service.py, pdserve/worker_data_plane.py)
-    one FastAPI app: /internal/status, /internal/cache, control, /health, /metrics (pdserve/worker_app.py,
+        (decode_node/service.py, prefill_node/service.py, worker/data_plane.py)
+    one FastAPI app: /internal/status, /internal/cache, control, /health, /metrics (worker/app.py,
         with `run_worker`, the process's entry point)
     with --router URL(s): register with every router (with the data port), then heartbeat each
-        (pdserve/router_links.py)
+        (worker/router_links.py)
 
 A colocated worker (`--role both`) has ONE block pool, one prefix cache, one runner: the prefill side computes
 straight into the blocks the decode side reserved (backend `local`, nothing copied). Both step threads share
@@ -52,13 +52,13 @@ from pdserve.prefill_node.engine import PrefillEngine
 from pdserve.prefill_node.node import PrefillNode, PrefillNodeConfig
 from pdserve.prefill_node.service import PrefillService
 from pdserve.protocol.server import DataPlaneServer
-from pdserve.router_links import RouterLinks, RouterLinkSettings
 from pdserve.settings import ROLES, ModelSettings, WorkerSettings
-from pdserve.worker_cache import SummaryReporter, build_tiered, cache_policy_applier, prefix_publisher
-from pdserve.worker_control import WorkerControl, nodes_idle
-from pdserve.worker_data_plane import WorkerDataPlane
-from pdserve.worker_metrics import WorkerMetrics
-from pdserve.worker_transfer import transfer_env
+from pdserve.worker.cache import SummaryReporter, build_tiered, cache_policy_applier, prefix_publisher
+from pdserve.worker.control import WorkerControl, nodes_idle
+from pdserve.worker.data_plane import WorkerDataPlane
+from pdserve.worker.metrics import WorkerMetrics
+from pdserve.worker.router_links import RouterLinks, RouterLinkSettings
+from pdserve.worker.transfer import transfer_env
 
 logger = logging.getLogger("pdserve.worker")
 
@@ -166,7 +166,7 @@ class Worker:
 
     def _build_roles(self) -> None:
         """Both nodes over the one pool, whatever the roles: the role admitted can change at run time
-        (pdserve/worker_control.py). Only a colocated worker on the `local` backend builds just its own."""
+        (worker/control.py). Only a colocated worker on the `local` backend builds just its own."""
         backend = get_backend(self.settings.transfer.backend)
         env = transfer_env(self.settings, self.device, self.fingerprint,
                            self.advertised(self.settings.transfer.host))
@@ -254,7 +254,7 @@ class Worker:
 
     def status(self) -> dict[str, Any]:
         """The heartbeat fields. Colocated: queue_len counts both queues, num_running is the decode batch.
-        `metrics`: every Prometheus sample of this worker, compact (pdserve/worker_metrics.py), which the
+        `metrics`: every Prometheus sample of this worker, compact (worker/metrics.py), which the
         router's /metrics carries."""
         parts = [node.status() for node in (self.roles.prefill, self.roles.decode) if node is not None]
         running = self.roles.decode.status() if self.roles.decode is not None else parts[0]

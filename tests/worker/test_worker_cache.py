@@ -1,5 +1,5 @@
 """A worker's tiered KV cache: flags and PDSERVE_* variables → settings, Prometheus families, heartbeat summaries,
-the policy applier (pdserve/worker_cache.py). Real caches over small pools; the served behaviour is in
+the policy applier (worker/cache.py). Real caches over small pools; the served behaviour is in
 tests/e2e/test_kv_cache.py."""
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from pdserve.cache_store.prefix_cache import PrefixCache
 from pdserve.cache_store.tiered import TieredKVCache
 from pdserve.env_flags import apply_env_defaults
 from pdserve.protocol.prefix_summary import decode_summary, summary_key
-from pdserve.worker_cache import SummaryReporter, build_tiered, cache_policy_applier, tier_metrics
-from pdserve.worker_flags import add_worker_arguments, worker_settings_from_args
+from pdserve.worker.cache import SummaryReporter, build_tiered, cache_policy_applier, tier_metrics
+from pdserve.worker.flags import add_worker_arguments, worker_settings_from_args
 
 BS = 4
 

@@ -11,7 +11,7 @@
     RouterLink.run    register ─▶ heartbeat every interval: load + prefix events (protocol/prefix_events.py,
                       acknowledged per router by the heartbeat's answer) ─▶ 404: the router forgot us, register
                       again (a restarted router is back in step within two heartbeats)
-    RouterLinks.leave deregister from every router (a drain that exits: pdserve/worker_control.py)
+    RouterLinks.leave deregister from every router (a drain that exits: worker/control.py)
 
 Registration and heartbeats are HTTP (docs/internal_api.md); a router that does not answer only makes its
 own link retry, never the others late.
@@ -40,7 +40,7 @@ Resolver = Callable[[str, int], Awaitable[list[str]]]
 
 
 class WorkerReports(Protocol):
-    """What a worker says to its routers (pdserve/worker.py's Worker)."""
+    """What a worker says to its routers (worker/assembly.py's Worker)."""
 
     def registration(self) -> dict[str, Any]: ...
 
@@ -48,7 +48,7 @@ class WorkerReports(Protocol):
 
 
 class PrefixFields(Protocol):
-    """The prefix cache part of a heartbeat, kept per router (pdserve/worker_cache.py's PrefixPublisher)."""
+    """The prefix cache part of a heartbeat, kept per router (worker/cache.py's PrefixPublisher)."""
 
     def fields(self, acked: tuple[str, int] | None) -> dict[str, Any]: ...
 

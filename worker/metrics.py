@@ -2,7 +2,7 @@
 `/metrics` carries them all, labelled by worker and role: router/worker_series.py).
 
     the nodes' own          pdserve_prefill_*, pdserve_decode_* (prefill_node/node.py, decode_node/node.py)
-    the cache tiers         pdserve_kv_cache_* (pdserve/worker_cache.py's tier_metrics): hits per tier, Redis
+    the cache tiers         pdserve_kv_cache_* (worker/cache.py's tier_metrics): hits per tier, Redis
                             errors / timeouts, bytes moved between tiers
     autoscaling             pdserve_prefill_queued_prompt_tokens   prompt tokens accepted and not yet computed
                                                                    (queued + being prefilled): P's backlog
@@ -32,7 +32,7 @@ from pdserve.cache_store.block_pool import BlockPool
 from pdserve.cache_store.tiered import TieredKVCache
 from pdserve.decode_node.node import DecodeNode
 from pdserve.prefill_node.node import PrefillNode
-from pdserve.worker_cache import tier_metrics
+from pdserve.worker.cache import tier_metrics
 
 
 class WorkerMetrics:

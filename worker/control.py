@@ -10,12 +10,12 @@ forwards to these; docs/internal_api.md).
     GET  /internal/control                the state above
 
 Why a role switch is cheap: a worker holds both nodes over ONE engine (weights, block pool, runner), with the
-`tcp` transfer backend, so "role" only says which new work the data plane admits (pdserve/worker_data_plane.py). The exception is a
+`tcp` transfer backend, so "role" only says which new work the data plane admits (worker/data_plane.py). The exception is a
 `--role both` worker on the `local` backend (the colocated baseline): its halves only talk to each other, so
 its role is fixed (409).
 
 A drain's life:  draining ─(no request in either node, no open work call)─▶ drained ─exit?─▶ deregistered
-(from every router: `leave`, pdserve/router_links.py) ─▶ the server is asked to stop (uvicorn's graceful
+(from every router: `leave`, worker/router_links.py) ─▶ the server is asked to stop (uvicorn's graceful
 shutdown). In-flight work meanwhile runs to its end.
 
 `roles_version` counts role switches; heartbeats carry it with the roles, so every router (not only the one
@@ -63,7 +63,7 @@ class WorkerControl:
     roles: tuple[str, ...]
     switchable: bool  # False for a colocated worker on the local transfer backend
     is_idle: Callable[[], bool]  # no request in either node (call on the event loop)
-    leave: Callable[[], Awaitable[None]] = _stay  # deregister from every router (pdserve/router_links.py)
+    leave: Callable[[], Awaitable[None]] = _stay  # deregister from every router (worker/router_links.py)
     apply_cache_policy: Callable[[CachePolicy], list[str]] = lambda policy: []  # -> fields applied
     request_exit: Callable[[], None] | None = None  # set by the process that runs the server
     draining: bool = False

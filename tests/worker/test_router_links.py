@@ -1,4 +1,4 @@
-"""A worker's links to several routers (pdserve/router_links.py): it registers with every router a name or a
+"""A worker's links to several routers (worker/router_links.py): it registers with every router a name or a
 list gives, heartbeats each with its prefix events, re-registers with a router that restarted (which then
 catches up from a snapshot), follows the name's addresses as they change, and leaves them all.
 
@@ -24,7 +24,7 @@ from pdserve.launcher import free_port
 from pdserve.protocol.prefix_events import PrefixPublisher
 from pdserve.router.app import create_app
 from pdserve.router.config import RouterConfig
-from pdserve.router_links import RouterLinks, RouterLinkSettings, resolve_addresses, with_address
+from pdserve.worker.router_links import RouterLinks, RouterLinkSettings, resolve_addresses, with_address
 from tests.router.uvicorn_thread import ServerThread
 
 MODEL = "smollm2-135m-instruct"
