@@ -10,30 +10,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import time
 from pathlib import Path
 
 import torch
+from engine_gpu_baselines import time_ms
 
 from pdserve.kernels.decode_attention import decode_attention_ref
 from pdserve.kernels.decode_attention_triton import _launch
 
 BATCH, CONTEXT, Q_HEADS, KV_HEADS, DIM, PAGE = 64, 4096, 32, 8, 128, 16
-
-
-def time_ms(fn, repeat: int = 50) -> float:
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeat):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def main() -> int:
@@ -58,14 +44,14 @@ def main() -> int:
         def call(kv=kv, f16=f16):
             return _launch(q, kv, lens, tables, scale, f16_dot=f16)
         out = call().float()
-        ms = time_ms(call)
+        ms = time_ms(call, device, 50, warmup=1)
         kv_bytes = BATCH * (CONTEXT + 1) * KV_HEADS * DIM * 2 * kv.element_size()
         rows[name] = {"ms": ms, "kv_gb_per_s": kv_bytes / ms / 1e6, "max_abs_err": float((out - ref).abs().max())}
         print(name, rows[name], flush=True)
     for config in ((64, 4, 3), (128, 4, 3), (128, 8, 3), (256, 8, 2), (128, 4, 4)):  # the fp8 tile
         def tiled(config=config):
             return _launch(q, fp8, lens, tables, scale, config=config, f16_dot=True)
-        rows[f"fp8_f16_dot_tile_{'x'.join(map(str, config))}"] = {"ms": time_ms(tiled)}
+        rows[f"fp8_f16_dot_tile_{'x'.join(map(str, config))}"] = {"ms": time_ms(tiled, device, 50, warmup=1)}
         print(config, rows[f"fp8_f16_dot_tile_{'x'.join(map(str, config))}"], flush=True)
     report = {"date": time.strftime("%Y-%m-%d %H:%M"), "device": torch.cuda.get_device_name(),
               "torch": torch.__version__, "shape": {"batch": BATCH, "context": CONTEXT, "q_heads": Q_HEADS,
