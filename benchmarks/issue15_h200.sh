@@ -5,13 +5,7 @@
 # Needs .whl (shared/hooks/device-wheels xgrammar apache-tvm-ffi) and .bench_data (the default model's tokenizer files and the ShareGPT
 # sample: the device gets neither ../shared nor the model cache) carried with the call.
 set -uo pipefail
-: "${OUT:?set OUT to the folder for logs and JSON}"
-export PYTHONUNBUFFERED=1
-t0=$SECONDS
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  >"$OUT/pip.log" 2>&1 || { tail "$OUT/pip.log"; exit 1; }
-export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH
-python3 -m pip install -q --no-deps --no-build-isolation -e . >>"$OUT/pip.log" 2>&1 || { tail "$OUT/pip.log"; exit 1; }
+source benchmarks/device_env.sh
 stage=${1:?tests or serving}
 shift
 case $stage in

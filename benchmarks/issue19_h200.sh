@@ -9,14 +9,7 @@
 # .bench_data (the default model's tokenizer files and the ShareGPT sample: see multiturn_reuse_h200.sh).
 #   OUT=dir bash benchmarks/issue19_h200.sh
 set -uo pipefail
-: "${OUT:?set OUT to the folder for logs and JSON}"
-export PYTHONUNBUFFERED=1
-t0=$SECONDS
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  >"$OUT/pip.log" 2>&1 || { tail "$OUT/pip.log"; exit 1; }
-export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH
-python3 -m pip install -q --no-deps --no-build-isolation -e . >>"$OUT/pip.log" 2>&1 || { tail "$OUT/pip.log"; exit 1; }
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >"$OUT/gpu.csv" 2>&1
+source benchmarks/device_env.sh
 step() { echo "== $1 at $((SECONDS - t0)) s"; }
 
 step "GPU tests"

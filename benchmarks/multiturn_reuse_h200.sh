@@ -15,14 +15,7 @@
 # (.venv/bin/pdserve docs performance --write README.md, and docs/benchmarks.md), and put the figures into
 # docs/kv_cache.md's decode-side section (its "H200" line).
 set -uo pipefail
-: "${OUT:?set OUT to the folder for logs and JSON}"
-export PYTHONUNBUFFERED=1
-t0=$SECONDS
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  >"$OUT/pip.log" 2>&1 || { tail "$OUT/pip.log"; exit 1; }
-export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH
-python3 -m pip install -q --no-deps --no-build-isolation -e . >>"$OUT/pip.log" 2>&1 || { tail "$OUT/pip.log"; exit 1; }
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >"$OUT/gpu.csv" 2>&1
+source benchmarks/device_env.sh
 data=(--tokenizer .bench_data/tokenizer --sharegpt .bench_data/sharegpt_v3_sample2k.json.gz)
 # 1. every conversation's turn at once (64 in flight): TTFT under a burst, throughput, the engine-bound figure
 timeout -k 20 $((380 - (SECONDS - t0))) python3 benchmarks/multiturn_reuse.py --gpu "${data[@]}" \

@@ -23,14 +23,8 @@ if [ "${1:-}" = "--pack" ]; then
   .bench_bin/redis-server --version && du -sh .bench_bin
   exit
 fi
-: "${OUT:?set OUT to the folder for the JSON and the log}"
-export PYTHONUNBUFFERED=1
-t0=$SECONDS
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  >"$OUT/pip.log" 2>&1 || { tail "$OUT/pip.log"; exit 1; }
-export PYTHONPATH=/tmp/site PATH=$PWD/.bench_bin:/tmp/site/bin:$PATH
-python3 -m pip install -q --no-deps --no-build-isolation -e . >>"$OUT/pip.log" 2>&1 || { tail "$OUT/pip.log"; exit 1; }
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >"$OUT/gpu.csv" 2>&1
+source benchmarks/device_env.sh
+export PATH=$PWD/.bench_bin:$PATH
 nvidia-smi topo -m >>"$OUT/gpu.csv" 2>&1
 redis-server --version >>"$OUT/gpu.csv" 2>&1 || echo "no redis-server: store-redis rows are skipped" | tee -a "$OUT/gpu.csv"
 timeout $((570 - (SECONDS - t0))) python3 benchmarks/transfer_backends.py \
