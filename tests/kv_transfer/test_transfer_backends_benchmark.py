@@ -94,8 +94,8 @@ def test_tcp_and_both_stores_side_by_side(tmp_path: Path, redis_server) -> None:
     report = json.loads(out.read_text())
     assert not report["errors"] and not report["skipped"]
     assert report["command"].startswith("python ") and "--chunk-mib 0.05 1" in report["command"]
-    rows = report["presets"]["llama3-8b"]["results"]
-    assert report["presets"]["llama3-8b"]["kv"]["dtype"] == "bfloat16"
+    rows = report["presets"]["llama3-8b:bfloat16"]["results"]
+    assert report["presets"]["llama3-8b:bfloat16"]["kv"]["dtype"] == "bfloat16"
     assert set(rows) == {"copy", "tcp", "store-shm@0.05MiB", "store-shm@1MiB", "store-redis@0.05MiB",
                          "store-redis@1MiB"}
     assert all(rows[name]["ms"] > 0 and rows[name]["p_ms"] > 0 and "vs_tcp" in rows[name] for name in rows
@@ -105,3 +105,16 @@ def test_tcp_and_both_stores_side_by_side(tmp_path: Path, redis_server) -> None:
     assert rows["store-redis@1MiB"]["cpu_ms"] == pytest.approx(sum(
         rows["store-redis@1MiB"][part] for part in ("p_cpu_ms", "d_cpu_ms", "server_cpu_ms")))
     assert "store-shm@1MiB" in done.stdout
+
+
+def test_one_preset_in_two_dtypes_gets_two_entries(tmp_path: Path) -> None:
+    """`llama3-8b:bfloat16 llama3-8b:float8_e4m3fn` (issue 19's transfer rows) once shared one key, the second
+    overwriting the first."""
+    out = tmp_path / "dtypes.json"
+    done = run("--devices", "cpu", "cpu", "--presets", "smollm2-135m:float32", "smollm2-135m:float8_e4m3fn",
+               "--tokens", "32", "--backends", "copy", "--repeat", "1", "--out", str(out))
+    assert done.returncode == 0, done.stderr[-2000:]
+    presets = json.loads(out.read_text())["presets"]
+    assert {name: entry["kv"]["dtype"] for name, entry in presets.items()} == {
+        "smollm2-135m:float32": "float32", "smollm2-135m:float8_e4m3fn": "float8_e4m3fn"}
+    assert presets["smollm2-135m:float32"]["kv"]["bytes"] == 4 * presets["smollm2-135m:float8_e4m3fn"]["kv"]["bytes"]
