@@ -1,0 +1,171 @@
+"""The W8A8 product for decode-sized batches (M <= SKINNY_MAX_ROWS): fp8 tensor-core dots with the operands
+swapped, split along K, the activation quantized inside the kernel.
+
+    grid (cdiv(N, BLOCK_N), SPLIT_K): program (n, s)
+      1. (QUANTIZE_X) sx[m] = max_k |x[m, k]| / 448 over the whole row (x is M x K, a few KB: read from L2)
+      2. over its K range: acc[BLOCK_N, BLOCK_M] += W[n-tile, k-tile] (e4m3) . round(x[:, k-tile] / sx)^T (e4m3)
+      3. acc * s[n] * sx[m] -> y[m, n] (SPLIT_K == 1, + bias) or fp32 partials [SPLIT_K, M, N] (summed, + bias, by
+         linear_triton's split-K reduce kernel)
+
+Why swapped: at M = 1-64 the product is a pass over W (1 byte a weight). With W as the dot's M side, a program
+streams a [BLOCK_N, BLOCK_K] tile of W per step and the batch (padded to BLOCK_M = 16, 32 or 64) is the dot's
+narrow side, so no tensor-core work is spent on 64 padded batch rows and no fp8 -> bf16 conversion of W is
+needed (the weight-only GEMV upcast W in registers and read it at ~1 TB/s on the H200). Split-K gives the
+parallelism that N alone lacks (N = 4,096 is 64 tiles of 64 for 132 SMs).
+
+Numerics are those of kernels/linear_fp8_triton.py's path at any M: the same per-row scale and the same e4m3
+codes of x (quantize_rows_fp8_ref), fp32 accumulation; only the order of the fp32 sums differs.
+
+What is compiled: per weight shape class (EVEN, the scale/bias flags) one kernel per BLOCK_M bucket (16, 32, 64)
+and config; M and the partials' stride are do_not_specialize, so every batch of a bucket shares one kernel. The
+decode graphs capture every bucket; the prefill warm-up's powers of two reach 16, 32 and 64 rows.
+"""
+
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+
+from pdserve.kernels.fp8_triton import round_to_e4m3
+from pdserve.kernels.fp8_weight import FP8_MAX, Fp8Weight
+from pdserve.kernels.linear_triton import _split_k_reduce_kernel
+from pdserve.kernels.tuning import TuningTable, device_name
+
+SKINNY_MAX_ROWS = 64
+
+
+@dataclass(frozen=True)
+class Fp8SkinnyConfig:
+    block_n: int = 64
+    block_k: int = 256
+    split_k: int = 1
+    num_warps: int = 4
+    num_stages: int = 4
+    quantize_x: bool = True  # False: x arrives quantized (quantize_rows_fp8_triton), with its row scales
+
+
+@triton.jit(do_not_specialize=["M", "stride_ps"])
+def _fp8_skinny_kernel(
+    x_ptr, x_scale_ptr, w_ptr, w_scale_ptr, bias_ptr, out_ptr, part_ptr, M, N, K, k_per_split,
+    stride_xm, stride_wn, stride_om, stride_ps,
+    HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, EVEN: tl.constexpr, QUANTIZE_X: tl.constexpr,
+    FP8_MAX: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    # x: [M, K] (bf16/fp16/fp32, or e4m3 with x_scale [M]); w: [N, K] e4m3, w_scale: [N]; out: [M, N]
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rn = tl.max_contiguous(tl.multiple_of(offs_n % N, BLOCK_N), BLOCK_N)  # columns past N read row N mod N
+    m_ok = offs_m < M
+    if QUANTIZE_X:
+        amax = tl.zeros([BLOCK_M, BLOCK_K], tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            offs = k0 + tl.arange(0, BLOCK_K)
+            xa = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs[None, :],
+                         mask=m_ok[:, None] & (offs < K)[None, :], other=0.0)
+            amax = tl.maximum(amax, tl.abs(xa.to(tl.float32)))
+        sx = tl.maximum(tl.max(amax, axis=1), 1e-12) / FP8_MAX
+    else:
+        sx = tl.load(x_scale_ptr + offs_m, mask=m_ok, other=1.0)
+    offs_k = pid_k * k_per_split + tl.arange(0, BLOCK_K)
+    w_ptrs = w_ptr + rn.to(tl.int64)[:, None] * stride_wn + offs_k[None, :]  # [BLOCK_N, BLOCK_K]
+    x_ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :]  # [BLOCK_M, BLOCK_K]
+    acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+    for k0 in range(0, k_per_split, BLOCK_K):
+        if EVEN:
+            w = tl.load(w_ptrs, eviction_policy="evict_first")
+            x = tl.load(x_ptrs, mask=m_ok[:, None], other=0.0)
+        else:
+            k_ok = (offs_k + k0 < K)[None, :]
+            w = tl.load(w_ptrs, mask=k_ok, other=0.0, eviction_policy="evict_first")
+            x = tl.load(x_ptrs, mask=m_ok[:, None] & k_ok, other=0.0)
+        if QUANTIZE_X:
+            x = round_to_e4m3(tl.clamp(x.to(tl.float32) / sx[:, None], -FP8_MAX, FP8_MAX)).to(w.dtype)
+        acc = tl.dot(w, tl.trans(x), acc)
+        w_ptrs += BLOCK_K
+        x_ptrs += BLOCK_K
+    acc *= tl.load(w_scale_ptr + rn)[:, None] * sx[None, :]  # per row and column: commutes with the split sum
+    mask = (offs_n < N)[:, None] & m_ok[None, :]
+    if SPLIT:
+        tl.store(part_ptr + pid_k * stride_ps + offs_m[None, :] * N + offs_n[:, None], acc, mask=mask)
+    else:
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + rn).to(tl.float32)[:, None]
+        tl.store(out_ptr + offs_m[None, :] * stride_om + offs_n[:, None], acc.to(out_ptr.dtype.element_ty),
+                 mask=mask)
+
+
+def block_m_for(m: int) -> int:
+    """The batch tile: 16 (the dot's narrowest), 32 or 64 rows."""
+    if not 0 < m <= SKINNY_MAX_ROWS:
+        raise ValueError(f"the skinny fp8 kernel takes 1..{SKINNY_MAX_ROWS} rows, got {m}")
+    return max(16, triton.next_power_of_2(m))
+
+
+def fp8_skinny_triton(x2: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None, out_dtype: torch.dtype,
+                      cfg: Fp8SkinnyConfig, x_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """x2 [M, K] (unit stride along K): in its float dtype when cfg.quantize_x, else e4m3 with x_scale [M]
+    -> [M, N] in out_dtype."""
+    m, k = x2.shape
+    n = weight.shape[0]
+    if weight.shape[1] != k or x2.stride(1) != 1 or weight.weight.stride(1) != 1:
+        raise ValueError(f"x {tuple(x2.shape)} and weight {tuple(weight.shape)} must share K with unit stride")
+    if cfg.quantize_x == (x_scale is not None):
+        raise ValueError("x_scale goes with quantize_x=False (x already e4m3), and only then")
+    block_m = block_m_for(m)
+    out = torch.empty((m, n), dtype=out_dtype, device=x2.device)
+    k_per_split = triton.cdiv(triton.cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
+    split_k = triton.cdiv(k, k_per_split)  # no empty splits
+    even = k_per_split * split_k == k
+    part = torch.empty((split_k, m, n), dtype=torch.float32, device=x2.device) if split_k > 1 else out
+    bias_arg = bias if bias is not None else out
+    _fp8_skinny_kernel[(triton.cdiv(n, cfg.block_n), split_k)](
+        x2, x_scale if x_scale is not None else weight.scale, weight.weight, weight.scale, bias_arg, out, part,
+        m, n, k, k_per_split, x2.stride(0), weight.weight.stride(0), out.stride(0), part.stride(0),
+        HAS_BIAS=bias is not None, SPLIT=split_k > 1, EVEN=even, QUANTIZE_X=cfg.quantize_x, FP8_MAX=FP8_MAX,
+        BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
+    if split_k > 1:
+        block = min(1024, triton.next_power_of_2(n))
+        _split_k_reduce_kernel[(m, triton.cdiv(n, block))](
+            part, bias_arg, out, n, split_k, part.stride(0), out.stride(0),
+            HAS_BIAS=bias is not None, BLOCK=block, num_warps=4,
+        )
+    return out
+
+
+CONFIGS_PATH = Path(__file__).with_name("linear_fp8_configs.json")
+
+
+ROW_BUCKETS = (1, 8, 16, 32, 64)  # configs are tuned at these batches; a batch takes the next bucket's
+
+
+def config_key(device_name: str, n: int, k: int, m: int) -> str:
+    """linear_fp8_configs.json's key: device, weight shape and row bucket."""
+    block_m_for(m)  # checks the range
+    return f"{device_name}|{n}|{k}|{next(b for b in ROW_BUCKETS if m <= b)}"
+
+
+@functools.cache
+def configs_table() -> TuningTable:
+    """The configs measured by benchmarks/linear_fp8_skinny_gpu.py on each device (read once; empty if absent)."""
+    return TuningTable.load(CONFIGS_PATH)
+
+
+@functools.lru_cache(maxsize=1024)  # the launch path runs per layer per step: look each shape up once
+def skinny_config(m: int, n: int, k: int, device: torch.device) -> Fp8SkinnyConfig:
+    """The measured config for this device, shape and batch tile; elsewhere 64-wide tiles of W, split along K
+    until ~4 programs run per SM (of 132), each split at least 4 K-blocks long."""
+    entry = configs_table().entries.get(config_key(device_name(device), n, k, m))
+    if entry is not None:
+        return Fp8SkinnyConfig(**entry["config"])
+    tiles = triton.cdiv(n, 64)
+    split = 1
+    while split < 16 and tiles * split * 2 <= 4 * 132 and k // (split * 2) >= 4 * 256:
+        split *= 2
+    return Fp8SkinnyConfig(block_n=64, block_k=256, split_k=split)
