@@ -4,8 +4,8 @@ shapes, against the bf16 dispatcher and the W8A8 GEMM path it replaced, and writ
     python benchmarks/linear_fp8_skinny_gpu.py --out benchmarks/results/linear_fp8_skinny_h200.json \
         --table kernels/linear_fp8_configs.json                                                  (H200)
 
-Per shape and batch (1, 8, 16, 32, 64 rows): every tile config x split count with x quantized inside, then the
-best three with x quantized by its own kernel first; each checked against linear_fp8_ref before it is timed.
+Per shape and batch (1, 8, 16, 32, 64 rows): every tile config x split count, x quantized by its kernel first
+(timed with it), each checked against linear_fp8_ref before it is timed.
 Times: median per call over CUDA-graph replays of back-to-back calls on rotated weight copies (the working set
 >= 4x the 60 MB L2), the way a decode step's graph runs them; GB/s counts the weight bytes. The table keeps the
 fastest config per (shape, row bucket of linear_fp8_skinny_triton.ROW_BUCKETS).
@@ -43,47 +43,39 @@ SPLITS = (1, 2, 4, 8, 16)
 
 
 def name(cfg: Fp8SkinnyConfig) -> str:
-    q = "" if cfg.quantize_x else " preq"
-    return f"n{cfg.block_n} k{cfg.block_k} s{cfg.split_k} w{cfg.num_warps} st{cfg.num_stages}{q}"
+    return f"n{cfg.block_n} k{cfg.block_k} s{cfg.split_k} w{cfg.num_warps} st{cfg.num_stages}"
 
 
 def close(out: torch.Tensor, ref: torch.Tensor) -> bool:
     return float((out.float() - ref.float()).norm() / ref.float().norm()) < 2e-2
 
 
+def skinny(x: torch.Tensor, w, cfg: Fp8SkinnyConfig) -> torch.Tensor:
+    """What linear_fp8_triton runs at these rows: quantize x, then the skinny product."""
+    return fp8_skinny_triton(*quantize_rows_fp8_triton(x), w, None, x.dtype, cfg)
+
+
 def sweep(n: int, k: int, m: int, weights: list, x: torch.Tensor) -> dict:
     ref = linear_fp8_ref(x, weights[0])
-    row: dict = {}
-    configs = {}
+    configs: dict = {}
+    by_name = {}
     for tile in TILES:
         for split in SPLITS:
             if k // split < tile.block_k:
                 continue
             cfg = replace(tile, split_k=split)
+            by_name[name(cfg)] = cfg
             try:
-                if not close(fp8_skinny_triton(x, weights[0], None, x.dtype, cfg), ref):
+                if not close(skinny(x, weights[0], cfg), ref):
                     configs[name(cfg)] = "wrong"
                     continue
-                configs[name(cfg)] = graph_us(rotating(
-                    [lambda w=w, cfg=cfg: fp8_skinny_triton(x, w, None, x.dtype, cfg) for w in weights]))
+                configs[name(cfg)] = graph_us(rotating([lambda w=w, cfg=cfg: skinny(x, w, cfg) for w in weights]))
             except Exception as exc:  # noqa: BLE001 -- e.g. out of shared memory: recorded, not fatal
                 configs[name(cfg)] = f"{type(exc).__name__}: {str(exc)[:80]}"
     timed = sorted((us, key) for key, us in configs.items() if isinstance(us, float))
-    by_name = {name(replace(t, split_k=s)): replace(t, split_k=s) for t in TILES for s in SPLITS}
-    for _, key in timed[:3]:
-        cfg = replace(by_name[key], quantize_x=False)
-
-        def pre(w, cfg=cfg):
-            q, s = quantize_rows_fp8_triton(x)
-            return fp8_skinny_triton(q, w, None, x.dtype, cfg, x_scale=s)
-
-        if close(pre(weights[0]), ref):
-            configs[name(cfg)] = graph_us(rotating([lambda w=w: pre(w) for w in weights]))
-    row["configs_us"] = configs
-    timed = sorted((us, key) for key, us in configs.items() if isinstance(us, float))
+    row: dict = {"configs_us": configs}
     row["best"], row["best_us"] = (timed[0][1], timed[0][0]) if timed else (None, float("nan"))
-    all_cfgs = dict(by_name) | {name(replace(c, quantize_x=False)): replace(c, quantize_x=False) for c in by_name.values()}
-    row["best_config"] = asdict(all_cfgs[row["best"]]) if row["best"] else None
+    row["best_config"] = asdict(by_name[row["best"]]) if row["best"] else None
     row["w8a8_gemm_us"] = graph_us(rotating([lambda w=w: fp8_gemm_triton(*quantize_rows_fp8_triton(x), w, None, x.dtype)
                                              for w in weights]))
     row["fp8_weight_gbps"] = n * k / (row["best_us"] * 1e3)

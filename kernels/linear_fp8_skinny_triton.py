@@ -1,11 +1,11 @@
 """The W8A8 product for decode-sized batches (M <= SKINNY_MAX_ROWS): fp8 tensor-core dots with the operands
-swapped, split along K, the activation quantized inside the kernel.
+swapped, split along K.
 
-    grid (cdiv(N, BLOCK_N), SPLIT_K): program (n, s)
-      1. (QUANTIZE_X) sx[m] = max_k |x[m, k]| / 448 over the whole row (x is M x K, a few KB: read from L2)
-      2. over its K range: acc[BLOCK_N, BLOCK_M] += W[n-tile, k-tile] (e4m3) . round(x[:, k-tile] / sx)^T (e4m3)
-      3. acc * s[n] * sx[m] -> y[m, n] (SPLIT_K == 1, + bias) or fp32 partials [SPLIT_K, M, N] (summed, + bias, by
-         linear_triton's split-K reduce kernel)
+    xq, sx = quantize_rows_fp8_triton(x)          (kernels/linear_fp8_triton.py: e4m3 codes, one scale a row)
+    grid (cdiv(N, BLOCK_N), SPLIT_K): program (n, s) over its K range
+      acc[BLOCK_N, BLOCK_M] += W[n-tile, k-tile] (e4m3) . xq[:, k-tile]^T (e4m3)
+      acc * s[n] * sx[m] -> y[m, n] (SPLIT_K == 1, + bias) or fp32 partials [SPLIT_K, M, N] (summed, + bias, by
+      linear_triton's split-K reduce kernel)
 
 Why swapped: at M = 1-64 the product is a pass over W (1 byte a weight). With W as the dot's M side, a program
 streams a [BLOCK_N, BLOCK_K] tile of W per step and the batch (padded to BLOCK_M = 16, 32 or 64) is the dot's
@@ -13,8 +13,16 @@ narrow side, so no tensor-core work is spent on 64 padded batch rows and no fp8 
 needed (the weight-only GEMV upcast W in registers and read it at ~1 TB/s on the H200). Split-K gives the
 parallelism that N alone lacks (N = 4,096 is 64 tiles of 64 for 132 SMs).
 
-Numerics are those of kernels/linear_fp8_triton.py's path at any M: the same per-row scale and the same e4m3
-codes of x (quantize_rows_fp8_ref), fp32 accumulation; only the order of the fp32 sums differs.
+Numerics are those of kernels/linear_fp8_triton.py's GEMM at any M: the same quantized x, fp32 accumulation;
+only the order of the fp32 sums differs. Quantizing x inside the kernel instead (each program taking the row's
+amax over the whole K before its first W load) was slower at every shape and batch measured on the H200
+(benchmarks/results/linear_fp8_skinny_h200.json, 2026-12-02: the amax pass delays the W stream), so x is
+quantized by its own kernel first.
+
+H200, CUDA-graph replay, rotated weights, quantization included, best config per shape (same run): at 1 row qkv
+13.2 us (1.9 TB/s of fp8 weight), o 10.9 (1.5), gate_up 33.0 (3.6), down 23.6 (2.5), against bf16's 15.2, 11.4,
+61.7, 30.2 and the W8A8 GEMM's 43.4, 30.4, 70.7, 77.4; at 64 rows 15.2, 13.0, 36.5, 28.3 (GEMM 13.2, 10.9, 36.6,
+29.0). The small shapes stay far from the bandwidth: ~8 us of each is the three launches' fixed cost.
 
 What is compiled: per weight shape class (EVEN, the scale/bias flags) one kernel per BLOCK_M bucket (16, 32, 64)
 and config; M and the partials' stride are do_not_specialize, so every batch of a bucket shares one kernel. The
@@ -29,8 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
-from pdserve.kernels.fp8_triton import round_to_e4m3
-from pdserve.kernels.fp8_weight import FP8_MAX, Fp8Weight
+from pdserve.kernels.fp8_weight import Fp8Weight
 from pdserve.kernels.linear_triton import _split_k_reduce_kernel
 from pdserve.kernels.tuning import TuningTable, device_name
 
@@ -44,33 +51,23 @@ class Fp8SkinnyConfig:
     split_k: int = 1
     num_warps: int = 4
     num_stages: int = 4
-    quantize_x: bool = True  # False: x arrives quantized (quantize_rows_fp8_triton), with its row scales
 
 
 @triton.jit(do_not_specialize=["M", "stride_ps"])
 def _fp8_skinny_kernel(
     x_ptr, x_scale_ptr, w_ptr, w_scale_ptr, bias_ptr, out_ptr, part_ptr, M, N, K, k_per_split,
     stride_xm, stride_wn, stride_om, stride_ps,
-    HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, EVEN: tl.constexpr, QUANTIZE_X: tl.constexpr,
-    FP8_MAX: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, EVEN: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    # x: [M, K] (bf16/fp16/fp32, or e4m3 with x_scale [M]); w: [N, K] e4m3, w_scale: [N]; out: [M, N]
+    # x: [M, K] e4m3, x_scale: [M]; w: [N, K] e4m3, w_scale: [N]; out: [M, N]; grid: (cdiv(N, BLOCK_N), SPLIT_K)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rn = tl.max_contiguous(tl.multiple_of(offs_n % N, BLOCK_N), BLOCK_N)  # columns past N read row N mod N
     m_ok = offs_m < M
-    if QUANTIZE_X:
-        amax = tl.zeros([BLOCK_M, BLOCK_K], tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            offs = k0 + tl.arange(0, BLOCK_K)
-            xa = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs[None, :],
-                         mask=m_ok[:, None] & (offs < K)[None, :], other=0.0)
-            amax = tl.maximum(amax, tl.abs(xa.to(tl.float32)))
-        sx = tl.maximum(tl.max(amax, axis=1), 1e-12) / FP8_MAX
-    else:
-        sx = tl.load(x_scale_ptr + offs_m, mask=m_ok, other=1.0)
+    sx = tl.load(x_scale_ptr + offs_m, mask=m_ok, other=1.0)
     offs_k = pid_k * k_per_split + tl.arange(0, BLOCK_K)
     w_ptrs = w_ptr + rn.to(tl.int64)[:, None] * stride_wn + offs_k[None, :]  # [BLOCK_N, BLOCK_K]
     x_ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :]  # [BLOCK_M, BLOCK_K]
@@ -83,8 +80,6 @@ def _fp8_skinny_kernel(
             k_ok = (offs_k + k0 < K)[None, :]
             w = tl.load(w_ptrs, mask=k_ok, other=0.0, eviction_policy="evict_first")
             x = tl.load(x_ptrs, mask=m_ok[:, None] & k_ok, other=0.0)
-        if QUANTIZE_X:
-            x = round_to_e4m3(tl.clamp(x.to(tl.float32) / sx[:, None], -FP8_MAX, FP8_MAX)).to(w.dtype)
         acc = tl.dot(w, tl.trans(x), acc)
         w_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
@@ -106,28 +101,24 @@ def block_m_for(m: int) -> int:
     return max(16, triton.next_power_of_2(m))
 
 
-def fp8_skinny_triton(x2: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None, out_dtype: torch.dtype,
-                      cfg: Fp8SkinnyConfig, x_scale: torch.Tensor | None = None) -> torch.Tensor:
-    """x2 [M, K] (unit stride along K): in its float dtype when cfg.quantize_x, else e4m3 with x_scale [M]
-    -> [M, N] in out_dtype."""
-    m, k = x2.shape
+def fp8_skinny_triton(xq: torch.Tensor, x_scale: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None,
+                      out_dtype: torch.dtype, cfg: Fp8SkinnyConfig) -> torch.Tensor:
+    """xq [M, K] e4m3 (unit stride along K) with x_scale [M] fp32 -> [M, N] in out_dtype."""
+    m, k = xq.shape
     n = weight.shape[0]
-    if weight.shape[1] != k or x2.stride(1) != 1 or weight.weight.stride(1) != 1:
-        raise ValueError(f"x {tuple(x2.shape)} and weight {tuple(weight.shape)} must share K with unit stride")
-    if cfg.quantize_x == (x_scale is not None):
-        raise ValueError("x_scale goes with quantize_x=False (x already e4m3), and only then")
+    if weight.shape[1] != k or xq.stride(1) != 1 or weight.weight.stride(1) != 1:
+        raise ValueError(f"x {tuple(xq.shape)} and weight {tuple(weight.shape)} must share K with unit stride")
     block_m = block_m_for(m)
-    out = torch.empty((m, n), dtype=out_dtype, device=x2.device)
+    out = torch.empty((m, n), dtype=out_dtype, device=xq.device)
     k_per_split = triton.cdiv(triton.cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
     split_k = triton.cdiv(k, k_per_split)  # no empty splits
     even = k_per_split * split_k == k
-    part = torch.empty((split_k, m, n), dtype=torch.float32, device=x2.device) if split_k > 1 else out
+    part = torch.empty((split_k, m, n), dtype=torch.float32, device=xq.device) if split_k > 1 else out
     bias_arg = bias if bias is not None else out
     _fp8_skinny_kernel[(triton.cdiv(n, cfg.block_n), split_k)](
-        x2, x_scale if x_scale is not None else weight.scale, weight.weight, weight.scale, bias_arg, out, part,
-        m, n, k, k_per_split, x2.stride(0), weight.weight.stride(0), out.stride(0), part.stride(0),
-        HAS_BIAS=bias is not None, SPLIT=split_k > 1, EVEN=even, QUANTIZE_X=cfg.quantize_x, FP8_MAX=FP8_MAX,
-        BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps,
+        xq, x_scale, weight.weight, weight.scale, bias_arg, out, part,
+        m, n, k, k_per_split, xq.stride(0), weight.weight.stride(0), out.stride(0), part.stride(0),
+        HAS_BIAS=bias is not None, SPLIT=split_k > 1, EVEN=even, BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
     if split_k > 1:

@@ -2,10 +2,10 @@
 and the launcher that picks them, the skinny W8A8 kernel or the fp8-weight GEMV by batch rows.
 
     M <= FP8_WEIGHT_ONLY_MAX_ROWS (0):  gemv_triton(x, Wq, scale=s)      x in its dtype, Wq upcast in registers
-    M <= SKINNY_MAX_ROWS (64):          fp8_skinny_triton(x, Wq)         W8A8, x quantized inside, swapped
-                                                                         operands, split-K (decode batches)
-    above:                              xq, sx = quantize_rows_fp8_triton(x)   per row: amax pass, scale-and-cast pass
-                                        fp8_gemm_triton(xq, sx, Wq, s)   y = (xq Wq^T) * sx[m] * s[n] (+ b[n])
+    above it:                           xq, sx = quantize_rows_fp8_triton(x)   per row: amax pass, scale-and-cast pass
+      M <= SKINNY_MAX_ROWS (64):        fp8_skinny_triton(xq, sx, Wq)    swapped operands, split-K (decode batches:
+                                                                         kernels/linear_fp8_skinny_triton.py)
+      M > 64:                           fp8_gemm_triton(xq, sx, Wq, s)   y = (xq Wq^T) * sx[m] * s[n] (+ b[n])
 
 The GEMM: grid cdiv(M, BLOCK_M) * cdiv(N, BLOCK_N) in GROUP_M-row super-groups (programs sharing W tiles run
 together, for L2); each program keeps a [BLOCK_M, BLOCK_N] fp32 accumulator and `tl.dot`s e4m3 tiles, which
@@ -22,7 +22,6 @@ import torch
 import triton
 import triton.language as tl
 
-from pdserve.kernels.fp8_triton import round_to_e4m3
 from pdserve.kernels.fp8_weight import FP8_DTYPE, FP8_MAX, Fp8Weight
 from pdserve.kernels.linear_fp8 import quantizes_activations
 from pdserve.kernels.linear_fp8_skinny_triton import SKINNY_MAX_ROWS, fp8_skinny_triton, skinny_config
@@ -37,6 +36,18 @@ class Fp8GemmConfig:
     group_m: int = 8
     num_warps: int = 8
     num_stages: int = 4
+
+
+@triton.jit
+def _round_to_e4m3(v):
+    # v: fp32 within [-448, 448] -> the nearest e4m3 value (ties to even), still fp32, so that the cast to fp8
+    # after it is exact. Triton 3.8's interpreter casts fp32 -> e4m3 without carrying a rounded-up mantissa
+    # into the exponent (1.95 -> 1.0, 125 -> 64); rounding here first gives every backend torch's codes.
+    bits = v.to(tl.int32, bitcast=True)
+    exp = tl.maximum((bits >> 23) & 0xFF, 127 - 6)  # below 2^-6 the subnormals' step is 2^-9, as at 2^-6
+    step = ((exp - 3) << 23).to(tl.float32, bitcast=True)  # 2^(e - 3): 3 mantissa bits
+    u = v / step  # exact (a power of two); |u| < 16
+    return ((u + 12582912.0) - 12582912.0) * step  # 1.5 * 2^23: the fp32 add rounds u to an integer, to even
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -54,7 +65,7 @@ def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, M, K, stride_xm, stride_qm, FP8_M
     for k0 in range(0, K, BLOCK_K):
         offs = k0 + tl.arange(0, BLOCK_K)
         x = tl.load(x_ptr + row * stride_xm + offs, mask=offs < K, other=0.0).to(tl.float32)
-        q = round_to_e4m3(tl.clamp(x / scale, -FP8_MAX, FP8_MAX))
+        q = _round_to_e4m3(tl.clamp(x / scale, -FP8_MAX, FP8_MAX))
         tl.store(q_ptr + row * stride_qm + offs, q.to(q_ptr.dtype.element_ty), mask=offs < K)
 
 
@@ -172,11 +183,12 @@ def linear_fp8_triton(x: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | N
     m = x2.shape[0]
     if m == 0:
         return x.new_empty((*x.shape[:-1], n))
-    if quantizes_activations(m) and m <= SKINNY_MAX_ROWS:
-        out = fp8_skinny_triton(x2, weight, bias, x.dtype, skinny_config(m, n, k, x.device))
-    elif quantizes_activations(m):
+    if quantizes_activations(m):
         xq, sx = quantize_rows_fp8_triton(x2)
-        out = fp8_gemm_triton(xq, sx, weight, bias, x.dtype)
+        if m <= SKINNY_MAX_ROWS:
+            out = fp8_skinny_triton(xq, sx, weight, bias, x.dtype, skinny_config(m, n, k, x.device))
+        else:
+            out = fp8_gemm_triton(xq, sx, weight, bias, x.dtype)
     else:
         out = gemv_triton(x2, weight.weight, bias, gemv_config(m, n, k, x.dtype), scale=weight.scale)
     return out.view(*x.shape[:-1], n)

@@ -139,30 +139,42 @@ def test_fp8_linear_llama3_shapes_cuda(m: int, n: int, k: int) -> None:
 
 @pytest.mark.parametrize("m,n,k", [(1, 64, 256), (3, 96, 512), (16, 64, 200), (17, 130, 256), (64, 64, 384)])
 @pytest.mark.parametrize("split_k", [1, 3])
-@pytest.mark.parametrize("quantize_x", [True, False])
-def test_fp8_skinny_matches_ref(m: int, n: int, k: int, split_k: int, quantize_x: bool, dtype: torch.dtype,
-                                randn: Callable, check: Callable) -> None:
-    """The decode-batch W8A8 kernel: x quantized inside (the same codes and scales as quantize_rows_fp8_ref) or
-    given quantized, swapped operands, split-K partials; odd N (columns read modulo N), K tails, 16/32/64-row
-    tiles, bias on both the direct and the split path."""
+def test_fp8_skinny_matches_ref(m: int, n: int, k: int, split_k: int, dtype: torch.dtype, randn: Callable,
+                                check: Callable) -> None:
+    """The decode-batch W8A8 kernel on the same quantized x as the reference: swapped operands, split-K
+    partials, odd N (columns read modulo N), K tails, 16/32/64-row tiles, bias on the direct and the split path."""
     from pdserve.kernels.linear_fp8_skinny_triton import Fp8SkinnyConfig, fp8_skinny_triton
 
-    w, bias, x = _fp8_weight(randn, n, k), randn(n, dtype=dtype), randn(m, k, dtype=dtype) * 3
+    w, bias = _fp8_weight(randn, n, k), randn(n, dtype=dtype)
+    x = randn(m, k, dtype=dtype) * 3
     x[m // 2] = 0.0  # a row of zeros: its scale is the floor, its codes zero
     xq, sx = quantize_rows_fp8_ref(x)
     ref = (xq.float() * sx[:, None]) @ dequantize_weight_fp8(w).T
-    cfg = Fp8SkinnyConfig(block_n=32, block_k=64, split_k=split_k, num_warps=4, num_stages=2, quantize_x=quantize_x)
-    args = (x, w) if quantize_x else (xq, w)
-    scale = None if quantize_x else sx
-    check(fp8_skinny_triton(*args, bias, dtype, cfg, x_scale=scale), (ref + bias.float()).to(dtype), dtype)
-    check(fp8_skinny_triton(*args, None, dtype, cfg, x_scale=scale), ref.to(dtype), dtype)
+    cfg = Fp8SkinnyConfig(block_n=32, block_k=64, split_k=split_k, num_warps=4, num_stages=2)
+    check(fp8_skinny_triton(xq, sx, w, bias, dtype, cfg), (ref + bias.float()).to(dtype), dtype)
+    check(fp8_skinny_triton(xq, sx, w, None, dtype, cfg), ref.to(dtype), dtype)
 
 
-def test_fp8_skinny_refuses_what_it_cannot_take(randn: Callable) -> None:
+def test_fp8_skinny_refuses_more_rows_than_its_tiles(randn: Callable) -> None:
     from pdserve.kernels.linear_fp8_skinny_triton import Fp8SkinnyConfig, fp8_skinny_triton
 
-    w = _fp8_weight(randn, 64, 128)
+    xq, sx = quantize_rows_fp8_ref(randn(65, 128))
     with pytest.raises(ValueError, match="1..64 rows"):
-        fp8_skinny_triton(randn(65, 128), w, None, torch.float32, Fp8SkinnyConfig())
-    with pytest.raises(ValueError, match="x_scale"):
-        fp8_skinny_triton(randn(2, 128), w, None, torch.float32, Fp8SkinnyConfig(), x_scale=torch.ones(2))
+        fp8_skinny_triton(xq, sx, _fp8_weight(randn, 64, 128), None, torch.float32, Fp8SkinnyConfig())
+
+
+def test_fp8_skinny_configs_come_from_the_device_table() -> None:
+    """The shipped table's entry for the device, shape and row bucket; the heuristic where there is none."""
+    from pdserve.kernels.linear_fp8_skinny_triton import (
+        Fp8SkinnyConfig,
+        config_key,
+        configs_table,
+        skinny_config,
+    )
+
+    key = config_key("NVIDIA H200", 4096, 14336, 1)
+    assert key in configs_table().entries  # measured on the H200 (benchmarks/linear_fp8_skinny_gpu.py)
+    assert config_key("NVIDIA H200", 4096, 14336, 2) == config_key("NVIDIA H200", 4096, 14336, 8)
+    assert config_key("NVIDIA H200", 4096, 14336, 33) == config_key("NVIDIA H200", 4096, 14336, 64)
+    cpu = skinny_config(1, 4096, 14336, torch.device("cpu"))
+    assert cpu == Fp8SkinnyConfig(block_n=64, block_k=256, split_k=8)  # 64 tiles: 8 splits make 512 programs
