@@ -8,7 +8,8 @@ Per shape and batch (1, 8, 16, 32, 64 rows): every tile config x split count, x 
 (timed with it), each checked against linear_fp8_ref before it is timed.
 Times: median per call over CUDA-graph replays of back-to-back calls on rotated weight copies (the working set
 >= 4x the 60 MB L2), the way a decode step's graph runs them; GB/s counts the weight bytes. The table keeps the
-fastest config per (shape, row bucket of linear_fp8_skinny_triton.ROW_BUCKETS).
+fastest config per (shape, row bucket of linear_fp8_skinny_triton.ROW_BUCKETS), and names the GEMM where the
+GEMM was faster than it.
 """
 
 from __future__ import annotations
@@ -109,8 +110,11 @@ def main() -> None:
             print(f"{shape:8s} m={m:3d} bf16 {row['bf16_us']:7.1f} us  w8a8 gemm {row['w8a8_gemm_us']:7.1f} us  "
                   f"skinny {row['best_us']:7.1f} us ({row['fp8_weight_gbps']:.0f} GB/s) {row['best']}", flush=True)
             if table is not None and row["best_config"] is not None and m in ROW_BUCKETS:
-                table.entries[config_key(dev, n, k, m)] = {"backend": "triton", "config": row["best_config"],
-                                                          "triton_us": round(row["best_us"], 2)}
+                skinny_wins = row["best_us"] <= row["w8a8_gemm_us"]
+                table.entries[config_key(dev, n, k, m)] = {"backend": "triton" if skinny_wins else "gemm",
+                                                          "config": row["best_config"],
+                                                          "triton_us": round(row["best_us"], 2),
+                                                          "gemm_us": round(row["w8a8_gemm_us"], 2)}
                 table.save(args.table)
             args.out.parent.mkdir(parents=True, exist_ok=True)
             args.out.write_text(json.dumps(result, indent=1) + "\n")  # after every row: a timeout keeps the rest

@@ -149,12 +149,13 @@ def configs_table() -> TuningTable:
 
 
 @functools.lru_cache(maxsize=1024)  # the launch path runs per layer per step: look each shape up once
-def skinny_config(m: int, n: int, k: int, device: torch.device) -> Fp8SkinnyConfig:
-    """The measured config for this device, shape and batch tile; elsewhere 64-wide tiles of W, split along K
-    until ~4 programs run per SM (of 132), each split at least 4 K-blocks long."""
+def skinny_config(m: int, n: int, k: int, device: torch.device) -> Fp8SkinnyConfig | None:
+    """The measured config for this device, shape and row bucket, or None where the W8A8 GEMM measured faster
+    (then it runs); without an entry 64-wide tiles of W, split along K until ~4 programs run per SM (of 132),
+    each split at least 4 K-blocks long."""
     entry = configs_table().entries.get(config_key(device_name(device), n, k, m))
     if entry is not None:
-        return Fp8SkinnyConfig(**entry["config"])
+        return Fp8SkinnyConfig(**entry["config"]) if entry["backend"] == "triton" else None
     tiles = triton.cdiv(n, 64)
     split = 1
     while split < 16 and tiles * split * 2 <= 4 * 132 and k // (split * 2) >= 4 * 256:

@@ -4,8 +4,9 @@ and the launcher that picks them, the skinny W8A8 kernel or the fp8-weight GEMV 
     M <= FP8_WEIGHT_ONLY_MAX_ROWS (0):  gemv_triton(x, Wq, scale=s)      x in its dtype, Wq upcast in registers
     above it:                           xq, sx = quantize_rows_fp8_triton(x)   per row: amax pass, scale-and-cast pass
       M <= SKINNY_MAX_ROWS (64):        fp8_skinny_triton(xq, sx, Wq)    swapped operands, split-K (decode batches:
-                                                                         kernels/linear_fp8_skinny_triton.py)
-      M > 64:                           fp8_gemm_triton(xq, sx, Wq, s)   y = (xq Wq^T) * sx[m] * s[n] (+ b[n])
+                                                                         kernels/linear_fp8_skinny_triton.py),
+                                                                         where its table does not name the GEMM
+      else:                             fp8_gemm_triton(xq, sx, Wq, s)   y = (xq Wq^T) * sx[m] * s[n] (+ b[n])
 
 The GEMM: grid cdiv(M, BLOCK_M) * cdiv(N, BLOCK_N) in GROUP_M-row super-groups (programs sharing W tiles run
 together, for L2); each program keeps a [BLOCK_M, BLOCK_N] fp32 accumulator and `tl.dot`s e4m3 tiles, which
@@ -185,8 +186,9 @@ def linear_fp8_triton(x: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | N
         return x.new_empty((*x.shape[:-1], n))
     if quantizes_activations(m):
         xq, sx = quantize_rows_fp8_triton(x2)
-        if m <= SKINNY_MAX_ROWS:
-            out = fp8_skinny_triton(xq, sx, weight, bias, x.dtype, skinny_config(m, n, k, x.device))
+        cfg = skinny_config(m, n, k, x.device) if m <= SKINNY_MAX_ROWS else None
+        if cfg is not None:
+            out = fp8_skinny_triton(xq, sx, weight, bias, x.dtype, cfg)
         else:
             out = fp8_gemm_triton(xq, sx, weight, bias, x.dtype)
     else:
