@@ -39,11 +39,15 @@ class Fp8GemmConfig:
     num_stages: int = 4
 
 
+ONE_PASS_MAX_K = 16384  # a row up to this wide is held in registers (32 fp32 a thread at 16 warps) and read once
+
+
 @triton.jit
 def _round_to_e4m3(v):
     # v: fp32 within [-448, 448] -> the nearest e4m3 value (ties to even), still fp32, so that the cast to fp8
     # after it is exact. Triton 3.8's interpreter casts fp32 -> e4m3 without carrying a rounded-up mantissa
-    # into the exponent (1.95 -> 1.0, 125 -> 64); rounding here first gives every backend torch's codes.
+    # into the exponent (1.95 -> 1.0, 125 -> 64); rounding here first gives it torch's codes. Compiled kernels
+    # skip it: the GPU's fp32 -> e4m3 cvt rounds to nearest even.
     bits = v.to(tl.int32, bitcast=True)
     exp = tl.maximum((bits >> 23) & 0xFF, 127 - 6)  # below 2^-6 the subnormals' step is 2^-9, as at 2^-6
     step = ((exp - 3) << 23).to(tl.float32, bitcast=True)  # 2^(e - 3): 3 mantissa bits
@@ -53,21 +57,35 @@ def _round_to_e4m3(v):
 
 @triton.jit(do_not_specialize=["M"])
 def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, M, K, stride_xm, stride_qm, FP8_MAX: tl.constexpr,
-                          BLOCK_K: tl.constexpr):
-    # x: [M, K] -> q: [M, K] e4m3, s: [M] fp32; grid: (M,)
+                          BLOCK_K: tl.constexpr, ONE_PASS: tl.constexpr, ROUND: tl.constexpr):
+    # x: [M, K] -> q: [M, K] e4m3, s: [M] fp32; grid: (M,). ONE_PASS: the row fits one block (BLOCK_K >= K) and
+    # is read once; else an amax pass and a scale-and-cast pass. ROUND: round in fp32 before the cast (the
+    # interpreter's cast rounds wrongly; a GPU's cvt rounds to nearest even itself)
     row = tl.program_id(0).to(tl.int64)
-    amax = tl.zeros([BLOCK_K], tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        offs = k0 + tl.arange(0, BLOCK_K)
+    if ONE_PASS:
+        offs = tl.arange(0, BLOCK_K)
         x = tl.load(x_ptr + row * stride_xm + offs, mask=offs < K, other=0.0).to(tl.float32)
-        amax = tl.maximum(amax, tl.abs(x))
-    scale = tl.maximum(tl.max(amax, axis=0), 1e-12) / FP8_MAX
-    tl.store(s_ptr + row, scale)
-    for k0 in range(0, K, BLOCK_K):
-        offs = k0 + tl.arange(0, BLOCK_K)
-        x = tl.load(x_ptr + row * stride_xm + offs, mask=offs < K, other=0.0).to(tl.float32)
-        q = _round_to_e4m3(tl.clamp(x / scale, -FP8_MAX, FP8_MAX))
+        scale = tl.maximum(tl.max(tl.abs(x), axis=0), 1e-12) / FP8_MAX
+        tl.store(s_ptr + row, scale)
+        q = tl.clamp(x / scale, -FP8_MAX, FP8_MAX)
+        if ROUND:
+            q = _round_to_e4m3(q)
         tl.store(q_ptr + row * stride_qm + offs, q.to(q_ptr.dtype.element_ty), mask=offs < K)
+    else:
+        amax = tl.zeros([BLOCK_K], tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            offs = k0 + tl.arange(0, BLOCK_K)
+            x = tl.load(x_ptr + row * stride_xm + offs, mask=offs < K, other=0.0).to(tl.float32)
+            amax = tl.maximum(amax, tl.abs(x))
+        scale = tl.maximum(tl.max(amax, axis=0), 1e-12) / FP8_MAX
+        tl.store(s_ptr + row, scale)
+        for k0 in range(0, K, BLOCK_K):
+            offs = k0 + tl.arange(0, BLOCK_K)
+            x = tl.load(x_ptr + row * stride_xm + offs, mask=offs < K, other=0.0).to(tl.float32)
+            q = tl.clamp(x / scale, -FP8_MAX, FP8_MAX)
+            if ROUND:
+                q = _round_to_e4m3(q)
+            tl.store(q_ptr + row * stride_qm + offs, q.to(q_ptr.dtype.element_ty), mask=offs < K)
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -119,8 +137,11 @@ def quantize_rows_fp8_triton(x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
     q = torch.empty((m, k), dtype=FP8_DTYPE, device=x2.device)
     scale = torch.empty((m,), dtype=torch.float32, device=x2.device)
     if m:
+        width = triton.next_power_of_2(k)
+        one_pass = width <= ONE_PASS_MAX_K
         _quantize_rows_kernel[(m,)](x2, q, scale, m, k, x2.stride(0), q.stride(0), FP8_MAX=FP8_MAX,
-                                    BLOCK_K=min(4096, triton.next_power_of_2(k)), num_warps=8)
+                                    BLOCK_K=width if one_pass else 4096, ONE_PASS=one_pass,
+                                    ROUND=x2.device.type != "cuda", num_warps=8 if width <= 4096 else 16)
     return q, scale
 
 

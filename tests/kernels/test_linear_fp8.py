@@ -54,13 +54,16 @@ def test_rows_round_trip_within_one_rounding(randn: Callable) -> None:
     assert (err <= _REL * x.abs() + _ABS * s[:, None]).all()
 
 
-def test_quantize_rows_triton_matches_ref(randn: Callable) -> None:
+@pytest.mark.parametrize("rows,k", [(5, 5000), (2, 20000)])
+def test_quantize_rows_triton_matches_ref(rows: int, k: int, randn: Callable) -> None:
     """Same scales and codes (the GPU's fp32 division is not correctly rounded, so a code may sit one e4m3 step
-    off there, rarely)."""
-    from pdserve.kernels.linear_fp8_triton import quantize_rows_fp8_triton
+    off there, rarely). 5,000 wide: one pass over a row held whole (8,192 lanes, the tail masked); 20,000: above
+    ONE_PASS_MAX_K, the amax pass and the cast pass over 4,096-wide blocks, the last partial."""
+    from pdserve.kernels.linear_fp8_triton import ONE_PASS_MAX_K, quantize_rows_fp8_triton
 
-    x = randn(5, 5000) * 3  # K above the 4,096 block: two blocks, the second partial
-    x[2] = 0.0  # 25,000 values: many round up into the next power of two (the interpreter's cast got 1.95 -> 1)
+    assert (k > ONE_PASS_MAX_K) == (k == 20000)
+    x = randn(rows, k) * 3
+    x[1] = 0.0  # 10,000+ values: many round up into the next power of two (the interpreter's cast got 1.95 -> 1)
     q, s = quantize_rows_fp8_triton(x)
     q_ref, s_ref = quantize_rows_fp8_ref(x)
     torch.testing.assert_close(s, s_ref, rtol=1e-6, atol=0)
