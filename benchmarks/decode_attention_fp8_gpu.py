@@ -53,6 +53,19 @@ def main() -> int:
             return _launch(q, fp8, lens, tables, scale, config=config, f16_dot=True)
         rows[f"fp8_f16_dot_tile_{'x'.join(map(str, config))}"] = {"ms": time_ms(tiled, device, 50, warmup=1)}
         print(config, rows[f"fp8_f16_dot_tile_{'x'.join(map(str, config))}"], flush=True)
+    # splits: at B 64 x 8 kv heads num_splits_for gives 1 (512 programs); more programs in flight hide the
+    # per-tile latency that half the bytes a tile no longer covers?
+    for kv, dtype_name, configs in ((cache, "bf16", ((64, 4, 3),)), (fp8, "fp8", ((128, 4, 3), (64, 4, 3), (64, 4, 4),
+                                                                                 (128, 4, 2), (256, 4, 2)))):
+        ref = ref_bf16 if kv is cache else ref_fp8
+        for config in configs:
+            for splits in (1, 2, 4, 8):
+                def split_call(kv=kv, config=config, splits=splits):
+                    return _launch(q, kv, lens, tables, scale, num_splits=splits, config=config)
+                key = f"{dtype_name}_tile_{'x'.join(map(str, config))}_splits{splits}"
+                err = float((split_call().float() - ref).abs().max())
+                rows[key] = {"ms": time_ms(split_call, device, 50, warmup=1), "max_abs_err": err}
+                print(key, rows[key], flush=True)
     report = {"date": time.strftime("%Y-%m-%d %H:%M"), "device": torch.cuda.get_device_name(),
               "torch": torch.__version__, "shape": {"batch": BATCH, "context": CONTEXT, "q_heads": Q_HEADS,
                                                      "kv_heads": KV_HEADS, "dim": DIM, "page": PAGE},
