@@ -38,7 +38,7 @@ import triton
 import triton.language as tl
 
 from pdserve.kernels.fp8_weight import Fp8Weight
-from pdserve.kernels.linear_triton import _split_k_reduce_kernel
+from pdserve.kernels.linear_triton import reduce_split_k, split_k_layout
 from pdserve.kernels.tuning import TuningTable, device_name
 
 SKINNY_MAX_ROWS = 64
@@ -110,8 +110,7 @@ def fp8_skinny_triton(xq: torch.Tensor, x_scale: torch.Tensor, weight: Fp8Weight
         raise ValueError(f"x {tuple(xq.shape)} and weight {tuple(weight.shape)} must share K with unit stride")
     block_m = block_m_for(m)
     out = torch.empty((m, n), dtype=out_dtype, device=xq.device)
-    k_per_split = triton.cdiv(triton.cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
-    split_k = triton.cdiv(k, k_per_split)  # no empty splits
+    k_per_split, split_k = split_k_layout(k, cfg.split_k, cfg.block_k)
     even = k_per_split * split_k == k
     part = torch.empty((split_k, m, n), dtype=torch.float32, device=xq.device) if split_k > 1 else out
     bias_arg = bias if bias is not None else out
@@ -122,11 +121,7 @@ def fp8_skinny_triton(xq: torch.Tensor, x_scale: torch.Tensor, weight: Fp8Weight
         num_stages=cfg.num_stages,
     )
     if split_k > 1:
-        block = min(1024, triton.next_power_of_2(n))
-        _split_k_reduce_kernel[(m, triton.cdiv(n, block))](
-            part, bias_arg, out, n, split_k, part.stride(0), out.stride(0),
-            HAS_BIAS=bias is not None, BLOCK=block, num_warps=4,
-        )
+        reduce_split_k(part, bias, out)
     return out
 
 

@@ -118,8 +118,7 @@ def gemv_triton(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     if weight.stride(1) != 1 or x2.stride(1) != 1:
         raise ValueError(f"x {x2.stride()} and weight {weight.stride()} need unit stride along K")
     out = torch.empty((m, n), dtype=x2.dtype, device=x2.device)
-    k_per_split = triton.cdiv(triton.cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
-    split_k = triton.cdiv(k, k_per_split)  # no empty splits
+    k_per_split, split_k = split_k_layout(k, cfg.split_k, cfg.block_k)
     even = n % cfg.block_n == 0 and k_per_split * split_k == k
     part = torch.empty((split_k, m, n), dtype=torch.float32, device=x2.device) if split_k > 1 else out
     block_m = max(16, triton.next_power_of_2(m)) if cfg.use_dot else triton.next_power_of_2(m)
@@ -133,12 +132,24 @@ def gemv_triton(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if split_k > 1:
-        block = min(1024, triton.next_power_of_2(n))
-        _split_k_reduce_kernel[(m, triton.cdiv(n, block))](
-            part, bias_arg, out, n, split_k, part.stride(0), out.stride(0),
-            HAS_BIAS=bias is not None, BLOCK=block, num_warps=4,
-        )
+        reduce_split_k(part, bias, out)
     return out
+
+
+def split_k_layout(k: int, split_k: int, block_k: int) -> tuple[int, int]:
+    """(K per split, a multiple of block_k; the number of splits, none of them empty)."""
+    k_per_split = triton.cdiv(triton.cdiv(k, split_k), block_k) * block_k
+    return k_per_split, triton.cdiv(k, k_per_split)
+
+
+def reduce_split_k(part: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor) -> None:
+    """out [M, N] = sum over S of the fp32 partials part [S, M, N] (+ bias [N])."""
+    m, n = out.shape
+    block = min(1024, triton.next_power_of_2(n))
+    _split_k_reduce_kernel[(m, triton.cdiv(n, block))](
+        part, bias if bias is not None else out, out, n, part.shape[0], part.stride(0), out.stride(0),
+        HAS_BIAS=bias is not None, BLOCK=block, num_warps=4,
+    )
 
 
 def heuristic_config(m: int, n: int, k: int, dtype: torch.dtype) -> GemvConfig:
