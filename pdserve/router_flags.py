@@ -47,6 +47,14 @@ def add_router_arguments(parser: argparse.ArgumentParser, internal_port: bool = 
                        help="conditional disaggregation: a request whose uncached suffix on a decode worker that "
                             "holds part of it (an earlier turn) is shorter than this many tokens is prefilled by that "
                             "decode worker, with no prefill worker and no KV transfer; 0: never")
+    group.add_argument("--busy-local-prefill-tokens", type=int, default=defaults.busy_local_prefill_tokens,
+                       help="conditional disaggregation when the prefill pool is busy: a fresh prompt shorter than "
+                            "this many tokens is prefilled by a decode worker when every prefill worker already has "
+                            "--busy-prefill-backlog prompt tokens in prefill (or none is up); 0: never")
+    group.add_argument("--busy-prefill-backlog", type=int, default=defaults.busy_prefill_backlog,
+                       help="prompt tokens in prefill on a prefill worker from which it counts as busy for "
+                            "--busy-local-prefill-tokens (default: one forward at the default "
+                            "--max-num-batched-tokens)")
     group.add_argument("--heartbeat-interval", type=float, default=defaults.heartbeat_interval_s,
                        help="seconds between a worker's heartbeats (told to workers at registration)")
     group.add_argument("--heartbeat-timeout", type=float, default=None,
@@ -137,5 +145,6 @@ def router_config(args: argparse.Namespace, name: str, aliases: tuple[str, ...],
         cache_aware_max_imbalance=args.cache_aware_max_imbalance, log_requests=not args.disable_log_requests,
         log_stats=not args.disable_log_stats, log_stats_interval_s=args.log_stats_interval,
         local_prefill_threshold=args.local_prefill_threshold,
+        busy_local_prefill_tokens=args.busy_local_prefill_tokens, busy_prefill_backlog=args.busy_prefill_backlog,
         tool_call_parser=args.tool_call_parser,
     )

@@ -136,11 +136,13 @@ class Channel:
         self.prefill_link = link
         link.subscribe(self.request_id, self)
         link.worker.inflight += 1
+        link.worker.inflight_prompt_tokens += len(self.sub.prompt_token_ids)
 
     def prefill_done(self) -> None:
         """The attempt is over, whatever came of it: the prefill worker no longer counts it as in flight."""
         if self.prefill_link is not None:
             self.prefill.inflight -= 1
+            self.prefill.inflight_prompt_tokens -= len(self.sub.prompt_token_ids)
 
     def use_decode(self, link: WorkerLink) -> None:
         """Ask `link`'s worker for the reservation next (a fresh answer future)."""

@@ -38,6 +38,13 @@ class RouterConfig:
     # about one decode step of a 64-sequence batch at 512 tokens of context (6.5 ms): a local prefill under it
     # stalls D's running batch for about one step
     local_prefill_threshold: int = 256
+    # ... and when no prefill worker can take a prompt soon: a fresh prompt shorter than busy_local_prefill_tokens
+    # is prefilled by a decode worker when every reachable P already has busy_prefill_backlog prompt tokens or
+    # more in prefill (the router's own count, current to the request), or none is reachable; 0: never. The
+    # backlog default is one forward of a P at its default --max-num-batched-tokens (2,048): below it the prompt
+    # would join P's next forward; at or above it, it waits a whole forward at least
+    busy_local_prefill_tokens: int = 256
+    busy_prefill_backlog: int = 2048
     secret: str | None = None
     heartbeat_interval_s: float = 1.0
     heartbeat_timeout_s: float | None = None
@@ -105,6 +112,9 @@ class RouterConfig:
             raise ValueError(f"admin_token must be at least 8 characters, got {len(self.admin_token)}")
         if self.local_prefill_threshold < 0:
             raise ValueError(f"local_prefill_threshold must be >= 0, got {self.local_prefill_threshold}")
+        if self.busy_local_prefill_tokens < 0 or self.busy_prefill_backlog < 1:
+            raise ValueError(f"busy_local_prefill_tokens must be >= 0 and busy_prefill_backlog >= 1, got "
+                             f"{self.busy_local_prefill_tokens} and {self.busy_prefill_backlog}")
         if self.cache_aware_max_imbalance < 0:
             raise ValueError(f"cache_aware_max_imbalance must be >= 0, got {self.cache_aware_max_imbalance}")
         if self.tool_call_parser not in ("hermes",):

@@ -16,10 +16,18 @@ turn of a conversation finds its whole history there. The router's view of it, p
         checks against what it holds, and prefills locally only if the suffix is still short; else it reserves
         as usual and the relay hands the prefill to a P (a fallback, counted).
 
-A fresh prompt (nothing cached on any decode worker) always goes through a prefill worker, however short: this
-keeps prefills off the decode batch unless they are the small remainder of a reused history. Prompts asking for
-prompt logprobs never go local (only P computes them), nor do colocated workers (their prefill side shares the
-pool already).
+    busy_choice(prefill_candidates, decode_candidates, sub, prompt) ─▶ for a fresh prompt shorter than
+        `busy_tokens`, when no prefill worker can take it soon: every one of `prefill_candidates` (reachable, not
+        failed for this request) has `busy_backlog` prompt tokens or more in prefill (the router's own count,
+        router/channel.py: current to the request, not a heartbeat old), or there is none: the least loaded
+        decode-only worker; else None. This is what keeps short requests answered within a D step or two while
+        a P is lost and its survivors work through its long prompts (docs/reliability.md), and while a burst
+        of long prompts fills every P.
+
+Otherwise a fresh prompt (nothing cached on any decode worker) goes through a prefill worker, however short:
+this keeps prefills off the decode batch unless they are the small remainder of a reused history or P cannot
+take them soon. Prompts asking for prompt logprobs never go local (only P computes them), nor do colocated
+workers (their prefill side shares the pool already).
 """
 
 from __future__ import annotations
@@ -35,12 +43,27 @@ FINISH_REASONS_COMMITTED = ("stop", "length")  # a decode worker commits these s
 
 
 class DecodeReuse:
-    def __init__(self, block_size: int, threshold: int, max_imbalance: int = 4) -> None:
-        if threshold < 0:
-            raise ValueError(f"local_prefill_threshold must be >= 0, got {threshold}")
+    def __init__(self, block_size: int, threshold: int, max_imbalance: int = 4, busy_tokens: int = 0,
+                 busy_backlog: int = 2048) -> None:
+        if threshold < 0 or busy_tokens < 0 or busy_backlog < 1:
+            raise ValueError(f"local_prefill_threshold ({threshold}) and busy_local_prefill_tokens ({busy_tokens}) "
+                             f"must be >= 0, busy_prefill_backlog ({busy_backlog}) >= 1")
         self.block_size = block_size
         self.threshold = threshold  # 0: never prefill on a decode worker
         self.max_imbalance = max_imbalance  # --cache-aware-max-imbalance, as the cache-aware policies take it
+        self.busy_tokens = busy_tokens  # --busy-local-prefill-tokens; 0: never for a fresh prompt
+        self.busy_backlog = busy_backlog  # --busy-prefill-backlog
+
+    def busy_choice(self, prefill_candidates: list[Worker], decode_candidates: list[Worker], sub: SubRequest,
+                    prompt: Prompt) -> Worker | None:
+        """The decode worker that should prefill this fresh prompt because no P can take it soon, or None."""
+        if len(prompt.token_ids) >= self.busy_tokens or sub.needs_prefill_answer:
+            return None
+        if any(w.inflight_prompt_tokens < self.busy_backlog for w in prefill_candidates):
+            return None
+        decode_only = [w for w in decode_candidates if "prefill" not in w.roles]
+        ordered = LeastKV().order(decode_only, len(prompt.token_ids))
+        return ordered[0] if ordered else None
 
     def local_choice(self, candidates: list[Worker], sub: SubRequest, prompt: Prompt) -> Worker | None:
         """The decode worker that should prefill this request itself, or None (see the module docstring)."""

@@ -90,6 +90,9 @@ class RouterMetrics:
         self.retries = Counter("pdserve_retries", "worker retries by reason", ["reason"], registry=r)
         self.local_prefills = Counter("pdserve_local_prefills", "sub-requests a decode worker prefilled itself "
                                       "(conditional disaggregation: no prefill worker, no KV transfer)", registry=r)
+        self.busy_local_prefills = Counter("pdserve_busy_local_prefills", "fresh prompts a decode worker prefilled "
+                                           "itself because every prefill worker was busy (--busy-prefill-backlog) "
+                                           "or none was up; also counted in pdserve_local_prefills", registry=r)
         self.local_prefill_fallbacks = Counter("pdserve_local_prefill_fallbacks", "sub-requests sent to a decode "
                                                "worker to prefill there that it held too little of, so a prefill "
                                                "worker computed them", registry=r)

@@ -68,6 +68,7 @@ class Worker:
     load: WorkerLoad = field(default_factory=WorkerLoad)
     reachable: bool = True
     inflight: int = 0  # sub-requests the router has routed here and not yet finished
+    inflight_prompt_tokens: int = 0  # a prefill worker's: prompt tokens of its `inflight` sub-requests
     pending_blocks: int = 0  # blocks reserved here since the last load report (least_kv's correction)
     draining: bool = False  # set by the admin API: no new work from this router, whatever the worker reports
     paused: bool = False  # while the admin API switches its role

@@ -62,7 +62,8 @@ class Relay:
         self._decode_policy = decode_policy
         self._config = config
         self._metrics = metrics
-        self._reuse = DecodeReuse(config.block_size, config.local_prefill_threshold, config.cache_aware_max_imbalance)
+        self._reuse = DecodeReuse(config.block_size, config.local_prefill_threshold, config.cache_aware_max_imbalance,
+                                  config.busy_local_prefill_tokens, config.busy_prefill_backlog)
 
     def set_policies(self, prefill: Policy, decode: Policy) -> None:
         """Swap the policies (admin API); sub-requests already started keep the workers they were given."""
@@ -110,14 +111,22 @@ class Relay:
                                   self._config.retry_after_s)
 
     async def _attempt(self, channel: Channel, prompt: Prompt, failed: dict[str, str]) -> Channel:
-        local = self._reuse.local_choice(self._registry.candidates("decode"), channel.sub, prompt)
+        decode_candidates = self._registry.candidates("decode")
+        local = self._reuse.local_choice(decode_candidates, channel.sub, prompt)
+        busy = False
+        if local is None:
+            prefill_candidates = [w for w in self._registry.candidates("prefill") if w.worker_id not in failed]
+            local = self._reuse.busy_choice(prefill_candidates, decode_candidates, channel.sub, prompt)
+            busy = local is not None
         try:
             if local is None:
                 await self._prefill_on(channel, prompt, failed, None)
             else:
-                reserved = await self._reserve(channel, prompt, local)
+                reserved = await self._reserve(channel, prompt, local, busy)
                 if reserved.local_prefill:
                     self._metrics.local_prefills.inc()
+                    if busy:
+                        self._metrics.busy_local_prefills.inc()
                 else:  # D holds less than its last report said: a P computes the rest, into D's new blocks
                     self._metrics.local_prefill_fallbacks.inc()
                     await self._prefill_on(channel, prompt, failed, reserved)
@@ -211,14 +220,16 @@ class Relay:
         policy.routed(ordered[0], prompt)
         return ordered[0]
 
-    async def _reserve(self, channel: Channel, prompt: Prompt, local: Worker | None = None) -> Reserved:
+    async def _reserve(self, channel: Channel, prompt: Prompt, local: Worker | None = None,
+                       busy: bool = False) -> Reserved:
         """Reserve KV on the best D that has room; 503 (with the largest Retry-After) when none has. `local`:
-        that D first, and each D asked may prefill the request itself (conditional disaggregation)."""
+        that D first, and each D asked may prefill the request itself (conditional disaggregation: an uncached
+        suffix under --local-prefill-threshold, or, `busy`, a fresh prompt under --busy-local-prefill-tokens)."""
         sub = channel.sub
         ordered = self._decode_policy.order(self._registry.candidates("decode"), len(sub.prompt_token_ids), prompt)
         if local is not None:
             ordered = [local, *(w for w in ordered if w is not local)]
-        limit = self._reuse.threshold if local is not None else 0
+        limit = 0 if local is None else self._reuse.busy_tokens if busy else self._reuse.threshold
         message = Reserve(channel.request_id, sub.prompt_token_ids, sub.sampling.to_dict(), sub.cache_salt,
                           time.time(), limit)
         blocks = -(-(len(sub.prompt_token_ids) + 1) // self._config.block_size)

@@ -31,9 +31,12 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, model_cache_dir: Path,
     tmp = tmp_path_factory.mktemp("reliability")
     cluster = Cluster(tmp, model_cache_dir, tmp / "pickle_guard.log")
     try:
-        # every prompt through a prefill worker: these tests break P, D and the P -> D path; a prompt whose
-        # short suffix D could prefill itself (conditional disaggregation, docs/kv_cache.md) would skip P
-        cluster.launch("--max-inflight-requests", str(MAX_INFLIGHT), "--local-prefill-threshold", "0")
+        # every prompt through a prefill worker while one can take it: these tests break P, D and the P -> D
+        # path; a prompt whose short suffix D could prefill itself (conditional disaggregation, docs/kv_cache.md)
+        # would skip P. A short fresh prompt still goes to D when every P is busy (--busy-prefill-backlog: one
+        # forward of these workers, whose --max-num-batched-tokens is 512): the prefill-kill test's new requests
+        cluster.launch("--max-inflight-requests", str(MAX_INFLIGHT), "--local-prefill-threshold", "0",
+                       "--busy-prefill-backlog", "512")
         fail_d = cluster.start_worker("decode", "decode-fail", *WORKER_FLAGS, "--kv-lease-timeout", "1",
                                       "--kv-load-failure-policy", "fail", register=False)
         cluster.supervise()

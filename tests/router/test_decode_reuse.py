@@ -44,3 +44,32 @@ def test_a_busy_holder_is_passed_over_beyond_the_imbalance() -> None:
     busy = _decode("holder", holds=4, num_running=5)  # 5 > 0 + 4: a shared prefix would pile every request here
     assert reuse.local_choice([idle, busy], _sub(), PROMPT) is None
     assert reuse.local_choice([busy], _sub(), PROMPT) is busy  # the only decode worker: no one less loaded
+
+
+def _prefill(name: str, backlog: int) -> Worker:
+    worker = Worker(worker_id=name, url=f"http://{name}", roles=("prefill",), static=False, last_seen=0.0,
+                    load=WorkerLoad(), fingerprint=FP)
+    worker.inflight_prompt_tokens = backlog
+    return worker
+
+
+def test_a_fresh_short_prompt_goes_to_a_decode_worker_only_when_every_prefill_worker_is_busy() -> None:
+    reuse = DecodeReuse(BS, threshold=0, busy_tokens=256, busy_backlog=1024)  # reuse off: the busy rule alone
+    idle_d, busy_d = _decode("idle-d"), _decode("busy-d", num_running=3)
+    decode = [busy_d, idle_d]
+    assert reuse.busy_choice([_prefill("p0", 1024), _prefill("p1", 1023)], decode, _sub(), PROMPT) is None
+    assert reuse.busy_choice([_prefill("p0", 1024), _prefill("p1", 5000)], decode, _sub(), PROMPT) is idle_d
+    assert reuse.busy_choice([], decode, _sub(), PROMPT) is idle_d  # no prefill worker up (or all failed)
+    assert reuse.busy_choice([], [], _sub(), PROMPT) is None
+
+
+def test_the_busy_rule_keeps_long_prompts_logprobs_and_colocated_workers_on_their_path() -> None:
+    reuse = DecodeReuse(BS, threshold=0, busy_tokens=len(PROMPT.token_ids), busy_backlog=1)
+    decode = [_decode("d")]
+    assert reuse.busy_choice([], decode, _sub(), PROMPT) is None  # 84 tokens: not < 84
+    wide = DecodeReuse(BS, threshold=0, busy_tokens=1000, busy_backlog=1)
+    assert wide.busy_choice([], decode, _sub(prompt_logprobs=1), PROMPT) is None  # only P computes them
+    colocated = Worker(worker_id="c", url="http://c", roles=("prefill", "decode"), static=False, last_seen=0.0,
+                       load=WorkerLoad(), fingerprint=FP)
+    assert wide.busy_choice([], [colocated], _sub(), PROMPT) is None
+    assert DecodeReuse(BS, threshold=0, busy_tokens=0).busy_choice([], decode, _sub(), PROMPT) is None  # off
