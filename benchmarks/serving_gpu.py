@@ -36,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -96,7 +97,8 @@ def _py_spy(dep: Deployment, out: Path) -> list[subprocess.Popen]:
 
 
 def run_deployment(name: str, args: argparse.Namespace, cases: dict[str, tuple[list[Conversation], LoadSpec]],
-                   logs: Path) -> dict:
+                   logs: Path, save: Callable[[dict], None] = lambda out: None) -> dict:
+    """The deployment's cases in order; save(partial result) after each, so a run cut off keeps what it did."""
     flags = ["--load-format", "dummy", "--model-preset", args.model_preset, "--max-model-len", "4096",
              "--tokenizer", str(args.deployment_tokenizer), *DEPLOYMENTS[name]]
     env = {}
@@ -125,10 +127,12 @@ def run_deployment(name: str, args: argparse.Namespace, cases: dict[str, tuple[l
                 spy.mkdir(parents=True, exist_ok=True)
             out[case] = result = run_case(dep, convs, load, spy)
             kernels[f"after_{case}"] = compiled_kernels(cache)
+            if cache is not None:
+                out["triton_kernels"] = kernels
+                out["compiles_after_warmup"] = kernels[f"after_{case}"] - kernels["ready"]
+            save(out)
             print(f"{name} {case}: {_line(result)}", flush=True)
         if cache is not None:
-            out["triton_kernels"] = kernels
-            out["compiles_after_warmup"] = kernels[f"after_{case}"] - kernels["ready"]
             print(f"{name}: Triton kernels compiled {kernels}", flush=True)
     return out
 
@@ -162,6 +166,11 @@ def as_token_ids(convs: list[Conversation], tokenizer: CountingTokenizer) -> lis
         ids = tokenizer.encode(turn.prompt, add_special_tokens=False)
         out.append(Conversation((Turn(ids, len(ids), turn.output_len),)))
     return out
+
+
+def _save(report: dict, name: str, partial: dict, path: Path) -> None:
+    report["deployments"][name] = partial
+    path.write_text(json.dumps(report, indent=1))
 
 
 def compare(report: dict, args: argparse.Namespace) -> None:
@@ -225,7 +234,8 @@ def main() -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     for name in args.deployments:
         try:
-            report["deployments"][name] = run_deployment(name, args, cases, logs)
+            report["deployments"][name] = run_deployment(name, args, cases, logs, lambda out, n=name: _save(
+                report, n, out, args.out))
         except (RuntimeError, httpx.HTTPError) as exc:
             report["failed"] = f"{name}: {exc!r}"
             report["log_tails"] = {log.name: log.read_text()[-3000:] for log in logs.iterdir()}
