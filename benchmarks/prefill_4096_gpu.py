@@ -15,7 +15,9 @@ Variants (selected here only, by patching the dispatcher's module attributes; th
     *_lt             the same with torch.backends.cuda.preferred_blas_library("cublaslt") for the GEMMs
 Variants run interleaved, round by round (each round: every variant --reps times after one untimed call), so
 clock or thermal drift over the run lands on all of them alike; per variant the median over all its reps.
-Then one prefill per variant under torch.profiler: GPU time per kernel, grouped (gemm, attention, norms, rope
+Per variant also the host's enqueue time (until prefill() returned) and, for the profiled ones, the
+synchronizing calls torch reports in one prefill (set_sync_debug_mode). Then one prefill per variant under
+torch.profiler: GPU time per kernel, grouped (gemm, attention, norms, rope
 / kv write, silu_and_mul, copies, other) and the wall minus the kernels' sum (launch gaps, host syncs); and the
 four prefill GEMM shapes alone (M = 4,096) through cuBLAS and cuBLASLt, as TFLOP/s. The FLOP floor (~92 ms)
 is 2 x 6.98e9 x 4,096 linear FLOPs + attention at the measured rates.
@@ -33,6 +35,7 @@ import os
 import re
 import statistics
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -117,22 +120,41 @@ def build(preset: str, tokens: int, device: str, dtype: torch.dtype) -> tuple[Mo
     return runner, [chunk]
 
 
-def timed_ms(fn: Callable[[], object], cuda: bool) -> float:
+def timed_ms(fn: Callable[[], object], cuda: bool, host: list[float] | None = None) -> float:
+    """GPU ms of fn (CUDA events); host, if given, gets the ms until fn returned (its enqueue time: where that
+    reaches the GPU time the prefill is host-bound, or a sync inside made the host wait)."""
+    start = time.perf_counter()
     if not cuda:
-        start = time.perf_counter()
         fn()
         return (time.perf_counter() - start) * 1e3
     begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     begin.record()
     fn()
     end.record()
+    if host is not None:
+        host.append((time.perf_counter() - start) * 1e3)
     end.synchronize()
     return begin.elapsed_time(end)
+
+
+def host_syncs(runner: ModelRunner, chunks: list[PrefillChunk], name: str) -> dict:
+    """Synchronizing calls torch reports in one prefill (torch.cuda.set_sync_debug_mode("warn")): a sync per
+    layer would drain the GPU's queue each layer (the GPU then idles while the host launches the next ops)."""
+    with variant(name), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            runner.prefill(chunks)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    messages = collections.Counter(str(w.message).splitlines()[0][:120] for w in caught)
+    return {"count": sum(messages.values()), "messages": dict(messages.most_common(5))}
 
 
 def interleaved(runner: ModelRunner, chunks: list[PrefillChunk], names: list[str], rounds: int, reps: int,
                 cuda: bool) -> dict:
     times: dict[str, list[float]] = {n: [] for n in names}
+    hosts: dict[str, list[float]] = {n: [] for n in names}
     errors: dict[str, str] = {}
     for _ in range(rounds):
         for name in names:
@@ -141,10 +163,11 @@ def interleaved(runner: ModelRunner, chunks: list[PrefillChunk], names: list[str
             try:
                 with variant(name):
                     runner.prefill(chunks)  # untimed: plans, caches
-                    times[name] += [timed_ms(lambda: runner.prefill(chunks), cuda) for _ in range(reps)]
+                    times[name] += [timed_ms(lambda: runner.prefill(chunks), cuda, hosts[name]) for _ in range(reps)]
             except Exception as exc:  # noqa: BLE001 -- a backend this device does not offer: recorded, others go on
                 errors[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
-    out = {n: {"median_ms": statistics.median(t), "min_ms": min(t), "times_ms": [round(x, 3) for x in t]}
+    out = {n: {"median_ms": statistics.median(t), "min_ms": min(t), "times_ms": [round(x, 3) for x in t],
+               "host_enqueue_ms": statistics.median(hosts[n]) if hosts[n] else None}
            for n, t in times.items() if t}
     for name, err in errors.items():
         out[name] = {"error": err}
@@ -183,7 +206,7 @@ def kernel_profile(runner: ModelRunner, chunks: list[PrefillChunk], name: str) -
     kernels: dict[str, list[float]] = collections.defaultdict(list)
     for ev in prof.events():
         if getattr(ev, "device_type", None) == torch.autograd.DeviceType.CUDA:
-            kernels[ev.name].append(ev.device_time if hasattr(ev, "device_time") else ev.cuda_time)
+            kernels[ev.name].append(ev.time_range.elapsed_us())  # a device event's own span (us)
     per = {k: {"ms": sum(v) / 1e3, "count": len(v), "mean_us": sum(v) / len(v)} for k, v in kernels.items()}
     groups: dict[str, float] = collections.Counter()
     for kname, row in per.items():
@@ -244,10 +267,19 @@ def main() -> int:
     with torch.inference_mode():
         result["prefill_ms"] = interleaved(runner, chunks, args.variants, args.rounds, args.reps, cuda)
         for name, row in result["prefill_ms"].items():
-            print(f"prefill {tokens} {name:16s} " + (f"median {row['median_ms']:.2f} ms, min {row['min_ms']:.2f}"
+            print(f"prefill {tokens} {name:16s} " + (f"median {row['median_ms']:.2f} ms, min {row['min_ms']:.2f}, "
+                                                     f"host enqueue {row['host_enqueue_ms'] or 0:.1f}"
                                                      if "median_ms" in row else row["error"]), flush=True)
         result["logits_vs_ours"] = logits_agree(runner, chunks, args.variants)
         if cuda:
+            result["host_syncs"] = {}
+            for name in args.profile:
+                try:
+                    result["host_syncs"][name] = h = host_syncs(runner, chunks, name)
+                except Exception as exc:  # noqa: BLE001 -- the timings above still count
+                    result["host_syncs"][name] = {"error": repr(exc)[:300]}
+                    continue
+                print(f"host syncs {name}: {h['count']} {h['messages']}", flush=True)
             result["profiles"] = {}
             for name in args.profile:
                 try:
