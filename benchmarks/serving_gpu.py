@@ -16,6 +16,12 @@ sent as token ids; the deployments detokenize with a word-level tokenizer over t
 Recorded per case: `pdserve bench`'s metrics (vLLM's names), the decode worker's step phases, each process's
 CPU seconds, and the ratio to the engine-bound figure. --py-spy DIR records the router and every worker of the
 first deployment for the first 20 s of its sharegpt case (raw format, `py-spy record --format raw`).
+--product DIR runs the deployments on another tree's product (DIR first on their PYTHONPATH, with
+PYTHONSAFEPATH=1 so the working directory's pdserve/ does not shadow it: benchmarks/tree_link.py builds DIR),
+the same harness and workload either way (issue 23's before/after). --triton-cache DIR gives the deployments
+that Triton cache and records its compiled kernels (cache entries with a cubin) when the deployment is ready,
+after the harness's warm-up requests and after each case: `compiles_after_warmup` is the count added from
+ready to the last case (a kernel that one worker compiled and another then loaded from disk counts once).
 """
 
 from __future__ import annotations
@@ -24,10 +30,13 @@ import argparse
 import asyncio
 import json
 import math
+import os
+import signal
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -50,6 +59,13 @@ DEPLOYMENTS = {"disaggregated": [], "colocated": ["--colocated"],
 KEYS = ("completed", "failed", "duration", "request_throughput", "output_throughput", "total_token_throughput",
         "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms", "median_itl_ms", "p99_itl_ms",
         "median_e2el_ms")
+
+
+def compiled_kernels(cache: Path | None) -> int | None:
+    """Kernels in a Triton cache folder: its entries holding a cubin (None without a folder)."""
+    if cache is None:
+        return None
+    return len({p.parent for p in cache.rglob("*.cubin")})
 
 
 def run_case(dep: Deployment, convs: list[Conversation], load: LoadSpec, spy: Path | None = None) -> dict:
@@ -81,24 +97,43 @@ def _py_spy(dep: Deployment, out: Path) -> list[subprocess.Popen]:
 
 
 def run_deployment(name: str, args: argparse.Namespace, cases: dict[str, tuple[list[Conversation], LoadSpec]],
-                   logs: Path) -> dict:
+                   logs: Path, save: Callable[[dict], None] = lambda out: None) -> dict:
+    """The deployment's cases in order; save(partial result) after each, so a run cut off keeps what it did."""
     flags = ["--load-format", "dummy", "--model-preset", args.model_preset, "--max-model-len", "4096",
              "--tokenizer", str(args.deployment_tokenizer), *DEPLOYMENTS[name]]
+    env = {}
+    if args.product is not None:
+        env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(args.product), os.environ.get("PYTHONPATH")])),
+               "PYTHONSAFEPATH": "1"}
+    cache = None
+    if args.triton_cache is not None:
+        cache = args.triton_cache / name
+        cache.mkdir(parents=True, exist_ok=True)
+        env["TRITON_CACHE_DIR"] = str(cache)
     t0 = time.monotonic()
-    with Deployment(args.port, flags, logs / f"{name}.log") as dep:
-        out: dict = {"argv": dep.argv[2:], "ready_s": time.monotonic() - t0,
+    with Deployment(args.port, flags, logs / f"{name}.log", env) as dep:
+        out: dict = {"argv": dep.argv[2:], "ready_s": time.monotonic() - t0, "product": str(args.product or REPO),
                      "children": [" ".join(c.cmdline()[3:]) for c in psutil.Process(dep.process.pid).children()]}
+        kernels = {"ready": compiled_kernels(cache)}
         # not measured: connections, caches, first-use costs
         asyncio.run(run_benchmark(sample_random(32, LengthSpec(128), LengthSpec(16), None, seed=5),
                                   ApiTarget(dep.url, model=dep.model(), ignore_eos=True), LoadSpec(math.inf),
                                   progress=False))
+        kernels["after_harness_warm_up"] = compiled_kernels(cache)
         for case, (convs, load) in cases.items():
             spy = None
             if args.py_spy is not None and case == "sharegpt" and name == args.deployments[0]:
                 spy = args.py_spy / name
                 spy.mkdir(parents=True, exist_ok=True)
             out[case] = result = run_case(dep, convs, load, spy)
+            kernels[f"after_{case}"] = compiled_kernels(cache)
+            if cache is not None:
+                out["triton_kernels"] = kernels
+                out["compiles_after_warmup"] = kernels[f"after_{case}"] - kernels["ready"]
+            save(out)
             print(f"{name} {case}: {_line(result)}", flush=True)
+        if cache is not None:
+            print(f"{name}: Triton kernels compiled {kernels}", flush=True)
     return out
 
 
@@ -133,6 +168,11 @@ def as_token_ids(convs: list[Conversation], tokenizer: CountingTokenizer) -> lis
     return out
 
 
+def _save(report: dict, name: str, partial: dict, path: Path) -> None:
+    report["deployments"][name] = partial
+    path.write_text(json.dumps(report, indent=1))
+
+
 def compare(report: dict, args: argparse.Namespace) -> None:
     """Ratios to the engine-bound figure, and the latency targets' terms (issue 15)."""
     table, bound = report.get("engine_table"), report.get("engine_bound")
@@ -165,8 +205,14 @@ def main() -> int:
     parser.add_argument("--no-engine-bound", action="store_true", help="skip the engine's step table (CPU runs)")
     parser.add_argument("--port", type=int, default=8741)
     parser.add_argument("--py-spy", type=Path, default=None)
+    parser.add_argument("--product", type=Path, default=None,
+                        help="run the deployments on this tree's product (a link tree: benchmarks/tree_link.py)")
+    parser.add_argument("--triton-cache", type=Path, default=None,
+                        help="the deployments' Triton cache (one subfolder each); counts compiles after ready")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks/results/serving_gpu_h200.json")
     args = parser.parse_args()
+    # a SIGTERM (timeout's) unwinds like an exception, so `with Deployment` stops the workers it started
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     logs = Path(tempfile.mkdtemp(prefix="serving_gpu_"))
     if args.deployment_tokenizer is None:
         args.deployment_tokenizer = write_tokenizer(get_preset(args.model_preset).vocab_size, logs / "tokenizer")
@@ -188,7 +234,8 @@ def main() -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     for name in args.deployments:
         try:
-            report["deployments"][name] = run_deployment(name, args, cases, logs)
+            report["deployments"][name] = run_deployment(name, args, cases, logs, lambda out, n=name: _save(
+                report, n, out, args.out))
         except (RuntimeError, httpx.HTTPError) as exc:
             report["failed"] = f"{name}: {exc!r}"
             report["log_tails"] = {log.name: log.read_text()[-3000:] for log in logs.iterdir()}
