@@ -16,9 +16,16 @@ a batch is whole uncached prompts, their K/V are exactly k and v (contiguous per
 `sdpa_choice` sends such a batch there when the device's entry in tuning.PREFILL_PATH says so (the backend,
 the shortest prompt it wins from, the most prompts per batch: one SDPA call each), as measured by
 `python benchmarks/prefill_attention_sdpa.py` on that device. Without an entry ours runs everywhere. Off
-CUDA everything is the reference. Where each wins on the H200 is not measured side by side yet (no table
-entry ships); the kernel table of 2026-11-29 had ours at 0.75x SDPA for one 4,096-token prompt (371 vs 496
-TFLOP/s in graph replay, 362 vs 529 under do_bench: benchmarks/results/kernels_h200.md). An fp8 cache never
+CUDA everything is the reference. Where each wins on the H200, measured side by side:
+- one layer's attention alone (benchmarks/results/prefill_attention_sdpa.json): cuDNN faster on whole prompts
+  of >= 2k tokens (one 4,096-token prompt 273 vs 377 us), ours on packed batches and cached prefixes;
+- the whole 4,096-token llama3-8b prefill, variants interleaved round by round (benchmarks/prefill_4096_gpu.py,
+  results/prefill_4096_gpu.json, 2026-12-02): ours 103.0 ms median (min 97.1), cuDNN through this dispatch
+  101.8 (min 97.1), cuDNN without the copy into the packed output 101.4, flash 107.9. The profile of that run
+  gives attention 13.0 ms of ours against 10.0 of cuDNN's, but also 10.7-16 ms a prefill in which no kernel
+  runs (GEMMs 74.1 ms; the 4,096-token prefill's kernels sum to 92.8 ms), so the 3 ms the attention saves
+  mostly turns into idle time. 1.2 ms (1 %) is within the run's spread, so no table entry ships and ours
+  runs everywhere; the idle time is the larger lever (not traced further). An fp8 cache never
 goes to SDPA: k and v are the unquantized values, and attending to them would give a prompt other numbers
 than its decode steps, which read the fp8 cache.
 """

@@ -145,7 +145,11 @@ def test_n_is_all_or_nothing(make_cluster) -> None:
     cluster.prefill[0].fail = True
     assert _complete(cluster, max_tokens=1, n=3).status_code == 503
     decode = cluster.decode[0]
-    assert len(decode.reserved) == 3  # no other P to try
+    # the retries find no other P, so each short prompt is offered to D to prefill itself (the busy rule:
+    # router/decode_reuse.py busy_choice); this fake D reserves without prefilling, and with no P to fall
+    # back on each retry ends in 503 too: 3 first tries + 3 retries, every one aborted
+    assert len(decode.reserved) == 6
+    assert sum(r.endswith("-retry1") for r in decode.reserved) == 3
     _wait_for(lambda: sorted(decode.aborted) == sorted(decode.reserved))
 
 
