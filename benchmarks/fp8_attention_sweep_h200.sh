@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# One device call for issue 19's fp8 decode attention (kernels/decode_attention_triton.py VARIANTS), <= 240 s:
+#   1. the GPU tests of decode attention (bf16 and fp8, every variant), in the background while
+#   2. 14 processes compile the sweep's kernels into Triton's cache (decode_attention_fp8_gpu.py --warm I/14);
+#   3. benchmarks/decode_attention_fp8_gpu.py: variants x tiles at b64 ctx4096, b64 ctx512, b1 ctx4096, bf16
+#      beside, each row checked against the reference, into $OUT/decode_attention_fp8_h200.json; the table
+#      (best tile per variant, us, TB/s of KV read, x vs bf16) is printed and in $OUT/decode_attention_fp8_h200.log.
+# Carry .whl (bash ../shared/hooks/device-wheels xgrammar apache-tvm-ffi).  OUT=dir bash benchmarks/fp8_attention_sweep_h200.sh
+set -uo pipefail
+source benchmarks/device_env.sh
+step() { echo "== $1 at $((SECONDS - t0)) s"; }
+
+step "GPU tests (background) + compile"
+timeout 95 python3 -m pytest -q -p no:cacheprovider -p no:randomly -o addopts="" \
+  tests/kernels/test_decode_attention.py tests/kernels/test_fp8_kv.py >"$OUT/fp8_attention_tests_h200.log" 2>&1 &
+tests=$!
+warms=()
+for i in $(seq 0 13); do
+  (cd benchmarks && timeout 80 python3 decode_attention_fp8_gpu.py --warm "$i/14") >"$OUT/warm_$i.log" 2>&1 &
+  warms+=($!)
+done
+for pid in "${warms[@]}"; do wait "$pid"; done
+step "compiled"
+cat "$OUT"/warm_*.log | grep -v '^$' | head -n 20
+wait "$tests"; echo "tests rc $?"
+tail -n 8 "$OUT/fp8_attention_tests_h200.log"
+
+step "sweep"
+left=$((232 - (SECONDS - t0)))
+(cd benchmarks && timeout "$left" python3 decode_attention_fp8_gpu.py --budget-s $((left - 25)) \
+  --out "$OUT/decode_attention_fp8_h200.json") >"$OUT/decode_attention_fp8_h200.log" 2>&1
+echo "sweep rc $?"
+grep -v '^$' "$OUT/decode_attention_fp8_h200.log" | tail -n 60
+step "done"
