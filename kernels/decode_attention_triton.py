@@ -15,6 +15,13 @@ An fp8 cache (float8_e4m3fn) is loaded as fp8 and converted to the query's dtype
 fits in bf16 and fp16); its K scale is folded into qk_scale and its V scale multiplies the (linear) output of
 each split, so the dots and the fp32 accumulation are those of a bf16 cache.
 
+The fp8 path's variants (VARIANTS, picked by name; _FP8_VARIANT is an fp8 cache's default): "dot" as above;
+"fma" computes q.K and p.V as fp32 broadcast-multiply-reduce over [GROUP, BLOCK_N, D] (the group unpadded, no
+dot-operand layout, no fp16 round trip; short tiles); "kt" loads K as [D, BLOCK_N], the dot's right operand as it
+is; "pages" loads one block-table entry per page of a tile instead of one per token. At issue 19's row (B 64,
+ctx 4,096) "dot" with F16_DOT took 0.283 ms against bf16's 0.294 (1.89 vs 3.66 TB/s of KV read): the time is not
+the bytes'. benchmarks/fp8_attention_sweep_h200.sh times every variant x tile.
+
 What is compiled: the model's GROUP, HEAD_DIM, PAGE, the dtype's PRECISION and tile, and the split count S
 through SINGLE (S == 1), BLOCK_S = S and the partials' strides. S = num_splits_for(batch, Hkv, table width)
 is a power of two in 1..64, so at most 7 split kernels and 6 reduce kernels per model, whatever the batch;
