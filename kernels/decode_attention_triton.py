@@ -101,7 +101,7 @@ def _decode_split_kernel(
             rows = page * stride_cblk + (offs_n % PAGE) * stride_ctok  # [BLOCK_N]
         kv_mask = n_mask[:, None] & (d < HEAD_DIM)[None, :]
         if K_T:  # K loaded as [BLOCK_D, BLOCK_N]: the dot's right operand as it is
-            kt = tl.load(k_base + rows[None, :] + d[:, None], mask=(d < HEAD_DIM)[:, None] & n_mask[None, :], other=0)
+            kt = tl.load(k_base + rows[None, :] + d[:, None], mask=(d < HEAD_DIM)[:, None] & n_mask[None, :], other=0.0)
             if BITS:
                 kt = _e4m3_bits_to_f16(kt)
             if FMA:
@@ -109,7 +109,7 @@ def _decode_split_kernel(
             else:
                 s = tl.dot(q, kt.to(q.dtype), input_precision=PRECISION)
         else:
-            k = tl.load(k_base + rows[:, None] + d[None, :], mask=kv_mask, other=0)  # [BLOCK_N, BLOCK_D]
+            k = tl.load(k_base + rows[:, None] + d[None, :], mask=kv_mask, other=0.0)  # [BLOCK_N, BLOCK_D]
             if BITS:
                 k = _e4m3_bits_to_f16(k)
             if FMA:
@@ -121,7 +121,7 @@ def _decode_split_kernel(
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_base + rows[:, None] + d[None, :], mask=kv_mask, other=0)
+        v = tl.load(v_base + rows[:, None] + d[None, :], mask=kv_mask, other=0.0)
         if BITS:
             v = _e4m3_bits_to_f16(v)
         if FMA:
