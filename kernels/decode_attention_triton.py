@@ -15,6 +15,14 @@ An fp8 cache (float8_e4m3fn) is loaded as fp8 and converted to the query's dtype
 fits in bf16 and fp16); its K scale is folded into qk_scale and its V scale multiplies the (linear) output of
 each split, so the dots and the fp32 accumulation are those of a bf16 cache.
 
+The fp8 path's variants (VARIANTS, picked by name; _FP8_VARIANT is an fp8 cache's default): "dot" as above;
+"fma" computes q.K and p.V as fp32 broadcast-multiply-reduce over [GROUP, BLOCK_N, D] (the group unpadded, no
+dot-operand layout, no fp16 round trip; short tiles); "kt" loads K as [D, BLOCK_N], the dot's right operand as it
+is; "pages" loads one block-table entry per page of a tile instead of one per token; "bits" widens e4m3 to
+fp16 by integer bit moves (exact, value / 256, the 256 folded into both scales) instead of the cvt instruction. At issue 19's row (B 64,
+ctx 4,096) "dot" with F16_DOT took 0.283 ms against bf16's 0.294 (1.89 vs 3.66 TB/s of KV read): the time is not
+the bytes'. benchmarks/fp8_attention_sweep_h200.sh times every variant x tile.
+
 What is compiled: the model's GROUP, HEAD_DIM, PAGE, the dtype's PRECISION and tile, and the split count S
 through SINGLE (S == 1), BLOCK_S = S and the partials' strides. S = num_splits_for(batch, Hkv, table width)
 is a power of two in 1..64, so at most 7 split kernels and 6 reduce kernels per model, whatever the batch;
@@ -36,6 +44,14 @@ _LOG2E = 1.4426950408889634
 _MIN_SPLIT_TOKENS = 256  # below this a split's fixed costs (q load, reduction) outweigh its parallelism
 
 
+@triton.jit
+def _e4m3_bits_to_f16(x):
+    """e4m3 codes (uint8) -> fp16 of value / 256, exactly, by moving bits: sign to bit 15, exponent and mantissa
+    to bits 13..7 (e4m3's bias 7 read with fp16's 15 is the 2^-8; e4m3 subnormals land on fp16 subnormals)."""
+    x = x.to(tl.uint16)
+    return (((x & 0x80) << 8) | ((x & 0x7F) << 7)).to(tl.float16, bitcast=True)
+
+
 @triton.jit(do_not_specialize=["num_splits"])  # SINGLE and the part strides carry it
 def _decode_split_kernel(
     q_ptr, cache_ptr, seq_lens_ptr, block_tables_ptr, out_ptr, part_out_ptr, part_lse_ptr,
@@ -45,6 +61,7 @@ def _decode_split_kernel(
     stride_pb, stride_ph, stride_ps, stride_lb, stride_lh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, SINGLE: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, F16_DOT: tl.constexpr,
+    FMA: tl.constexpr, K_T: tl.constexpr, PAGE_ROWS: tl.constexpr, BITS: tl.constexpr,
 ):
     # q: [B, Hq, D]; cache: [2, num_blocks, PAGE, Hkv, D]; block_tables: [B, max_blocks]
     # F16_DOT (an fp8 cache, bf16 queries): q and the fp8 K/V meet in fp16, e4m3's native widening on sm90
@@ -62,6 +79,7 @@ def _decode_split_kernel(
     d = tl.arange(0, BLOCK_D)
     gd_mask = (g < GROUP)[:, None] & (d < HEAD_DIM)[None, :]
     q = tl.load(q_ptr + b.to(tl.int64) * stride_qb + heads[:, None] * stride_qh + d[None, :], mask=gd_mask, other=0.0)
+    qf = q.to(tl.float32)  # FMA: the query as loaded, in fp32
     if F16_DOT:
         q = q.to(tl.float16)
     k_base = cache_ptr + kv_head * stride_ch
@@ -74,18 +92,43 @@ def _decode_split_kernel(
     for n0 in range(start, end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_mask = offs_n < end
-        page = tl.load(table + offs_n // PAGE, mask=n_mask, other=0).to(tl.int64)
-        rows = page * stride_cblk + (offs_n % PAGE) * stride_ctok  # [BLOCK_N]
+        if PAGE_ROWS:  # one table entry per page of the tile (n0 is page-aligned: BLOCK_N is a multiple of PAGE)
+            pidx = n0 // PAGE + tl.arange(0, BLOCK_N // PAGE)
+            pages = tl.load(table + pidx, mask=pidx * PAGE < end, other=0).to(tl.int64)
+            rows = tl.reshape(pages[:, None] * stride_cblk + tl.arange(0, PAGE)[None, :] * stride_ctok, [BLOCK_N])
+        else:
+            page = tl.load(table + offs_n // PAGE, mask=n_mask, other=0).to(tl.int64)
+            rows = page * stride_cblk + (offs_n % PAGE) * stride_ctok  # [BLOCK_N]
         kv_mask = n_mask[:, None] & (d < HEAD_DIM)[None, :]
-        k = tl.load(k_base + rows[:, None] + d[None, :], mask=kv_mask, other=0.0).to(q.dtype)  # [BLOCK_N, BLOCK_D]
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # [BLOCK_G, BLOCK_N], log2 domain
-        s = tl.where(n_mask[None, :], s, float("-inf"))
+        if K_T:  # K loaded as [BLOCK_D, BLOCK_N]: the dot's right operand as it is
+            kt = tl.load(k_base + rows[None, :] + d[:, None], mask=(d < HEAD_DIM)[:, None] & n_mask[None, :], other=0.0)
+            if BITS:
+                kt = _e4m3_bits_to_f16(kt)
+            if FMA:
+                s = tl.sum(qf[:, :, None] * kt.to(tl.float32)[None, :, :], axis=1)
+            else:
+                s = tl.dot(q, kt.to(q.dtype), input_precision=PRECISION)
+        else:
+            k = tl.load(k_base + rows[:, None] + d[None, :], mask=kv_mask, other=0.0)  # [BLOCK_N, BLOCK_D]
+            if BITS:
+                k = _e4m3_bits_to_f16(k)
+            if FMA:
+                s = tl.sum(qf[:, None, :] * k.to(tl.float32)[None, :, :], axis=2)
+            else:
+                s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=PRECISION)
+        s = tl.where(n_mask[None, :], s * qk_scale, float("-inf"))  # [BLOCK_G, BLOCK_N], log2 domain
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_base + rows[:, None] + d[None, :], mask=kv_mask, other=0.0).to(q.dtype)
-        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
+        v = tl.load(v_base + rows[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        if BITS:
+            v = _e4m3_bits_to_f16(v)
+        if FMA:
+            acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
+        else:
+            v = v.to(q.dtype)
+            acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
         m_i = m_new
 
     has_keys = l_i > 0
@@ -157,8 +200,25 @@ def _check(q, kv_cache, seq_lens, block_tables):
         raise ValueError("q, kv_cache and block_tables need unit stride in their last dim")
 
 
+VARIANTS = ("dot", "kt", "pages", "kt+pages", "bits", "kt+bits", "bits+pages", "fma", "fma+kt", "fma+pages",
+            "fma+kt+pages", "fma+bits")
+_FP8_VARIANT = "dot"  # an fp8 cache's default (benchmarks/decode_attention_fp8_gpu.py sweeps them all)
+
+
+def _variant_flags(variant: str, page: int, block_n: int, fp8: bool) -> tuple[bool, bool, bool, bool]:
+    """FMA, K_T, PAGE_ROWS, BITS of a variant name: "dot" (tl.dot for QK and PV, K transposed in registers) plus
+    any of "fma" (both products as fp32 broadcast-multiply-reduce, the group unpadded), "kt" (K loaded as
+    [D, BLOCK_N]), "pages" (one block-table load per page of the tile, not per token; needs PAGE | BLOCK_N),
+    "bits" (an fp8 cache read as uint8 and widened to fp16 / 256 by bit moves; the 256 goes into the scales)."""
+    parts = set(variant.split("+")) - {"dot"}
+    if variant not in VARIANTS:
+        raise ValueError(f"decode attention variant {variant!r} not in {VARIANTS}")
+    pages = "pages" in parts and block_n % page == 0 and page & (page - 1) == 0
+    return "fma" in parts, "kt" in parts, pages, "bits" in parts and fp8
+
+
 def _launch(q, kv_cache, seq_lens, block_tables, scale, num_splits=None, config=None, k_scale=1.0, v_scale=1.0,
-            f16_dot=None):
+            f16_dot=None, variant=None):
     _check(q, kv_cache, seq_lens, block_tables)
     batch, q_heads, dim = q.shape
     kv_heads, page = kv_cache.shape[3], kv_cache.shape[2]
@@ -170,8 +230,15 @@ def _launch(q, kv_cache, seq_lens, block_tables, scale, num_splits=None, config=
         num_splits = num_splits_for(batch, kv_heads, block_tables.shape[1] * page, _sm_count(q.device))
     # fp32 (tests only) runs its exact dots on the FMA units: a small tile keeps it out of local memory
     # an fp8 cache: twice the tokens a tile for the same bytes in flight (benchmarks/decode_attention_fp8_gpu.py)
+    # fma: [GROUP, BLOCK_N, D] fp32 products in registers, so a short tile
+    if variant is None:
+        variant = _FP8_VARIANT if is_fp8(kv_cache.dtype) else "dot"
     block_n, num_warps, num_stages = config or ((16, 4, 1) if q.dtype == torch.float32 else
+                                                (32, 4, 2) if variant.startswith("fma") else
                                                 (128, 4, 3) if is_fp8(kv_cache.dtype) else (64, 4, 3))
+    fma, k_t, page_rows, bits = _variant_flags(variant, page, block_n, is_fp8(kv_cache.dtype))
+    if bits:
+        kv_cache, k_scale, v_scale = kv_cache.view(torch.uint8), k_scale * 256.0, v_scale * 256.0
     block_d = triton.next_power_of_2(dim)
     single = num_splits == 1
     if f16_dot is None:  # e4m3 -> fp16 is one instruction per pair on sm90, -> bf16 goes through fp32
@@ -184,7 +251,8 @@ def _launch(q, kv_cache, seq_lens, block_tables, scale, num_splits=None, config=
         *kv_cache.stride()[:4], part_out.stride(0), part_out.stride(1), part_out.stride(2),
         part_lse.stride(0), part_lse.stride(1),
         GROUP=group, HEAD_DIM=dim, PAGE=page, SINGLE=single, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n, BLOCK_D=block_d, F16_DOT=f16_dot,
+        BLOCK_G=triton.next_power_of_2(group) if fma else max(16, triton.next_power_of_2(group)), BLOCK_N=block_n,
+        BLOCK_D=block_d, F16_DOT=f16_dot, FMA=fma, K_T=k_t, PAGE_ROWS=page_rows, BITS=bits,
         num_warps=num_warps, num_stages=num_stages,
     )
     if not single:

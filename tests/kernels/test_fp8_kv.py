@@ -91,6 +91,30 @@ def test_decode_attention_fp8_matches_ref(
     check(out, ref, dtype, scale=8.0)  # outputs ~ +-10 (values x V_SCALE): the tolerance is relative to 1
 
 
+FP8_VARIANTS = ["kt", "pages", "kt+pages", "bits", "kt+bits", "bits+pages", "fma", "fma+kt", "fma+pages",
+                "fma+kt+pages", "fma+bits"]  # the kernel's VARIANTS but "dot", which the test above runs
+
+
+@pytest.mark.parametrize("variant", FP8_VARIANTS)
+@pytest.mark.parametrize("case", DECODE_CASES, ids=lambda c: f"{c[0]}q{c[1]}kv-d{c[2]}-bs{c[3]}")
+def test_decode_attention_fp8_variants_match_ref(
+    case: tuple, variant: str, dtype: torch.dtype, randn: Callable, paged_kv: Callable, check: Callable, device: str
+) -> None:
+    """The fp8 path's candidate variants (what benchmarks/decode_attention_fp8_gpu.py sweeps), split in 3, with a
+    tile of two pages at block size 8 so that "pages" loads more than one table entry per tile."""
+    from pdserve.kernels.decode_attention_triton import VARIANTS, _launch
+
+    assert ["dot", *FP8_VARIANTS] == list(VARIANTS)
+    q_heads, kv_heads, dim, block_size, seq_lens = case
+    cache, tables = _fp8_cache(paged_kv, seq_lens, kv_heads, dim, block_size)
+    q = randn(len(seq_lens), q_heads, dim, dtype=dtype)
+    lens = torch.tensor(seq_lens, dtype=torch.int32, device=device)
+    out = _launch(q, cache, lens, tables, dim**-0.5, num_splits=3, config=(16, 4, 2),
+                  k_scale=K_SCALE, v_scale=V_SCALE, variant=variant)
+    ref = decode_attention_ref(q, cache, lens, tables, dim**-0.5, K_SCALE, V_SCALE)
+    check(out, ref, dtype, scale=8.0)
+
+
 def test_decode_attention_fp8_ref_is_the_dequantized_cache(randn: Callable, paged_kv: Callable, device: str) -> None:
     """The reference over fp8 equals the reference over the dequantized cache in the query's dtype (fp32)."""
     cache, tables = _fp8_cache(paged_kv, [40, 7], 2, 64, 16)
