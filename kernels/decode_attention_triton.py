@@ -19,9 +19,15 @@ The fp8 path's variants (VARIANTS, picked by name; _FP8_VARIANT is an fp8 cache'
 "fma" computes q.K and p.V as fp32 broadcast-multiply-reduce over [GROUP, BLOCK_N, D] (the group unpadded, no
 dot-operand layout, no fp16 round trip; short tiles); "kt" loads K as [D, BLOCK_N], the dot's right operand as it
 is; "pages" loads one block-table entry per page of a tile instead of one per token; "bits" widens e4m3 to
-fp16 by integer bit moves (exact, value / 256, the 256 folded into both scales) instead of the cvt instruction. At issue 19's row (B 64,
-ctx 4,096) "dot" with F16_DOT took 0.283 ms against bf16's 0.294 (1.89 vs 3.66 TB/s of KV read): the time is not
-the bytes'. benchmarks/fp8_attention_sweep_h200.sh times every variant x tile.
+fp16 by integer bit moves (exact, value / 256, the 256 folded into both scales) instead of the cvt instruction.
+benchmarks/fp8_attention_sweep_h200.sh times every variant x tile; on the H200 (2026-12-02, CUDA-graph means,
+benchmarks/results/decode_attention_fp8_h200.json), best tile each, against bf16's 243.5 / 38.3 / 13.9 us:
+    B 64 ctx 4,096:  kt 219.5 us (1.11x bf16)  dot 226.6 (1.07x)  bits 313.0  pages 468.4  fma+kt 665.6
+    B 64 ctx 512:    kt  34.7 us (1.10x)       dot  34.8          bits  47.2  pages  68.3  fma+kt  91.2
+    B 1  ctx 4,096:  kt  12.9 us (1.07x)       dot  13.0          bits  16.4  pages  25.4  fma+kt  35.3
+so "kt" with 128x4x2 is the default. Half the bytes buy ~10 %: none of the variants moves the fp8 loop off its
+per-element work (widening, then the layout the dot takes); an fp8 QK^T dot (q quantized, as FlashAttention-3
+does) is the lever not tried.
 
 What is compiled: the model's GROUP, HEAD_DIM, PAGE, the dtype's PRECISION and tile, and the split count S
 through SINGLE (S == 1), BLOCK_S = S and the partials' strides. S = num_splits_for(batch, Hkv, table width)
@@ -202,7 +208,7 @@ def _check(q, kv_cache, seq_lens, block_tables):
 
 VARIANTS = ("dot", "kt", "pages", "kt+pages", "bits", "kt+bits", "bits+pages", "fma", "fma+kt", "fma+pages",
             "fma+kt+pages", "fma+bits")
-_FP8_VARIANT = "dot"  # an fp8 cache's default (benchmarks/decode_attention_fp8_gpu.py sweeps them all)
+_FP8_VARIANT = "kt"  # an fp8 cache's default: the sweep's fastest (benchmarks/decode_attention_fp8_gpu.py)
 
 
 def _variant_flags(variant: str, page: int, block_n: int, fp8: bool) -> tuple[bool, bool, bool, bool]:
@@ -235,7 +241,7 @@ def _launch(q, kv_cache, seq_lens, block_tables, scale, num_splits=None, config=
         variant = _FP8_VARIANT if is_fp8(kv_cache.dtype) else "dot"
     block_n, num_warps, num_stages = config or ((16, 4, 1) if q.dtype == torch.float32 else
                                                 (32, 4, 2) if variant.startswith("fma") else
-                                                (128, 4, 3) if is_fp8(kv_cache.dtype) else (64, 4, 3))
+                                                (128, 4, 2) if is_fp8(kv_cache.dtype) else (64, 4, 3))
     fma, k_t, page_rows, bits = _variant_flags(variant, page, block_n, is_fp8(kv_cache.dtype))
     if bits:
         kv_cache, k_scale, v_scale = kv_cache.view(torch.uint8), k_scale * 256.0, v_scale * 256.0
