@@ -38,9 +38,10 @@ class RouterConfig:
     # about one decode step of a 64-sequence batch at 512 tokens of context (6.5 ms): a local prefill under it
     # stalls D's running batch for about one step
     local_prefill_threshold: int = 256
-    # ... and when no prefill worker can take a prompt soon: a fresh prompt shorter than busy_local_prefill_tokens
-    # is prefilled by a decode worker when every reachable P already has busy_prefill_backlog prompt tokens or
-    # more in prefill (the router's own count, current to the request), or none is reachable; 0: never. The
+    # ... and when the prefill pool lost a worker and no P left can take a prompt soon: a fresh prompt shorter than
+    # busy_local_prefill_tokens is prefilled by a decode worker when fewer Ps are reachable than registered and each
+    # one left already has busy_prefill_backlog prompt tokens or more in prefill (the router's own count, current
+    # to the request), or none is reachable; 0: never. A whole pool that is merely busy keeps its prompts. The
     # backlog default is one forward of a P at its default --max-num-batched-tokens (2,048): below it the prompt
     # would join P's next forward; at or above it, it waits a whole forward at least
     busy_local_prefill_tokens: int = 256

@@ -16,13 +16,15 @@ turn of a conversation finds its whole history there. The router's view of it, p
         checks against what it holds, and prefills locally only if the suffix is still short; else it reserves
         as usual and the relay hands the prefill to a P (a fallback, counted).
 
-    busy_choice(prefill_candidates, decode_candidates, sub, prompt) ─▶ for a fresh prompt shorter than
-        `busy_tokens`, when no prefill worker can take it soon: every one of `prefill_candidates` (reachable, not
-        failed for this request) has `busy_backlog` prompt tokens or more in prefill (the router's own count,
+    busy_choice(prefill_candidates, prefill_registered, decode_candidates, sub, prompt) ─▶ for a fresh prompt
+        shorter than `busy_tokens`, when the prefill pool is short of a worker (fewer `prefill_candidates`,
+        reachable and not failed for this request, than the `prefill_registered` count) and none of those left
+        can take it soon: each has `busy_backlog` prompt tokens or more in prefill (the router's own count,
         router/channel.py: current to the request, not a heartbeat old), or there is none: the least loaded
-        decode-only worker; else None. This is what keeps short requests answered within a D step or two while
-        a P is lost and its survivors work through its long prompts (docs/reliability.md), and while a burst
-        of long prompts fills every P.
+        decode-only worker; else None. This keeps short requests answered within a D step or two while a P is
+        lost and the survivors work through its long prompts (docs/reliability.md). A whole pool that is merely
+        busy (a burst) keeps its prompts: prefilling them on D would turn the deployment colocated exactly when
+        the decode batch is largest.
 
 Otherwise a fresh prompt (nothing cached on any decode worker) goes through a prefill worker, however short:
 this keeps prefills off the decode batch unless they are the small remainder of a reused history or P cannot
@@ -54,11 +56,14 @@ class DecodeReuse:
         self.busy_tokens = busy_tokens  # --busy-local-prefill-tokens; 0: never for a fresh prompt
         self.busy_backlog = busy_backlog  # --busy-prefill-backlog
 
-    def busy_choice(self, prefill_candidates: list[Worker], decode_candidates: list[Worker], sub: SubRequest,
-                    prompt: Prompt) -> Worker | None:
-        """The decode worker that should prefill this fresh prompt because no P can take it soon, or None."""
+    def busy_choice(self, prefill_candidates: list[Worker], prefill_registered: int, decode_candidates: list[Worker],
+                    sub: SubRequest, prompt: Prompt) -> Worker | None:
+        """The decode worker that should prefill this fresh prompt because the prefill pool lost a worker and no
+        P left can take it soon, or None."""
         if len(prompt.token_ids) >= self.busy_tokens or sub.needs_prefill_answer:
             return None
+        if prefill_candidates and len(prefill_candidates) >= prefill_registered:
+            return None  # the whole pool is up: its queue is the deployment's to keep
         if any(w.inflight_prompt_tokens < self.busy_backlog for w in prefill_candidates):
             return None
         decode_only = [w for w in decode_candidates if "prefill" not in w.roles]

@@ -116,7 +116,8 @@ class Relay:
         busy = False
         if local is None:
             prefill_candidates = [w for w in self._registry.candidates("prefill") if w.worker_id not in failed]
-            local = self._reuse.busy_choice(prefill_candidates, decode_candidates, channel.sub, prompt)
+            registered = sum("prefill" in w.roles for w in self._registry.workers())
+            local = self._reuse.busy_choice(prefill_candidates, registered, decode_candidates, channel.sub, prompt)
             busy = local is not None
         try:
             if local is None:

@@ -53,23 +53,27 @@ def _prefill(name: str, backlog: int) -> Worker:
     return worker
 
 
-def test_a_fresh_short_prompt_goes_to_a_decode_worker_only_when_every_prefill_worker_is_busy() -> None:
+def test_a_fresh_short_prompt_goes_to_a_decode_worker_when_the_prefill_pool_lost_a_worker_and_is_busy() -> None:
     reuse = DecodeReuse(BS, threshold=0, busy_tokens=256, busy_backlog=1024)  # reuse off: the busy rule alone
     idle_d, busy_d = _decode("idle-d"), _decode("busy-d", num_running=3)
     decode = [busy_d, idle_d]
-    assert reuse.busy_choice([_prefill("p0", 1024), _prefill("p1", 1023)], decode, _sub(), PROMPT) is None
-    assert reuse.busy_choice([_prefill("p0", 1024), _prefill("p1", 5000)], decode, _sub(), PROMPT) is idle_d
-    assert reuse.busy_choice([], decode, _sub(), PROMPT) is idle_d  # no prefill worker up (or all failed)
-    assert reuse.busy_choice([], [], _sub(), PROMPT) is None
+    # 2 of 3 registered Ps left (one lost or failed for this request)
+    assert reuse.busy_choice([_prefill("p0", 1024), _prefill("p1", 1023)], 3, decode, _sub(), PROMPT) is None
+    assert reuse.busy_choice([_prefill("p0", 1024), _prefill("p1", 5000)], 3, decode, _sub(), PROMPT) is idle_d
+    # the whole pool up and busy (a burst): P keeps it
+    assert reuse.busy_choice([_prefill("p0", 1024), _prefill("p1", 5000)], 2, decode, _sub(), PROMPT) is None
+    assert reuse.busy_choice([], 2, decode, _sub(), PROMPT) is idle_d  # no prefill worker up (or all failed)
+    assert reuse.busy_choice([], 0, decode, _sub(), PROMPT) is idle_d  # none registered at all
+    assert reuse.busy_choice([], 2, [], _sub(), PROMPT) is None
 
 
 def test_the_busy_rule_keeps_long_prompts_logprobs_and_colocated_workers_on_their_path() -> None:
     reuse = DecodeReuse(BS, threshold=0, busy_tokens=len(PROMPT.token_ids), busy_backlog=1)
     decode = [_decode("d")]
-    assert reuse.busy_choice([], decode, _sub(), PROMPT) is None  # 84 tokens: not < 84
+    assert reuse.busy_choice([], 1, decode, _sub(), PROMPT) is None  # 84 tokens: not < 84
     wide = DecodeReuse(BS, threshold=0, busy_tokens=1000, busy_backlog=1)
-    assert wide.busy_choice([], decode, _sub(prompt_logprobs=1), PROMPT) is None  # only P computes them
+    assert wide.busy_choice([], 1, decode, _sub(prompt_logprobs=1), PROMPT) is None  # only P computes them
     colocated = Worker(worker_id="c", url="http://c", roles=("prefill", "decode"), static=False, last_seen=0.0,
                        load=WorkerLoad(), fingerprint=FP)
-    assert wide.busy_choice([], [colocated], _sub(), PROMPT) is None
-    assert DecodeReuse(BS, threshold=0, busy_tokens=0).busy_choice([], decode, _sub(), PROMPT) is None  # off
+    assert wide.busy_choice([], 1, [colocated], _sub(), PROMPT) is None
+    assert DecodeReuse(BS, threshold=0, busy_tokens=0).busy_choice([], 1, decode, _sub(), PROMPT) is None  # off
