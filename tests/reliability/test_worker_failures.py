@@ -233,6 +233,8 @@ def test_prefill_worker_killed_mid_prefill(healthy: Cluster) -> None:
     # and 11.0 s after the kill, the requests themselves sent 1.0-1.6 s after it (this process's 0.1 s sleep:
     # the sent-within-1-s check above failed in 2 of the 3), the decode workers' steps 1.2-2.3 s of wall time for
     # 0.18-0.28 s of their step threads' CPU in forwards (11-15%), the surviving P's 512-token forward 24-34 s.
+    # A 4th run (this module whole, load 6.9): 5.24 s, D steps 0.70 s; the decode-kill test's new requests in
+    # that run got their first token 6.06 s after its kill (0.62 s at load 3.4-4.7), with no P in their way.
     # At a lower load (an earlier run) the first tokens came 2.0-2.1 s after the kill; through P, 7-28 s
     busy_local = metric(cluster.router, "pdserve_busy_local_prefills_total") - busy_before
     assert busy_local >= NEW_REQUESTS
