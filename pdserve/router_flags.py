@@ -46,12 +46,14 @@ def add_router_arguments(parser: argparse.ArgumentParser, internal_port: bool = 
     group.add_argument("--local-prefill-threshold", type=int, default=defaults.local_prefill_threshold,
                        help="conditional disaggregation: a request whose uncached suffix on a decode worker that "
                             "holds part of it (an earlier turn) is shorter than this many tokens is prefilled by that "
-                            "decode worker, with no prefill worker and no KV transfer; 0: never")
+                            "decode worker, with no prefill worker and no KV transfer; 0: never (a fresh prompt: "
+                            "--busy-local-prefill-tokens)")
     group.add_argument("--busy-local-prefill-tokens", type=int, default=defaults.busy_local_prefill_tokens,
                        help="conditional disaggregation while the prefill pool is short of a worker: a fresh prompt "
                             "shorter than this many tokens is prefilled by a decode worker when every prefill worker "
-                            "left already has --busy-prefill-backlog prompt tokens in prefill (or none is up); "
-                            "0: never")
+                            "left already has --busy-prefill-backlog prompt tokens in prefill by the router's count "
+                            "(or none is up); it then runs inside one of that worker's decode steps, as a "
+                            "--local-prefill-threshold prefill does; 0: never")
     group.add_argument("--busy-prefill-backlog", type=int, default=defaults.busy_prefill_backlog,
                        help="prompt tokens in prefill on a prefill worker from which it counts as busy for "
                             "--busy-local-prefill-tokens (default: one forward at the default "

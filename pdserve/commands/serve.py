@@ -36,7 +36,7 @@ _WORKER_ONLY_FLAGS = ("device", "dtype", "kv_cache_dtype", "quantization", "seed
                       "max_num_batched_tokens", "kv_lease_timeout", "kv_load_failure_policy", "max_queued_requests",
                       "async_scheduling", "transfer_store", "transfer_store_dir", "transfer_chunk_size")
 _ROUTER_ONLY_FLAGS = ("prefill_policy", "cache_aware_max_imbalance", "decode_policy", "local_prefill_threshold",
-                      "heartbeat_interval",
+                      "busy_local_prefill_tokens", "busy_prefill_backlog", "heartbeat_interval",
                       "heartbeat_timeout", "reserve_timeout", "stream_stall_timeout", "status_window",
                       "max_body_size", "max_inflight_requests", "chat_template", "tool_call_parser",
                       "disable_log_requests", "disable_log_stats", "log_stats_interval", "allowed_origins", "allowed_methods",

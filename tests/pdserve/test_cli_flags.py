@@ -64,12 +64,14 @@ def test_every_router_flag_is_reachable_from_serve_and_reaches_the_router(parser
                               "round_robin", "--allowed-origins", '["https://app.example"]', "--ssl-keyfile", "k",
                               "--ssl-certfile", "c", "--disable-log-requests", "--disable-log-stats",
                               "--log-stats-interval", "2.5", "--admin-token", "admin-secret",
-                              "--api-key", "key-secret", "--no-enable-prefix-caching", "--log-level", "debug"])
+                              "--api-key", "key-secret", "--no-enable-prefix-caching", "--log-level", "debug",
+                              "--busy-local-prefill-tokens", "128", "--busy-prefill-backlog", "512"])
     settings = _settings(args)
     router = " ".join(settings.router_args)
     for words in ("--model org/name", "--served-model-name a b", "--prefill-policy round_robin",
                   "--allowed-origins https://app.example", "--ssl-keyfile k --ssl-certfile c",
-                  "--disable-log-requests", "--disable-log-stats", "--log-stats-interval 2.5", "--log-level debug"):
+                  "--disable-log-requests", "--disable-log-stats", "--log-stats-interval 2.5", "--log-level debug",
+                  "--busy-local-prefill-tokens 128", "--busy-prefill-backlog 512"):
         assert words in router, router
     workers = " ".join(settings.worker_args)
     assert "--served-model-name a b" in workers and "--no-enable-prefix-caching" in workers
@@ -81,6 +83,7 @@ def test_every_router_flag_is_reachable_from_serve_and_reaches_the_router(parser
     assert reparsed.served_model_name == ["a", "b"] and reparsed.allowed_origins == ["https://app.example"]
     config = router_config(reparsed, "a", (), 2048, None)
     assert not config.log_requests and not config.log_stats and config.log_stats_interval_s == 2.5
+    assert config.busy_local_prefill_tokens == 128 and config.busy_prefill_backlog == 512
     with pytest.raises(ValueError, match="--ssl-keyfile and --ssl-certfile"):
         _settings(parser.parse_args(["serve", "--ssl-certfile", "c"]))
 

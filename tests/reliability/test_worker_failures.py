@@ -11,6 +11,8 @@ work. No pool keeps a block afterwards."""
 from __future__ import annotations
 
 import asyncio
+import itertools
+import os
 import time
 from dataclasses import dataclass, field
 
@@ -38,6 +40,9 @@ class Kill:
     # prefill kill: the other prefill worker's forwards, their seconds and tokens from the kill until the new
     # requests ended (where the new requests' first-token time goes)
     survivor_forwards: list[float] = field(default_factory=list)
+    # ... and the decode workers' steps over the same window: count, wall seconds, their step threads' CPU seconds
+    # inside the forwards (wall well over CPU: the two cores were shared with other processes meanwhile)
+    decode_steps: list[float] = field(default_factory=list)
 
 
 def running(cluster: Cluster, procs: list[Proc]) -> dict[str, int]:
@@ -144,9 +149,19 @@ def forwards(proc: Proc) -> list[float]:
                                                                         "computed_tokens")]
 
 
+def decode_steps(cluster: Cluster) -> list[float]:
+    """The live decode workers' steps so far, their wall seconds and their forwards' CPU seconds."""
+    decodes = cluster.live("decode")
+    return [sum(metric(p, f"pdserve_decode_{name}_total") for p in decodes)
+            for name in ("steps", "step_seconds", "forward_cpu_seconds")]
+
+
 def _prefilling(cluster: Cluster) -> dict[str, int]:
     """Queued or prefilling requests per prefill worker (a worker's num_running is its decode batch's)."""
     return {p.name: cluster.status(p)["queue_len"] for p in cluster.live("prefill")}
+
+
+_LONG_PROMPT_RUNS = itertools.count()  # new long prompts each run (a rerun's would be in P's prefix cache)
 
 
 def _long_prompt(first_token: int) -> list[int]:
@@ -160,14 +175,15 @@ async def _kill_prefill_mid_prefill(cluster: Cluster) -> tuple[list[StreamResult
                                                           ignore_eos=True)) for i in range(2)]
         await asyncio.to_thread(wait_until, lambda: sum(running(cluster, cluster.live("decode")).values()) == 2,
                                 60, "two streams decoding")
-        long = [asyncio.create_task(stream_completion(client, _long_prompt(11 + 13 * i), 8, ignore_eos=True,
-                                                      temperature=0.0)) for i in range(LONG_PROMPTS)]
+        run = next(_LONG_PROMPT_RUNS)
+        long = [asyncio.create_task(stream_completion(client, _long_prompt(11 + 13 * i + 1000 * run), 8,
+                                                      ignore_eos=True, temperature=0.0)) for i in range(LONG_PROMPTS)]
         queued = await asyncio.to_thread(wait_until, lambda: (q := _prefilling(cluster)) and sum(q.values()) >=
                                          LONG_PROMPTS and q, 60, "the long prompts queued on the prefill workers")
         victim = cluster.workers[max(queued, key=queued.__getitem__)]
         [survivor] = [p for p in cluster.live("prefill") if p.name != victim.name]
         await asyncio.sleep(0.3)
-        before = forwards(survivor)
+        before, steps_before = forwards(survivor), decode_steps(cluster)
         record = kill(cluster, victim)
         record.held = queued[victim.name]
         fresh = asyncio.create_task(new_requests(client, "Prefill"))
@@ -176,7 +192,21 @@ async def _kill_prefill_mid_prefill(cluster: Cluster) -> tuple[list[StreamResult
             "routed away")
         fresh_results = await fresh
         record.survivor_forwards = [b - a for a, b in zip(before, forwards(survivor), strict=True)]
+        record.decode_steps = [b - a for a, b in zip(steps_before, decode_steps(cluster), strict=True)]
         return await asyncio.gather(*decoding), await asyncio.gather(*long), fresh_results, record
+
+
+def _where_the_first_tokens_went(record: Kill, fresh: list[StreamResult]) -> str:
+    """The new requests' timeline after the kill, and what the surviving P and the decode workers ran meanwhile."""
+    n_forwards, forward_s, forward_tokens = record.survivor_forwards
+    d_steps, d_step_s, d_forward_cpu_s = record.decode_steps
+    sent = ", ".join(f"{r.sent_at - record.killed_at:.2f}" for r in fresh if r.first_at is not None)
+    first = ", ".join(f"{r.first_at - record.killed_at:.2f}" for r in fresh if r.first_at is not None)
+    return (f"new requests sent {sent} s after the kill, first tokens {first} s after it; meanwhile the surviving "
+            f"prefill worker ran {n_forwards:.0f} forwards of {forward_tokens / max(n_forwards, 1):.0f} tokens on "
+            f"average, {forward_s / max(n_forwards, 1):.2f} s each; the decode workers {d_steps:.0f} steps, "
+            f"{d_step_s / max(d_steps, 1):.3f} s each ({d_step_s:.2f} s of steps, {d_forward_cpu_s:.2f} s of it the step "
+            f"threads' CPU in forwards); load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
 
 
 def test_prefill_worker_killed_mid_prefill(healthy: Cluster) -> None:
@@ -184,6 +214,8 @@ def test_prefill_worker_killed_mid_prefill(healthy: Cluster) -> None:
     retries_before = metric(cluster.router, "pdserve_retries_total")
     busy_before = metric(cluster.router, "pdserve_busy_local_prefills_total")
     decoding, long, fresh, record = asyncio.run(_kill_prefill_mid_prefill(cluster))
+    timeline = _where_the_first_tokens_went(record, fresh)
+    print(f"\nRELIABILITY prefill_kill timeline: {timeline}")  # before the asserts: a miss prints it too
     assert all(r.error is None and r.completion_tokens == 48 for r in decoding)  # already past prefill
     retried = [r for r in long if r.error is None]
     cut = [r for r in long if r.error is not None]
@@ -194,27 +226,28 @@ def test_prefill_worker_killed_mid_prefill(healthy: Cluster) -> None:
     first_s, done_s = check_new_requests(fresh, record.killed_at)
     # the prefill worker left holds its own long prompt and the retried one (600 tokens each, over the 512-token
     # --busy-prefill-backlog): the new short prompts are prefilled by a decode worker (router/decode_reuse.py
-    # busy_choice), not queued behind those forwards, which take seconds each on this machine (printed below).
-    # Not asserted: "first token within 1 s of the kill" (issue 16's Must-show). Here the first tokens came
-    # 2.0-2.1 s after the kill (sent 0.3 s after it, 0.2 s late): in that window the two cores run the surviving
-    # P's 512-token forwards, the restarted P loading its model, both Ds and the router, so a D step with the
-    # short prefills in it takes over a second; before this rule they came 7-28 s after the kill
+    # busy_choice, asserted below), not queued behind those forwards, which take seconds each here (the timeline
+    # printed above). Not asserted: "first token within 1 s of the kill" (issue 16's Must-show); it did not hold
+    # in any run on this shared 2-core machine, and the time is not pdserve's queueing but cores: 3 runs on
+    # 2026-12-02 at load average 7.7-8.6 (other test sessions on the same two cores) gave first tokens 8.1, 8.7
+    # and 11.0 s after the kill, the requests themselves sent 1.0-1.6 s after it (this process's 0.1 s sleep:
+    # the sent-within-1-s check above failed in 2 of the 3), the decode workers' steps 1.2-2.3 s of wall time for
+    # 0.18-0.28 s of their step threads' CPU in forwards (11-15%), the surviving P's 512-token forward 24-34 s.
+    # A 4th run (this module whole, load 6.9): 5.24 s, D steps 0.70 s; the decode-kill test's new requests in
+    # that run got their first token 6.06 s after its kill (0.62 s at load 3.4-4.7), with no P in their way.
+    # At a lower load (an earlier run) the first tokens came 2.0-2.1 s after the kill; through P, 7-28 s
     busy_local = metric(cluster.router, "pdserve_busy_local_prefills_total") - busy_before
     assert busy_local >= NEW_REQUESTS
-    n_forwards, forward_s, forward_tokens = record.survivor_forwards
     retried_s = max(r.ended_at - record.killed_at for r in retried) if retried else 0.0
     back_s, _ = rejoined(cluster, record)
     rounds = takes_work(cluster, record.victim.name, "pdserve_prefill_requests_completed_total", "After the P restart")
     cluster.wait_idle()  # the decode workers freed every reservation
-    print(f"\nRELIABILITY prefill_kill: {retries:.0f} of {LONG_PROMPTS} long prompts in prefill retried on the other prefill "
-          f"worker ({len(retried)} finished, the last {retried_s:.2f} s after the kill; {len(cut)} error events), "
-          f"2 streams already decoding finished every token; routed away after {record.routed_away_s:.2f} s; "
-          f"{NEW_REQUESTS}/{NEW_REQUESTS} requests sent 0.1 s after the kill succeeded, {busy_local:.0f} prefilled by a "
-          f"decode worker (first token by "
-          f"{first_s:.2f} s, last by {done_s:.2f} s); meanwhile the other prefill worker ran {n_forwards:.0f} "
-          f"forwards of {forward_tokens / max(n_forwards, 1):.0f} tokens on average, {forward_s / max(n_forwards, 1):.2f} s "
-          f"each; restarted and registered again {back_s:.1f} s after the kill, took work in round {rounds}; "
-          f"every pool idle")
+    print(f"\nRELIABILITY prefill_kill: {retries:.0f} of {LONG_PROMPTS} long prompts in prefill retried on the other "
+          f"prefill worker ({len(retried)} finished, the last {retried_s:.2f} s after the kill; {len(cut)} error "
+          f"events), 2 streams already decoding finished every token; routed away after {record.routed_away_s:.2f} s; "
+          f"{NEW_REQUESTS}/{NEW_REQUESTS} requests sent 0.1 s after the kill succeeded, {busy_local:.0f} prefilled by "
+          f"a decode worker (first token by {first_s:.2f} s, last by {done_s:.2f} s); restarted and registered again "
+          f"{back_s:.1f} s after the kill, took work in round {rounds}; every pool idle")
 
 
 def test_router_killed_is_restarted_on_its_port_and_the_workers_register_again(healthy: Cluster) -> None:

@@ -190,3 +190,15 @@ def _wait_for(condition, timeout_s: float = 2.0) -> None:
     while not condition():
         assert time.monotonic() < deadline, "condition not met in time"
         time.sleep(0.02)
+
+
+def test_the_prefill_backlog_count_returns_to_zero(make_cluster) -> None:
+    """The busy rule reads each P's `inflight_prompt_tokens` (the router's own count): one left behind by a
+    finished, failed or retried attempt would make that P look busy for good, and send every short prompt to D."""
+    cluster = make_cluster(num_prefill=2)
+    assert _complete(cluster, max_tokens=2, n=2).status_code == 200
+    cluster.prefill[0].fail = True
+    assert all(_complete(cluster, max_tokens=2, prompt=f"Hi {i}").status_code == 200 for i in range(4))
+    prefill = [w for w in cluster.state.registry.workers() if "prefill" in w.roles]
+    assert len(prefill) == 2
+    _wait_for(lambda: all(w.inflight == 0 and w.inflight_prompt_tokens == 0 for w in prefill))
