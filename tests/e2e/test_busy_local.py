@@ -1,11 +1,13 @@
-"""A fresh short prompt prefilled by the decode worker because the prefill worker is busy (conditional
-disaggregation keyed on P's backlog, router/decode_reuse.py `busy_choice`) gives the same greedy text as the
-same prompt through P, in a real `pdserve serve` deployment (router + 1 P + 1 D, the official openai client).
+"""A fresh short prompt prefilled by the decode worker because the prefill pool is short of a worker and busy
+(conditional disaggregation keyed on P's backlog, router/decode_reuse.py `busy_choice`) gives the same greedy
+text as the same prompt through P, in a real `pdserve serve` deployment (router + 1 P + 1 D, the official openai
+client).
 
-    through P     P idle (the router counts 0 prompt tokens in prefill there, under --busy-prefill-backlog 1):
-                  each prompt alone, P prefills it and sends its KV
-    busy-local    P holds three 1,000-token prompts (seconds of forwards on one CPU thread): the same prompts,
-                  sent together, are prefilled by D itself (`pdserve_busy_local_prefills` counts each)
+    through P     P idle (the router counts 0 prompt tokens in prefill there, under --busy-prefill-backlog 1)
+                  and the whole pool up: each prompt alone, P prefills it and sends its KV
+    busy-local    P holds three 1,000-token prompts (seconds of forwards on one CPU thread) and is drained by the
+                  admin API (it finishes them, takes nothing new: the pool has no P for new work): the same
+                  prompts, sent together, are prefilled by D itself (`pdserve_busy_local_prefills` counts each)
 
 `--no-decode-prefix-cache` and `--local-prefill-threshold 0`: D computes every busy-local prompt whole, none of
 it from the KV the P runs left there.
@@ -24,6 +26,9 @@ import pytest
 
 from tests.e2e.deployments import INTERNAL, MODEL, Deployment, launch
 
+ADMIN_TOKEN = "busy-local-e2e-admin-token"
+ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+
 MAX_TOKENS = 16
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Three colours of the rainbow are",
            "Water boils at a temperature of"]
@@ -35,7 +40,8 @@ def busy_local(tmp_path_factory: pytest.TempPathFactory, model_cache_dir: Path,
                default_model_dir: Path) -> Iterator[Deployment]:
     deployment = launch("busy-local", ["--busy-prefill-backlog", "1", "--no-decode-prefix-cache",
                                        "--local-prefill-threshold", "0"],
-                        tmp_path_factory.mktemp("busy_local"), model_cache_dir)
+                        tmp_path_factory.mktemp("busy_local"), model_cache_dir,
+                        env={"PDSERVE_ADMIN_TOKEN": ADMIN_TOKEN})
     try:
         yield deployment.wait_ready()
     finally:
@@ -74,7 +80,10 @@ async def through_p_then_busy_local(deployment: Deployment) -> tuple[list[str], 
         long = [asyncio.create_task(complete(api, [(11 + 13 * i + 37 * j) % 40000 + 100 for j in range(1000)], 4))
                 for i in range(LONG_PROMPTS)]
         await asyncio.to_thread(wait_until_p_holds_a_long_prompt, deployment)
-        busy = await asyncio.gather(*(complete(api, prompt) for prompt in PROMPTS))
+        async with httpx.AsyncClient(base_url=deployment.url, headers=ADMIN, timeout=10) as admin:
+            (await admin.post("/admin/workers/prefill-0/drain", json={"exit": False})).raise_for_status()
+            busy = await asyncio.gather(*(complete(api, prompt) for prompt in PROMPTS))
+            (await admin.post("/admin/workers/prefill-0/resume")).raise_for_status()
         return through_p, list(busy), await asyncio.gather(*long)
 
 
