@@ -40,13 +40,21 @@ def client(deployment: Deployment) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{deployment.url}/v1", api_key="unused", max_retries=0, timeout=300)
 
 
+_OFFLINE: dict[str, object] = {}  # repr of (prompt, params, chat) -> the offline engine's output
+
+
 def offline(llm, prompt: list[int] | str, params: SamplingParams, chat: bool = False):
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        return llm.generate([prompt], params, use_chat=chat)[0]
-    finally:
-        torch.set_num_threads(threads)
+    """The offline engine's output, computed once per module: it is the same for both deployments (greedy, or
+    seeded), and the echo test's is a 1,300-token forward with prompt logprobs on one thread."""
+    key = repr((prompt, params, chat))
+    if key not in _OFFLINE:
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            _OFFLINE[key] = llm.generate([prompt], params, use_chat=chat)[0]
+        finally:
+            torch.set_num_threads(threads)
+    return _OFFLINE[key]
 
 
 # ---- 1. first-token top logprobs ------------------------------------------------------------------
