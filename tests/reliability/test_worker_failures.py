@@ -26,6 +26,12 @@ NEW_REQUESTS = 4  # sent 0.1 s after the kill
 NEW_TOKENS = 8
 CUT_WITHIN_S = 2.0
 NEW_WITHIN_S = 1.0
+# issue 16's "new requests succeed within 1 s of the kill" (their first token) is asserted where the deployment has
+# the cores it is for: one per model process and one for the router and this client (8 here: 5 workers, each one
+# torch thread). On the 2-core CI machine the same deployment's forwards wait seconds for a core (the timelines
+# printed below), so there it is measured and printed, not asserted; benchmarks/reliability_h200_host.sh runs this
+# module on the 16-core H200 host, where it is asserted.
+ENOUGH_CORES = 8
 LONG_PROMPTS = 2  # 600 tokens each, ~4 s of prefill on one busy core: what the surviving worker takes over
 
 
@@ -69,11 +75,15 @@ async def new_requests(client: httpx.AsyncClient, tag: str) -> list[StreamResult
 
 
 def check_new_requests(results: list[StreamResult], killed_at: float) -> tuple[float, float]:
-    """Every one succeeded, sent within NEW_WITHIN_S of the kill: (worst first-token, worst end) after the kill."""
+    """Every one succeeded, sent within NEW_WITHIN_S of the kill (and, given ENOUGH_CORES, its first token came
+    within NEW_WITHIN_S too): (worst first-token, worst end) after the kill."""
     assert all(r.status == 200 and r.error is None and r.completion_tokens == NEW_TOKENS for r in results), \
         [(r.status, r.error, r.completion_tokens) for r in results]
     assert max(r.sent_at - killed_at for r in results) < NEW_WITHIN_S
-    return max(r.first_at - killed_at for r in results), max(r.ended_at - killed_at for r in results)
+    first_s = max(r.first_at - killed_at for r in results)
+    if (os.cpu_count() or 1) >= ENOUGH_CORES:
+        assert first_s < NEW_WITHIN_S, f"a new request's first token came {first_s:.2f} s after the kill"
+    return first_s, max(r.ended_at - killed_at for r in results)
 
 
 def rejoined(cluster: Cluster, record: Kill) -> tuple[float, dict]:
@@ -227,7 +237,8 @@ def test_prefill_worker_killed_mid_prefill(healthy: Cluster) -> None:
     # the prefill worker left holds its own long prompt and the retried one (600 tokens each, over the 512-token
     # --busy-prefill-backlog): the new short prompts are prefilled by a decode worker (router/decode_reuse.py
     # busy_choice, asserted below), not queued behind those forwards, which take seconds each here (the timeline
-    # printed above). Not asserted: "first token within 1 s of the kill" (issue 16's Must-show); it did not hold
+    # printed above). "First token within 1 s of the kill" (issue 16's Must-show) is asserted by
+    # check_new_requests only on a host with ENOUGH_CORES (16 cores, 2026-12-02: 0.52-0.57 s); it did not hold
     # in any run on this shared 2-core machine, and the time is not pdserve's queueing but cores: 3 runs on
     # 2026-12-02 at load average 7.7-8.6 (other test sessions on the same two cores) gave first tokens 8.1, 8.7
     # and 11.0 s after the kill, the requests themselves sent 1.0-1.6 s after it (this process's 0.1 s sleep:
