@@ -21,7 +21,12 @@ from pdserve.kernels.activation import silu_and_mul_fp8_ref, silu_and_mul_ref
 from pdserve.kernels.fp8_activation import Fp8Activation, quantize_activation_ref
 from pdserve.kernels.fp8_weight import FP8_DTYPE, quantize_weight_fp8
 from pdserve.kernels.linear_fp8 import linear_fp8_ref
-from pdserve.kernels.rms_norm import fused_add_rms_norm_fp8_ref, fused_add_rms_norm_ref, rms_norm_fp8_ref, rms_norm_ref
+from pdserve.kernels.rms_norm import (
+    fused_add_rms_norm_fp8_ref,
+    fused_add_rms_norm_ref,
+    rms_norm_fp8_ref,
+    rms_norm_ref,
+)
 
 CUDA = torch.cuda.is_available()
 _REL = 2.0**-4  # e4m3's rounding, relative (test_linear_fp8.py); twice it on CUDA, where the norm's bf16 may differ
