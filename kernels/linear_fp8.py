@@ -36,7 +36,7 @@ def quantizes_activations(num_rows: int) -> bool:
 
 
 def check_quantized_rows(x: Fp8Activation) -> None:
-    if not quantizes_activations(x.shape[0]):
+    if x.shape[0] and not quantizes_activations(x.shape[0]):
         raise ValueError(f"an Fp8Activation of {x.shape[0]} rows: up to {FP8_WEIGHT_ONLY_MAX_ROWS} rows the fp8 "
                          f"linear is weight-only and takes x unquantized")
 
