@@ -7,9 +7,11 @@ cuda_ipc KV transfer between two processes against a device copy; correctness is
 Model: `--load-format dummy --model-preset llama3-8b` in bf16 (engine/presets.py, random weights) or, with
 --tiny, a 2-layer model of that family. `--quantization none,fp8` (the default) times the same workloads a
 second time with fp8 linears (`--quantization fp8`: rows named `<workload>_fp8_w`, e.g. decode_b1_ctx512_fp8_w;
-`fp8_w_ms` holds them as `decode_b1_ctx512_fp8_w_ms`), HF only beside bf16. Checks: graph-replayed logits = the eager forward's at batch 1, 3, 8
-(on CUDA); --parity: the default model's first 16 greedy tokens in bf16 on the GPU = fp32 on the CPU for >= 90 %
-of 20 prompts. Times: median of --repeat after warm-ups, CUDA events. Every decode step streams the 16 GB of
+`fp8_w_ms` holds them as `decode_b1_ctx512_fp8_w_ms`), HF only beside bf16. `fp8-unfused` runs the fp8 linears
+with the norms and silu_and_mul not quantizing for them (engine/model.py FUSE_FP8_ACTIVATIONS off: each fp8 linear
+runs its own quantization kernel), rows `<workload>_fp8_w_unfused`: the A/B of that fusion.
+Checks: graph-replayed logits = the eager forward's at batch 1, 3, 8 (on CUDA); --parity: the default model's
+first 16 greedy tokens in bf16 on the GPU = fp32 on the CPU for >= 90 % of 20 prompts. Times: median of --repeat after warm-ups, CUDA events. Every decode step streams the 16 GB of
 weights, so L2 (60 MB) holds nothing from one step to the next and inputs need no rotation; the transfer
 alternates between two pool halves of 512 MiB each. HF and cuda_ipc parts are skipped on CPU (noted in the JSON).
 """
@@ -32,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from engine_gpu_baselines import hf_decode_ms, hf_model, hf_prefill_ms, parity, time_ms, transfer_benchmark
 from engine_gpu_fp8kv import fp8_kv_rows
 
+from pdserve.engine import model as engine_model
 from pdserve.engine.attention_metadata import DecodeInput, PrefillChunk
 from pdserve.engine.config import CacheConfig, ModelConfig
 from pdserve.engine.presets import get_preset
@@ -46,7 +49,7 @@ TARGETS_MS = {"decode_b1_ctx512": 4.4, "decode_b8_ctx512": 4.6, "decode_b64_ctx5
               "prefill_4096": 100.0,
               # issue 19, fp8 linears (W8A8): halving the 16 GB a decode step reads
               "decode_b1_ctx512_fp8_w": 2.6, "decode_b64_ctx512_fp8_w": 4.0, "prefill_4096_fp8_w": 65.0}
-SUFFIX = {"none": "", "fp8": "_fp8_w"}  # row-name suffix per --quantization
+SUFFIX = {"none": "", "fp8": "_fp8_w", "fp8-unfused": "_fp8_w_unfused"}  # row-name suffix per --quantization
 HF_ANCHORS_MS = {"decode_b1_ctx512": 7.14, "decode_b8_ctx512": 8.49, "decode_b64_ctx512": 20.0, "prefill_4096": 133.0}
 TINY = ModelConfig(name="tiny-llama", vocab_size=1024, hidden_size=128, intermediate_size=256, num_layers=2,
                    num_heads=4, num_kv_heads=2, head_dim=32, max_model_len=8192)
@@ -151,13 +154,15 @@ def run(args: argparse.Namespace) -> Report:
         report.notes.append("parity skipped: it compares a GPU's bf16 run with the CPU's fp32 one")
     ours: dict[str, float] = {}
     for quantization in args.quantization.split(","):
-        runner = build_runner(config, device, quantization)
+        engine_model.FUSE_FP8_ACTIVATIONS = quantization != "fp8-unfused"  # read at every forward and capture
+        runner = build_runner(config, device, quantization.removesuffix("-unfused"))
         check_graphs(runner, report)
         times, passes = time_ours(runner, args.repeat)
         ours.update({k + SUFFIX[quantization]: v for k, v in times.items()})
         report.checks[f"decode_pass_medians_ms{SUFFIX[quantization]}"] = passes
         del runner
         free(device)
+    engine_model.FUSE_FP8_ACTIVATIONS = True
     report.fp8_w_ms = {f"{k}_ms": v for k, v in ours.items() if k.endswith(SUFFIX["fp8"])}
     hf: dict[str, float] = {}
     if device.type == "cuda" and not args.skip_hf:
@@ -179,12 +184,12 @@ def print_table(report: Report) -> None:
     print(f"\n{report.model} on {report.device} (torch {report.torch})")
     for key, value in report.checks.items():
         print(f"  check {key}: {value}")
-    print(f"{'workload':27s} {'ours ms':>9s} {'HF ms':>8s} {'HF anchor':>9s} {'target':>7s}")
+    print(f"{'workload':31s} {'ours ms':>9s} {'HF ms':>8s} {'HF anchor':>9s} {'target':>7s}")
     for row in report.rows:
         hf = f"{row.hf_ms:8.2f}" if row.hf_ms is not None else f"{'-':>8s}"
         target = row.target_ms
         anchor = HF_ANCHORS_MS.get(row.name) if target is not None else None
-        print(f"{row.name:27s} {row.ours_ms:9.2f} {hf} {anchor or '-':>9} {target or '-':>7}")
+        print(f"{row.name:31s} {row.ours_ms:9.2f} {hf} {anchor or '-':>9} {target or '-':>7}")
     if report.transfer is not None:
         t = report.transfer
         print(f"cuda_ipc {t['bytes'] / 2**20:.0f} MiB: {t['cuda_ipc_gpu_ms']:.3f} ms ({t['cuda_ipc_gbps']:.0f} GB/s, "
@@ -207,7 +212,8 @@ def main() -> None:
                         help="also decode b64 ctx 4096 with a bf16 and an fp8 KV pool (benchmarks/engine_gpu_fp8kv.py)")
     parser.add_argument("--skip-transfer", action="store_true", help="no cuda_ipc transfer benchmark")
     parser.add_argument("--quantization", default="none,fp8",
-                        help="comma-separated runs of the same workloads: none (bf16 linears), fp8 (fp8 linears)")
+                        help="comma-separated runs of the same workloads: none (bf16 linears), fp8 (fp8 linears), "
+                             "fp8-unfused (fp8 linears quantizing their own inputs: the fusion's A/B)")
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/engine_gpu_h200.json"))
     parser.add_argument("--parity-only", action="store_true",

@@ -17,7 +17,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from pdserve.kernels.activation_triton import _silu_and_mul_kernel
+from pdserve.kernels.activation_triton import _silu_and_mul_fp8_kernel, _silu_and_mul_kernel
 from pdserve.kernels.decode_attention_triton import _decode_reduce_kernel, _decode_split_kernel
 from pdserve.kernels.linear_triton import _gemv_kernel
 from pdserve.kernels.prefill_attention_triton import _prefill_attention_kernel
@@ -67,12 +67,20 @@ def resources(kernel) -> str:
 
 def variants():
     bf = "*bf16"
-    norm = dict(x_ptr=bf, res_ptr=bf, w_ptr=bf, out_ptr=bf, h_ptr=bf, num_rows=8192, hidden=4096, stride_x=4096,
-                stride_res=4096, stride_out=4096, stride_h=4096, eps=1e-5, HAS_RESIDUAL=C(True))
+    norm = dict(x_ptr=bf, res_ptr=bf, w_ptr=bf, out_ptr=bf, h_ptr=bf, s_ptr=bf, num_rows=8192, hidden=4096,
+                stride_x=4096, stride_res=4096, stride_out=4096, stride_h=4096, eps=1e-5, HAS_RESIDUAL=C(True),
+                QUANT=C(False), FP8_MAX=C(448.0), ROUND=C(False))
     for rows, warps in ((1, 8), (2, 8), (4, 16)):
         yield f"rms_norm rows{rows} w{warps}", _rms_norm_kernel, {**norm, "BLOCK_ROWS": C(rows), "BLOCK_H": C(4096)}, warps, 1
+    fp8_norm = {**norm, "out_ptr": "*fp8e4nv", "s_ptr": "*fp32", "QUANT": C(True), "BLOCK_ROWS": C(1), "BLOCK_H": C(4096)}
+    yield "rms_norm fp8 rows1 w4", _rms_norm_kernel, fp8_norm, 4, 1
     silu = dict(x_ptr=bf, out_ptr=bf, inter=14336, stride_x=28672, stride_out=14336, EVEN=C(True))
     yield "silu_and_mul 1024", _silu_and_mul_kernel, {**silu, "BLOCK": C(1024)}, 4, 1
+    silu_fp8 = dict(x_ptr=bf, q_ptr="*fp8e4nv", s_ptr="*fp32", inter=14336, stride_x=28672, stride_q=14336,
+                    BLOCK=C(16384), ONE_PASS=C(True), FP8_MAX=C(448.0), ROUND=C(False))
+    yield "silu_and_mul fp8 one pass w16", _silu_and_mul_fp8_kernel, silu_fp8, 16, 1
+    yield "silu_and_mul fp8 two passes w16", _silu_and_mul_fp8_kernel, {**silu_fp8, "BLOCK": C(4096),
+                                                                        "ONE_PASS": C(False)}, 16, 1
     rope = dict(q_ptr=bf, k_ptr=bf, v_ptr=bf, pos_ptr="*i64", cos_sin_ptr="*fp32", cache_ptr=bf, slot_ptr="*i64",
                 stride_qt=6144, stride_qh=128, stride_kt=6144, stride_kh=128, stride_vt=6144, stride_vh=128,
                 stride_cs=128, stride_ckv=1 << 28, stride_cblk=16384, stride_ctok=1024, stride_ch=128,

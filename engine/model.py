@@ -11,6 +11,12 @@ One decoder layer, T packed tokens, hidden H, Hq query / Hkv key-value heads of 
       ─▶ (+ residual) RMSNorm ─▶ silu(x @ Wg.T) * (x @ Wu.T)  one GEMM over [gate | up] fused at load
                                  @ Wdown.T                    [T, H]
 
+Where the linear after a norm or after silu_and_mul holds fp8 weights (--quantization fp8), that kernel's fp8
+form runs instead (rms_norm_fp8, fused_add_rms_norm_fp8, silu_and_mul_fp8): it also quantizes its output per
+token, and the linear takes those codes and scales (kernels/fp8_activation.py) instead of quantizing x itself.
+The logits are the same; qkv, gate_up and down lose a kernel each. o_proj's input comes from attention and is
+quantized by the linear.
+
 Logits are computed only for the rows that are sampled. The decode forward has no data-dependent Python
 control flow and reads only DecodeBuffers' static tensors, so a CUDA graph can capture it per batch bucket.
 """
@@ -28,7 +34,9 @@ from pdserve.engine.attention_metadata import DecodeBatch, PrefillBatch
 from pdserve.engine.config import ModelConfig
 from pdserve.engine.kv_cache_spec import KVCacheSpec
 from pdserve.engine.weights.fp8_checkpoint import cat_fp8, fp8_linear, is_fp8
+from pdserve.kernels.fp8_activation import Fp8Activation
 from pdserve.kernels.fp8_weight import Fp8Weight, dequantize_weight_fp8, quantize_weight_fp8
+from pdserve.kernels.linear_fp8 import quantizes_activations
 
 QUANTIZATIONS = ("none", "fp8")
 LayerDone = Callable[[int], None]
@@ -37,6 +45,10 @@ Attend = Callable[..., torch.Tensor]
 
 
 Linear: TypeAlias = torch.Tensor | Fp8Weight  # [N, K] in the model dtype, or fp8 with per-row scales (--quantization fp8)
+Activation: TypeAlias = torch.Tensor | Fp8Activation  # a linear's input: [T, K] in the model dtype, or its fp8 rows
+# False: fp8 linears quantize their inputs themselves (a kernel of their own, the same numbers). Not a user
+# setting: benchmarks/engine_gpu.py's fp8-unfused run sets it to time the fusion against that form
+FUSE_FP8_ACTIVATIONS = True
 
 
 @dataclass(frozen=True)
@@ -190,14 +202,10 @@ class LlamaModel:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns the last layer's output and the residual stream (their sum is the final hidden state)."""
         c = self.config
-        eps = c.rms_norm_eps
         h = torch.nn.functional.embedding(input_ids, self.weights.embed)
-        residual = h
+        residual: torch.Tensor | None = None  # the first layer's norm has no add
         for i, w in enumerate(self.weights.layers):
-            if i == 0:
-                x = kernels.rms_norm(h, w.input_norm, eps)
-            else:
-                x, residual = kernels.fused_add_rms_norm(h, residual, w.input_norm, eps)
+            x, residual = self._norm(h, residual, w.input_norm, w.qkv)
             qkv = kernels.linear(x, w.qkv, w.qkv_bias)
             q, k, v = qkv.split([c.q_size, c.kv_size, c.kv_size], dim=-1)
             num_tokens = qkv.shape[0]
@@ -210,10 +218,30 @@ class LlamaModel:
                 layer_done(i)
             attn = attend(q, k, v, kv_caches[i], k_scale, v_scale)
             h = kernels.linear(attn.reshape(num_tokens, c.q_size), w.o_proj)
-            x, residual = kernels.fused_add_rms_norm(h, residual, w.post_norm, eps)
-            h = kernels.linear(kernels.silu_and_mul(kernels.linear(x, w.gate_up)), w.down)
+            x, residual = self._norm(h, residual, w.post_norm, w.gate_up)
+            h = self._mlp(x, w)
         return h, residual
+
+    def _norm(self, h: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
+              consumer: Linear) -> tuple[Activation, torch.Tensor]:
+        """(RMSNorm(h + residual), h + residual), or (RMSNorm(h), h) without a residual; the first in fp8 rows
+        when `consumer`, the linear it feeds, is fp8."""
+        eps = self.config.rms_norm_eps
+        fp8 = _feeds_fp8(consumer, h.shape[0])
+        if residual is None:
+            return (kernels.rms_norm_fp8 if fp8 else kernels.rms_norm)(h, weight, eps), h
+        return (kernels.fused_add_rms_norm_fp8 if fp8 else kernels.fused_add_rms_norm)(h, residual, weight, eps)
+
+    def _mlp(self, x: Activation, w: LayerWeights) -> torch.Tensor:
+        gate_up = kernels.linear(x, w.gate_up)
+        act = kernels.silu_and_mul_fp8 if _feeds_fp8(w.down, gate_up.shape[0]) else kernels.silu_and_mul
+        return kernels.linear(act(gate_up), w.down)
 
     def _logits(self, h: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         x, _ = kernels.fused_add_rms_norm(h, residual, self.weights.norm, self.config.rms_norm_eps)
         return kernels.linear(x, self.weights.lm_head).float()
+
+
+def _feeds_fp8(linear: Linear, num_tokens: int) -> bool:
+    """Whether the kernel before `linear` emits fp8 rows: fp8 weights at a W8A8 row count, fusion on."""
+    return FUSE_FP8_ACTIVATIONS and isinstance(linear, Fp8Weight) and quantizes_activations(num_tokens)

@@ -8,6 +8,9 @@ the GPU computes):
     M <= FP8_WEIGHT_ONLY_MAX_ROWS: weight-only, x @ (Wq * s).T, accumulated in fp32
     M >  FP8_WEIGHT_ONLY_MAX_ROWS: W8A8, (xq * sx) @ (Wq * s).T, x quantized per row at each call (dynamic),
                                    accumulated in fp32
+x may also be an Fp8Activation (kernels/fp8_activation.py: quantized by the kernel that produced it, rms_norm_fp8
+or silu_and_mul_fp8): then the W8A8 product runs on its codes and scales as they are, with no quantization step;
+it must have more than FP8_WEIGHT_ONLY_MAX_ROWS rows (the weight-only rows take x unquantized).
 FP8_WEIGHT_ONLY_MAX_ROWS is 0 (kernels/fp8_weight.py says why, with the H200 numbers): every batch is W8A8.
 On CUDA kernels/linear_fp8_triton.py runs them (a GEMV with the fp8 weight upcast in registers; a Triton
 GEMM with fp8 tensor-core dots and both scales applied in the epilogue); elsewhere the references below.
@@ -18,6 +21,7 @@ from __future__ import annotations
 import torch
 
 from pdserve.kernels.dispatch import use_triton
+from pdserve.kernels.fp8_activation import Fp8Activation
 from pdserve.kernels.fp8_weight import (
     FP8_WEIGHT_ONLY_MAX_ROWS,
     Fp8Weight,
@@ -31,8 +35,21 @@ def quantizes_activations(num_rows: int) -> bool:
     return num_rows > FP8_WEIGHT_ONLY_MAX_ROWS
 
 
-def linear_fp8_ref(x: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
+def check_quantized_rows(x: Fp8Activation) -> None:
+    if x.shape[0] and not quantizes_activations(x.shape[0]):
+        raise ValueError(f"an Fp8Activation of {x.shape[0]} rows: up to {FP8_WEIGHT_ONLY_MAX_ROWS} rows the fp8 "
+                         f"linear is weight-only and takes x unquantized")
+
+
+def linear_fp8_ref(x: torch.Tensor | Fp8Activation, weight: Fp8Weight,
+                   bias: torch.Tensor | None = None) -> torch.Tensor:
     """Dequantize and multiply in fp32 (x quantized first when quantizes_activations(rows))."""
+    if isinstance(x, Fp8Activation):
+        check_quantized_rows(x)
+        out = x.dequantize() @ dequantize_weight_fp8(weight).T
+        if bias is not None:
+            out += bias.float()
+        return out.to(x.dtype)
     k = x.shape[-1]
     x2 = x.reshape(-1, k)
     if quantizes_activations(x2.shape[0]):
@@ -46,8 +63,9 @@ def linear_fp8_ref(x: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None
     return out.to(x.dtype).view(*x.shape[:-1], weight.shape[0])
 
 
-def linear_fp8(x: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
-    if use_triton(x):
+def linear_fp8(x: torch.Tensor | Fp8Activation, weight: Fp8Weight,
+               bias: torch.Tensor | None = None) -> torch.Tensor:
+    if use_triton(x.q if isinstance(x, Fp8Activation) else x):
         from pdserve.kernels.linear_fp8_triton import linear_fp8_triton
 
         return linear_fp8_triton(x, weight, bias)

@@ -7,13 +7,15 @@ and the launcher that picks them, the skinny W8A8 kernel or the fp8-weight GEMV 
                                                                          kernels/linear_fp8_skinny_triton.py),
                                                                          where its table does not name the GEMM
       else:                             fp8_gemm_triton(xq, sx, Wq, s)   y = (xq Wq^T) * sx[m] * s[n] (+ b[n])
+    x an Fp8Activation:                 (xq, sx) as given, the same two products by M
 
 The GEMM: grid cdiv(M, BLOCK_M) * cdiv(N, BLOCK_N) in GROUP_M-row super-groups (programs sharing W tiles run
 together, for L2); each program keeps a [BLOCK_M, BLOCK_N] fp32 accumulator and `tl.dot`s e4m3 tiles, which
 on sm90 are wgmma fp8 instructions (both operands K-major, as W [N, K] and x [M, K] are). Rows and columns
-past M, N are read modulo M, N (no masks in the loop) and not stored. Not fused: the activation quantization
-is a pass of its own over x [M, K] (fusing it into rms_norm / silu_and_mul would save one read of x, about
-2 M K bytes: 33 MB at M = 4096, K = 4096, ~7 us a linear on an H200; not done).
+past M, N are read modulo M, N (no masks in the loop) and not stored. The activation quantization is a pass of
+its own over x [M, K] for a plain tensor x; the engine's norms and SiLU-and-mul quantize in their own pass
+instead where an fp8 linear follows (rms_norm_fp8, silu_and_mul_fp8: kernels/fp8_activation.py), which saves
+that kernel and one write and read of x in bf16.
 """
 
 import functools
@@ -23,8 +25,9 @@ import torch
 import triton
 import triton.language as tl
 
+from pdserve.kernels.fp8_activation import Fp8Activation
 from pdserve.kernels.fp8_weight import FP8_DTYPE, FP8_MAX, Fp8Weight
-from pdserve.kernels.linear_fp8 import quantizes_activations
+from pdserve.kernels.linear_fp8 import check_quantized_rows, quantizes_activations
 from pdserve.kernels.linear_fp8_skinny_triton import SKINNY_MAX_ROWS, fp8_skinny_triton, skinny_config
 from pdserve.kernels.linear_triton import GemvConfig, gemv_triton
 
@@ -47,12 +50,14 @@ def _round_to_e4m3(v):
     # v: fp32 within [-448, 448] -> the nearest e4m3 value (ties to even), still fp32, so that the cast to fp8
     # after it is exact. Triton 3.8's interpreter casts fp32 -> e4m3 without carrying a rounded-up mantissa
     # into the exponent (1.95 -> 1.0, 125 -> 64); rounding here first gives it torch's codes. Compiled kernels
-    # skip it: the GPU's fp32 -> e4m3 cvt rounds to nearest even.
+    # skip it: the GPU's fp32 -> e4m3 cvt rounds to nearest even. The magnitude is rounded and v's sign bit put
+    # back, so that a value rounding to zero keeps its sign (-0 is code 0x80, as torch casts it).
     bits = v.to(tl.int32, bitcast=True)
     exp = tl.maximum((bits >> 23) & 0xFF, 127 - 6)  # below 2^-6 the subnormals' step is 2^-9, as at 2^-6
     step = ((exp - 3) << 23).to(tl.float32, bitcast=True)  # 2^(e - 3): 3 mantissa bits
-    u = v / step  # exact (a power of two); |u| < 16
-    return ((u + 12582912.0) - 12582912.0) * step  # 1.5 * 2^23: the fp32 add rounds u to an integer, to even
+    u = tl.abs(v) / step  # exact (a power of two); u < 16
+    r = ((u + 12582912.0) - 12582912.0) * step  # 1.5 * 2^23: the fp32 add rounds u to an integer, to even
+    return (r.to(tl.int32, bitcast=True) | (bits & -2147483648)).to(tl.float32, bitcast=True)
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -192,13 +197,32 @@ def gemv_config(m: int, n: int, k: int, dtype: torch.dtype) -> GemvConfig:
     return GemvConfig(split_k=split_k, block_k=1024 if k % 1024 == 0 else 512)
 
 
-def linear_fp8_triton(x: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
-    k = x.shape[-1]
-    n = weight.shape[0]
+def _check_shapes(k: int, weight: Fp8Weight, bias: torch.Tensor | None) -> None:
     if weight.shape[1] != k:
         raise ValueError(f"weight {tuple(weight.shape)} must be [N, K={k}]")
-    if bias is not None and bias.shape != (n,):
-        raise ValueError(f"bias {tuple(bias.shape)} must be [N={n}]")
+    if bias is not None and bias.shape != (weight.shape[0],):
+        raise ValueError(f"bias {tuple(bias.shape)} must be [N={weight.shape[0]}]")
+
+
+def _w8a8(xq: torch.Tensor, sx: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None,
+          out_dtype: torch.dtype) -> torch.Tensor:
+    m, k = xq.shape
+    cfg = skinny_config(m, weight.shape[0], k, xq.device) if m <= SKINNY_MAX_ROWS else None
+    if cfg is not None:
+        return fp8_skinny_triton(xq, sx, weight, bias, out_dtype, cfg)
+    return fp8_gemm_triton(xq, sx, weight, bias, out_dtype)
+
+
+def linear_fp8_triton(x: torch.Tensor | Fp8Activation, weight: Fp8Weight,
+                      bias: torch.Tensor | None = None) -> torch.Tensor:
+    k = x.shape[-1]
+    n = weight.shape[0]
+    _check_shapes(k, weight, bias)
+    if isinstance(x, Fp8Activation):
+        if x.shape[0] == 0:
+            return torch.empty((0, n), dtype=x.dtype, device=x.q.device)
+        check_quantized_rows(x)
+        return _w8a8(x.q, x.scale, weight, bias, x.dtype)
     x2 = x.reshape(-1, k)
     if x2.stride(1) != 1:
         x2 = x2.contiguous()
@@ -207,11 +231,7 @@ def linear_fp8_triton(x: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | N
         return x.new_empty((*x.shape[:-1], n))
     if quantizes_activations(m):
         xq, sx = quantize_rows_fp8_triton(x2)
-        cfg = skinny_config(m, n, k, x.device) if m <= SKINNY_MAX_ROWS else None
-        if cfg is not None:
-            out = fp8_skinny_triton(xq, sx, weight, bias, x.dtype, cfg)
-        else:
-            out = fp8_gemm_triton(xq, sx, weight, bias, x.dtype)
+        out = _w8a8(xq, sx, weight, bias, x.dtype)
     else:
         out = gemv_triton(x2, weight.weight, bias, gemv_config(m, n, k, x.dtype), scale=weight.scale)
     return out.view(*x.shape[:-1], n)

@@ -130,3 +130,45 @@ def test_quantization_fp8_at_load_close_to_unquantized(tiny: TinyModel, tmp_path
         assert _cosine(_logits(fp8, ids), _logits(ref, ids)) > 0.99
     with pytest.raises(ValueError, match="int4"):
         fuse_weights(plain.config, plain.weights, "cpu", torch.float32, "int4")
+
+
+@pytest.mark.parametrize("backend", ["ref", "triton"])
+def test_fused_fp8_activations_give_the_unfused_logits(backend: str, tiny: TinyModel, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The norms and silu_and_mul quantizing for the fp8 linears (engine/model.py FUSE_FP8_ACTIVATIONS) give
+    the logits of the linears quantizing themselves, bit for bit: prefill of 21 tokens, then a decode step.
+    "triton": the launchers under the interpreter (CPU only, tests/conftest.py), fused kernels against
+    rms_norm / silu_and_mul + quantize_rows_fp8_triton; "ref": the references' composition."""
+    if backend == "triton" and torch.cuda.is_available():
+        pytest.skip("the launchers run on CPU tensors only under the interpreter, set where no GPU is")
+    from pdserve import kernels
+    from pdserve.engine import model
+    from pdserve.engine.attention_metadata import DecodeInput
+
+    loaded = load_model(ModelSpec(str(_saved_dir(tiny, tmp_path)), "hf", quantization="fp8"), dtype=torch.float32,
+                        device="cpu")
+    fused_calls: list[str] = []
+    for name in ("rms_norm_fp8", "fused_add_rms_norm_fp8", "silu_and_mul_fp8"):
+        op = getattr(kernels, name)
+        monkeypatch.setattr(kernels, name, lambda *a, op=op, name=name: fused_calls.append(name) or op(*a))
+    ids = list(range(3, 24))
+
+    def run(fuse: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        monkeypatch.setattr(model, "FUSE_FP8_ACTIVATIONS", fuse)
+        runner = ModelRunner(loaded.config, CacheConfig(num_blocks=16, block_size=4), loaded.weights, "cpu",
+                             torch.float32, quantization="fp8")
+        kernels.set_backend(backend)
+        try:
+            prefill = _logits(runner, ids)
+            decode = runner.decode([DecodeInput(int(prefill.argmax()), len(ids), list(range(8)))])[0]
+        finally:
+            kernels.set_backend("auto")
+        return prefill, decode
+
+    unfused = run(False)
+    assert fused_calls == []
+    fused = run(True)
+    layers = loaded.config.num_layers
+    assert sorted(set(fused_calls)) == ["fused_add_rms_norm_fp8", "rms_norm_fp8", "silu_and_mul_fp8"]
+    assert len(fused_calls) == 2 * 3 * layers  # per layer: two norms and silu_and_mul, in prefill and decode
+    assert torch.equal(fused[0], unfused[0]) and torch.equal(fused[1], unfused[1])

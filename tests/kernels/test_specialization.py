@@ -43,8 +43,9 @@ def test_do_not_specialize_removes_the_integer_classes() -> None:
 
     def key(num_rows: int, hidden: int) -> tuple:
         x = torch.empty(4, 64, device=META)
-        return spec.launch_key(_rms_norm_kernel, (x, x, x[0], x, x, num_rows, hidden, 64, 64, 64, 64, 1e-5),
-                               {"HAS_RESIDUAL": True, "BLOCK_ROWS": 4, "BLOCK_H": 64, "num_warps": 4})
+        return spec.launch_key(_rms_norm_kernel, (x, x, x[0], x, x, x, num_rows, hidden, 64, 64, 64, 64, 1e-5),
+                               {"HAS_RESIDUAL": True, "BLOCK_ROWS": 4, "BLOCK_H": 64, "QUANT": False,
+                                "FP8_MAX": 448.0, "ROUND": False, "num_warps": 4})
 
     assert key(1, 64) == key(16, 64) == key(17, 64)  # num_rows is do_not_specialize
     assert len({key(3, 1), key(3, 16), key(3, 17)}) == 3  # hidden is not: == 1, % 16, neither
