@@ -5,8 +5,9 @@ On CPU (the interpreter, fp32 / fp16) the codes and scales are compared bit for 
 of the unfused kernel's output, and with the references' composition (norm_ref -> quantize_rows_fp8_ref) where
 the unfused kernel itself equals its reference bit for bit: fp16 outputs (rounded to fp16, the fp32 math's
 last-bit differences vanish for these shapes). At fp32 the unfused kernels differ from torch in the last bit
-(the norm's rsqrt and sum order, silu's exp), and so may the scales of the references' composition. On CUDA (bf16 added): bit for bit against the
-unfused Triton kernels (what the engine's unfused path runs), and within e4m3's rounding of the references.
+(the norm's rsqrt and sum order, silu's exp), and so may the scales of the references' composition. On CUDA (bf16 added): against the unfused
+Triton kernels (what the engine's unfused path runs) up to the GPU's last-bit differences (assert_same_codes),
+and within e4m3's rounding of the references.
 """
 
 from __future__ import annotations
@@ -33,11 +34,22 @@ _REL = 2.0**-4  # e4m3's rounding, relative (test_linear_fp8.py); twice it on CU
 
 
 def assert_same_codes(out: Fp8Activation, ref: Fp8Activation) -> None:
+    """Bit for bit in the interpreter. On CUDA the fused kernel's normalized row may sit a last bit off the
+    unfused kernel's (the compiler contracts the multiplies into FMAs differently when the value also feeds the
+    amax: the H200, 2026-12-02, fp32 17 x 256, scales 1 ulp apart): there scales agree within 2 ulp, every code of
+    a row whose scale agrees is equal, and the others are at most one e4m3 step apart."""
     assert out.q.dtype == ref.q.dtype == FP8_DTYPE and out.dtype == ref.dtype
     assert out.q.shape == ref.q.shape and out.scale.shape == ref.scale.shape
-    assert torch.equal(out.scale, ref.scale), (out.scale - ref.scale).abs().max()
-    differ = out.q.view(torch.uint8) != ref.q.view(torch.uint8)
-    assert not differ.any(), f"{int(differ.sum())} of {differ.numel()} codes differ"
+    a, b = out.q.view(torch.uint8), ref.q.view(torch.uint8)
+    if not CUDA:
+        assert torch.equal(out.scale, ref.scale), (out.scale - ref.scale).abs().max()
+        assert torch.equal(a, b), f"{int((a != b).sum())} of {a.numel()} codes differ"
+        return
+    torch.testing.assert_close(out.scale, ref.scale, rtol=2.5e-7, atol=0)
+    agree = out.scale == ref.scale
+    assert torch.equal(a[agree], b[agree]), f"{int((a[agree] != b[agree]).sum())} codes differ in rows of equal scale"
+    steps = (a.int() - b.int()).abs()
+    assert (steps <= 1).all(), f"codes {int(steps.max())} steps apart"
 
 
 def assert_within_e4m3(out: Fp8Activation, ref: torch.Tensor) -> None:
