@@ -13,6 +13,9 @@ Variants (selected here only, by patching the dispatcher's module attributes; th
                      copies once; is it the extra copy?)
     flash            FlashAttention through SDPA on the views
     *_lt             the same with torch.backends.cuda.preferred_blas_library("cublaslt") for the GEMMs
+    baseline[_X]     variant X (default ours) with the batch built by build_prefill_batch_baseline below: the
+                     product's before the pinned, non_blocking staging (7 pageable .to(device) copies, each a
+                     host sync), so one run times before and after side by side
 Variants run interleaved, round by round (each round: every variant --reps times after one untimed call), so
 clock or thermal drift over the run lands on all of them alike; per variant the median over all its reps.
 Per variant also the host's enqueue time (until prefill() returned) and, for the profiled ones, the
@@ -21,6 +24,10 @@ torch.profiler: GPU time per kernel, grouped (gemm, attention, norms, rope
 / kv write, silu_and_mul, copies, other) and the wall minus the kernels' sum (launch gaps, host syncs); and the
 four prefill GEMM shapes alone (M = 4,096) through cuBLAS and cuBLASLt, as TFLOP/s. The FLOP floor (~92 ms)
 is 2 x 6.98e9 x 4,096 linear FLOPs + attention at the measured rates.
+--gaps: per profiled variant the GPU's idle intervals in one prefill and what the host ran meanwhile
+(benchmarks/prefill_gaps.py), without and with Python stacks, and the caching allocator's counters around the
+timed reps (cudaMalloc / cudaFree / retries: allocator churn). proposed_entry: the tuning.PREFILL_PATH entry
+for cuDNN on whole prompts of >= --tokens when cudnn's median beats ours by more than both spreads (else why not).
 Writes prefill_4096_gpu.json to $OUT (else benchmarks/results/).
 """
 
@@ -40,12 +47,15 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
+from prefill_gaps import GPU_CATS, annotated, counter_delta, gap_timeline, memory_counters, short_text, trace
 
-from pdserve.engine.attention_metadata import PrefillChunk
+from pdserve.engine import runner as runner_module
+from pdserve.engine.attention_metadata import PrefillBatch, PrefillChunk, _check_covers
 from pdserve.engine.config import CacheConfig
 from pdserve.engine.presets import get_preset
 from pdserve.engine.runner import ModelRunner
 from pdserve.engine.weights.dummy import dummy_weights
+from pdserve.kernels.prefill_attention import PrefillShape
 
 dispatcher = importlib.import_module("pdserve.kernels.prefill_attention")  # the module (the package exports the function)
 PAGE = 16
@@ -88,26 +98,67 @@ def sdpa_contiguous(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_lens: t
     return out
 
 
+def build_prefill_batch_baseline(chunks: list[PrefillChunk], block_size: int, device: torch.device) -> PrefillBatch:
+    """BASELINE, benchmark only: engine/attention_metadata.py's build_prefill_batch as it was before the pinned
+    staging (main at 5f7bc8d): CPU torch ops, then 7 pageable .to(device) copies (each one a host sync)."""
+    lengths = [len(c.token_ids) for c in chunks]
+    for i, c in enumerate(chunks):
+        _check_covers(f"prefill chunk {i}", c.block_table, c.start_pos + lengths[i], block_size)
+    lens = torch.tensor(lengths)
+    seq_index = torch.repeat_interleave(torch.arange(len(chunks)), lens)
+    cu = torch.zeros(len(chunks) + 1, dtype=torch.int32)
+    cu[1:] = torch.cumsum(lens, 0)
+    starts = torch.tensor([c.start_pos for c in chunks])
+    positions = starts[seq_index] + torch.arange(int(cu[-1])) - cu[:-1].long()[seq_index]
+    width = max(1, max(len(c.block_table) for c in chunks))
+    block_tables = torch.tensor([[*c.block_table] + [0] * (width - len(c.block_table)) for c in chunks],
+                                dtype=torch.int32)
+    slots = block_tables[seq_index, positions // block_size].long() * block_size + positions % block_size
+    if any(c.all_logits for c in chunks):
+        ends = cu.tolist()
+        last_rows = torch.tensor([r for i, c in enumerate(chunks)
+                                  for r in (range(ends[i], ends[i + 1]) if c.all_logits
+                                            else [ends[i + 1] - 1] if c.need_logits else [])], dtype=torch.long)
+    else:
+        last_rows = (cu[1:].long() - 1)[torch.tensor([c.need_logits for c in chunks])]
+    return PrefillBatch(
+        input_ids=torch.tensor([t for c in chunks for t in c.token_ids]).to(device),
+        positions=positions.to(device),
+        slot_mapping=slots.to(device),
+        cu_seqlens_q=cu.to(device),
+        seq_lens=(starts + lens).to(torch.int32).to(device),
+        block_tables=block_tables.to(device),
+        logits_indices=last_rows.to(device),
+        shape=PrefillShape(tuple(lengths), any(c.start_pos > 0 for c in chunks)),
+    )
+
+
 SHIPPED_SDPA = dispatcher.prefill_attention_sdpa
 SHIPPED_ENTRY = dispatcher.sdpa_entry
+SHIPPED_BUILD = runner_module.build_prefill_batch
 
 
 @contextlib.contextmanager
 def variant(name: str) -> Iterator[None]:
-    """Patch the dispatcher (and the BLAS library) for one variant; restore on exit."""
-    base = name.removesuffix("_lt")
+    """Patch the dispatcher, the batch build and the BLAS library for one variant; restore on exit."""
+    old_batch = name.startswith("baseline")
+    base = name.removeprefix("baseline").removeprefix("_") or "ours"
+    base = base.removesuffix("_lt")
     backend = {"ours": None, "flash": "flash"}.get(base, "cudnn")
     entry = None if backend is None else {"backend": backend, "min_tokens": 1, "max_seqs": 1}
     sdpa = {"cudnn_contig": sdpa_contiguous, "cudnn_nocopy": sdpa_views_nocopy}.get(base, SHIPPED_SDPA)
     blas = torch.backends.cuda.preferred_blas_library() if torch.cuda.is_available() else None
     dispatcher.sdpa_entry = lambda *args: entry
     dispatcher.prefill_attention_sdpa = sdpa
+    if old_batch:
+        runner_module.build_prefill_batch = build_prefill_batch_baseline
     try:
         if name.endswith("_lt") and blas is not None:
             torch.backends.cuda.preferred_blas_library("cublaslt")
         yield
     finally:
         dispatcher.sdpa_entry, dispatcher.prefill_attention_sdpa = SHIPPED_ENTRY, SHIPPED_SDPA
+        runner_module.build_prefill_batch = SHIPPED_BUILD
         if blas is not None:
             torch.backends.cuda.preferred_blas_library(blas)
 
@@ -155,6 +206,7 @@ def interleaved(runner: ModelRunner, chunks: list[PrefillChunk], names: list[str
                 cuda: bool) -> dict:
     times: dict[str, list[float]] = {n: [] for n in names}
     hosts: dict[str, list[float]] = {n: [] for n in names}
+    churn: dict[str, collections.Counter] = {n: collections.Counter() for n in names}
     errors: dict[str, str] = {}
     for _ in range(rounds):
         for name in names:
@@ -163,11 +215,15 @@ def interleaved(runner: ModelRunner, chunks: list[PrefillChunk], names: list[str
             try:
                 with variant(name):
                     runner.prefill(chunks)  # untimed: plans, caches
+                    before = memory_counters() if cuda else {}
                     times[name] += [timed_ms(lambda: runner.prefill(chunks), cuda, hosts[name]) for _ in range(reps)]
+                    if cuda:
+                        churn[name].update(counter_delta(before, memory_counters()))
             except Exception as exc:  # noqa: BLE001 -- a backend this device does not offer: recorded, others go on
                 errors[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
     out = {n: {"median_ms": statistics.median(t), "min_ms": min(t), "times_ms": [round(x, 3) for x in t],
-               "host_enqueue_ms": statistics.median(hosts[n]) if hosts[n] else None}
+               "host_enqueue_ms": statistics.median(hosts[n]) if hosts[n] else None,
+               "allocator_delta_over_timed_reps": dict(churn[n])}
            for n, t in times.items() if t}
     for name, err in errors.items():
         out[name] = {"error": err}
@@ -218,6 +274,49 @@ def kernel_profile(runner: ModelRunner, chunks: list[PrefillChunk], name: str) -
             "groups_ms": dict(sorted(groups.items(), key=lambda kv: -kv[1])), "top_kernels": top}
 
 
+def gaps(runner: ModelRunner, chunks: list[PrefillChunk], name: str, with_stack: bool) -> dict:
+    """One prefill's gap timeline (benchmarks/prefill_gaps.py) and the allocator's counters around it."""
+    with variant(name), annotated(runner, runner_module) as layer_done:
+        runner.prefill(chunks, layer_done)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        before = memory_counters() if torch.cuda.is_available() else {}
+        events, wall = trace(lambda: runner.prefill(chunks, layer_done), with_stack)
+        out = gap_timeline(events, wall, busy_cats=GPU_CATS if torch.cuda.is_available() else {"cpu_op"})
+        if torch.cuda.is_available():
+            out["allocator_delta"] = counter_delta(before, memory_counters())
+    return out
+
+
+def _iqr(xs: list[float]) -> float:
+    q = statistics.quantiles(xs, n=4)
+    return q[2] - q[0]
+
+
+def propose_entry(rows: dict, reps: int, config_name: str, dtype: torch.dtype) -> dict:
+    """cuDNN for whole uncached prompts of >= this run's length, if its median beats ours by more than the
+    larger interquartile range and it wins every round (round medians); else the numbers and why not."""
+    ours, cudnn = rows.get("ours", {}), rows.get("cudnn", {})
+    if "median_ms" not in ours or "median_ms" not in cudnn:
+        return {"proposed": None, "why": "ours or cudnn did not run"}
+    gain, spread = ours["median_ms"] - cudnn["median_ms"], max(_iqr(ours["times_ms"]), _iqr(cudnn["times_ms"]))
+    rounds = [(statistics.median(o), statistics.median(c)) for o, c in
+              zip(*([t[i:i + reps] for i in range(0, len(t), reps)] for t in (ours["times_ms"], cudnn["times_ms"])))]
+    wins = sum(c < o for o, c in rounds)
+    out = {"gain_ms": round(gain, 3), "spread_ms": round(spread, 3), "cudnn_wins_rounds": f"{wins}/{len(rounds)}"}
+    if gain <= spread or wins < len(rounds):
+        return {**out, "proposed": None, "why": "cuDNN not faster beyond the run's spread in every round"}
+    c = get_preset(config_name)
+    from pdserve.kernels.tuning import prefill_key
+
+    key = prefill_key(torch.cuda.get_device_name(), dtype, c.num_heads, c.num_kv_heads, c.head_dim)
+    entry = {"backend": "cudnn", "min_tokens": rows["tokens"], "max_seqs": 1, "date": time.strftime("%Y-%m-%d"),
+             "command": "bash benchmarks/prefill_gaps_h200.sh (benchmarks/prefill_4096_gpu.py)",
+             "measured": {"ours_ms": round(ours["median_ms"], 3), "cudnn_ms": round(cudnn["median_ms"], 3)}}
+    return {**out, "proposed": {"version": 1, "entries": {key: entry}},
+            "why": "min_tokens is this run's prompt length only; shorter prompts: benchmarks/prefill_attention_sdpa.py"}
+
+
 def gemm_shapes(config_name: str, tokens: int, dtype: torch.dtype) -> dict:
     """The prefill's four GEMM shapes alone (x [M, K] @ W[N, K].T), cuBLAS and cuBLASLt, CUDA-event medians."""
     c = get_preset(config_name)
@@ -252,6 +351,7 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=4096)
     parser.add_argument("--profile", nargs="*", default=["ours", "cudnn", "cudnn_contig"],
                         help="variants profiled kernel by kernel")
+    parser.add_argument("--gaps", nargs="*", default=[], help="variants whose GPU idle intervals are traced")
     parser.add_argument("--dry-run", action="store_true", help="CPU: tiny model, the reference path")
     args = parser.parse_args()
     cuda = not args.dry_run
@@ -271,6 +371,24 @@ def main() -> int:
                                                      f"host enqueue {row['host_enqueue_ms'] or 0:.1f}"
                                                      if "median_ms" in row else row["error"]), flush=True)
         result["logits_vs_ours"] = logits_agree(runner, chunks, args.variants)
+        result["gap_timelines"] = {}
+        for name in args.gaps:
+            for stack in (False, True):
+                key = f"{name}{'_with_stack' if stack else ''}"
+                try:
+                    result["gap_timelines"][key] = t = gaps(runner, chunks, name, stack)
+                except Exception as exc:  # noqa: BLE001 -- the timings above still count
+                    result["gap_timelines"][key] = {"error": repr(exc)[:300]}
+                    continue
+                print(f"gaps {key}: {short_text(t)}", flush=True)
+        if cuda:
+            result["cudnn_proposal"] = prop = propose_entry({**result["prefill_ms"], "tokens": tokens}, args.reps,
+                                                            preset, dtype)
+            print("cudnn proposal:", {k: v for k, v in prop.items() if k != "proposed"},
+                  "entry proposed" if prop.get("proposed") else "no entry", flush=True)
+            if prop.get("proposed"):
+                out_dir.mkdir(parents=True, exist_ok=True)
+                (out_dir / "prefill_attention_configs.json").write_text(json.dumps(prop["proposed"], indent=1) + "\n")
         if cuda:
             result["host_syncs"] = {}
             for name in args.profile:
