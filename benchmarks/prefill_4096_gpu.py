@@ -13,6 +13,8 @@ Variants (selected here only, by patching the dispatcher's module attributes; th
                      copies once; is it the extra copy?)
     flash            FlashAttention through SDPA on the views
     *_lt             the same with torch.backends.cuda.preferred_blas_library("cublaslt") for the GEMMs
+    X_queued         variant X timed behind an 80 ms GPU sleep: all of it queued before its first kernel, so
+                     the GPU's own time (X minus X_queued: the idle time the host causes, unprofiled)
     baseline[_X]     variant X (default ours) with the batch built by build_prefill_batch_baseline below: the
                      product's before the pinned, non_blocking staging (7 pageable .to(device) copies, each a
                      host sync), so one run times before and after side by side
@@ -141,6 +143,7 @@ SHIPPED_BUILD = runner_module.build_prefill_batch
 @contextlib.contextmanager
 def variant(name: str) -> Iterator[None]:
     """Patch the dispatcher, the batch build and the BLAS library for one variant; restore on exit."""
+    name = name.removesuffix("_queued")  # how it is timed, not what runs (interleaved)
     old_batch = name.startswith("baseline")
     base = name.removeprefix("baseline").removeprefix("_") or "ours"
     base = base.removesuffix("_lt")
@@ -171,14 +174,18 @@ def build(preset: str, tokens: int, device: str, dtype: torch.dtype) -> tuple[Mo
     return runner, [chunk]
 
 
-def timed_ms(fn: Callable[[], object], cuda: bool, host: list[float] | None = None) -> float:
+def timed_ms(fn: Callable[[], object], cuda: bool, host: list[float] | None = None, sleep_cycles: int = 0) -> float:
     """GPU ms of fn (CUDA events); host, if given, gets the ms until fn returned (its enqueue time: where that
-    reaches the GPU time the prefill is host-bound, or a sync inside made the host wait)."""
+    reaches the GPU time the prefill is host-bound, or a sync inside made the host wait). sleep_cycles > 0:
+    the GPU first spins that long (torch.cuda._sleep), so a sync-free fn is wholly queued before its first
+    kernel starts and the events time the GPU's own work, without any gap the host causes."""
     start = time.perf_counter()
     if not cuda:
         fn()
         return (time.perf_counter() - start) * 1e3
     begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    if sleep_cycles:
+        torch.cuda._sleep(sleep_cycles)
     begin.record()
     fn()
     end.record()
@@ -186,6 +193,14 @@ def timed_ms(fn: Callable[[], object], cuda: bool, host: list[float] | None = No
         host.append((time.perf_counter() - start) * 1e3)
     end.synchronize()
     return begin.elapsed_time(end)
+
+
+def sleep_cycles(ms: float) -> int:
+    """GPU clock cycles of torch.cuda._sleep that last about `ms` (calibrated here)."""
+    cycles = 20_000_000
+    torch.cuda._sleep(cycles)  # untimed: clocks up
+    took = timed_ms(lambda: torch.cuda._sleep(cycles), True)
+    return int(cycles * ms / took)
 
 
 def host_syncs(runner: ModelRunner, chunks: list[PrefillChunk], name: str) -> dict:
@@ -204,6 +219,9 @@ def host_syncs(runner: ModelRunner, chunks: list[PrefillChunk], name: str) -> di
 
 def interleaved(runner: ModelRunner, chunks: list[PrefillChunk], names: list[str], rounds: int, reps: int,
                 cuda: bool) -> dict:
+    """Per variant the CUDA-event times of `reps` prefills a round; an `*_queued` variant is timed behind an
+    80 ms GPU sleep (timed_ms), i.e. the GPU's own time for that prefill."""
+    queued = sleep_cycles(80.0) if cuda and any(n.endswith("_queued") for n in names) else 0
     times: dict[str, list[float]] = {n: [] for n in names}
     hosts: dict[str, list[float]] = {n: [] for n in names}
     churn: dict[str, collections.Counter] = {n: collections.Counter() for n in names}
@@ -216,7 +234,9 @@ def interleaved(runner: ModelRunner, chunks: list[PrefillChunk], names: list[str
                 with variant(name):
                     runner.prefill(chunks)  # untimed: plans, caches
                     before = memory_counters() if cuda else {}
-                    times[name] += [timed_ms(lambda: runner.prefill(chunks), cuda, hosts[name]) for _ in range(reps)]
+                    cycles = queued if name.endswith("_queued") else 0
+                    times[name] += [timed_ms(lambda: runner.prefill(chunks), cuda, hosts[name], cycles)
+                                    for _ in range(reps)]
                     if cuda:
                         churn[name].update(counter_delta(before, memory_counters()))
             except Exception as exc:  # noqa: BLE001 -- a backend this device does not offer: recorded, others go on
@@ -304,6 +324,9 @@ def propose_entry(rows: dict, reps: int, config_name: str, dtype: torch.dtype) -
               zip(*([t[i:i + reps] for i in range(0, len(t), reps)] for t in (ours["times_ms"], cudnn["times_ms"])))]
     wins = sum(c < o for o, c in rounds)
     out = {"gain_ms": round(gain, 3), "spread_ms": round(spread, 3), "cudnn_wins_rounds": f"{wins}/{len(rounds)}"}
+    oq, cq = rows.get("ours_queued", {}), rows.get("cudnn_queued", {})
+    if "median_ms" in oq and "median_ms" in cq:  # the GPU's own times: the gain once no idle time is left
+        out["queued_gain_ms"] = round(oq["median_ms"] - cq["median_ms"], 3)
     if gain <= spread or wins < len(rounds):
         return {**out, "proposed": None, "why": "cuDNN not faster beyond the run's spread in every round"}
     c = get_preset(config_name)
@@ -359,6 +382,12 @@ def main() -> int:
     dtype = torch.bfloat16 if cuda else torch.float32
     tokens = args.tokens if cuda else 64
     out_dir = Path(os.environ.get("OUT") or "benchmarks/results")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / ("prefill_4096_cpu_dry.json" if args.dry_run else "prefill_4096_gpu.json")
+
+    def save() -> None:  # after every part: a later part that fails or runs out of time loses only itself
+        path.write_text(json.dumps(result, indent=1) + "\n")
+
     runner, chunks = build(preset, tokens, device, dtype)
     result: dict = {"date": time.strftime("%Y-%m-%d %H:%M"), "torch": torch.__version__, "tokens": tokens,
                     "model": f"{preset} (dummy weights, {str(dtype).removeprefix('torch.')})",
@@ -370,6 +399,17 @@ def main() -> int:
             print(f"prefill {tokens} {name:16s} " + (f"median {row['median_ms']:.2f} ms, min {row['min_ms']:.2f}, "
                                                      f"host enqueue {row['host_enqueue_ms'] or 0:.1f}"
                                                      if "median_ms" in row else row["error"]), flush=True)
+        if cuda:
+            try:
+                result["cudnn_proposal"] = prop = propose_entry({**result["prefill_ms"], "tokens": tokens}, args.reps,
+                                                                preset, dtype)
+            except Exception as exc:  # noqa: BLE001 -- the timings above still count
+                result["cudnn_proposal"] = prop = {"error": repr(exc)[:300]}
+            print("cudnn proposal:", {k: v for k, v in prop.items() if k != "proposed"},
+                  "entry proposed" if prop.get("proposed") else "no entry", flush=True)
+            if prop.get("proposed"):
+                (out_dir / "prefill_attention_configs.json").write_text(json.dumps(prop["proposed"], indent=1) + "\n")
+        save()
         result["logits_vs_ours"] = logits_agree(runner, chunks, args.variants)
         result["gap_timelines"] = {}
         for name in args.gaps:
@@ -381,14 +421,7 @@ def main() -> int:
                     result["gap_timelines"][key] = {"error": repr(exc)[:300]}
                     continue
                 print(f"gaps {key}: {short_text(t)}", flush=True)
-        if cuda:
-            result["cudnn_proposal"] = prop = propose_entry({**result["prefill_ms"], "tokens": tokens}, args.reps,
-                                                            preset, dtype)
-            print("cudnn proposal:", {k: v for k, v in prop.items() if k != "proposed"},
-                  "entry proposed" if prop.get("proposed") else "no entry", flush=True)
-            if prop.get("proposed"):
-                out_dir.mkdir(parents=True, exist_ok=True)
-                (out_dir / "prefill_attention_configs.json").write_text(json.dumps(prop["proposed"], indent=1) + "\n")
+                save()
         if cuda:
             result["host_syncs"] = {}
             for name in args.profile:
@@ -398,6 +431,7 @@ def main() -> int:
                     result["host_syncs"][name] = {"error": repr(exc)[:300]}
                     continue
                 print(f"host syncs {name}: {h['count']} {h['messages']}", flush=True)
+            save()
             result["profiles"] = {}
             for name in args.profile:
                 try:
@@ -408,14 +442,13 @@ def main() -> int:
                 print(f"profile {name}: wall {p['wall_ms_profiled']:.1f} ms, kernels {p['kernels_ms']:.1f}, gaps "
                       f"{p['gaps_ms']:.1f}; " + ", ".join(f"{g} {ms:.1f}" for g, ms in p["groups_ms"].items()),
                       flush=True)
+            save()
             del runner
             torch.cuda.empty_cache()
             result["gemms"] = g = gemm_shapes(preset, tokens, dtype)
             print("gemms alone, all layers (ms):", {k: round(v, 2) for k, v in g["all_layers_ms"].items()},
                   {n: round(s["cublas"]["tflops"]) for n, s in g["shapes"].items()}, flush=True)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / ("prefill_4096_cpu_dry.json" if args.dry_run else "prefill_4096_gpu.json")
-    path.write_text(json.dumps(result, indent=1) + "\n")
+    save()
     print(f"wrote {path}")
     return 0
 

@@ -3,7 +3,7 @@
 One prefill (then a device synchronize) runs under torch.profiler (CPU ops, CUDA kernels, CUDA runtime and
 driver calls; optionally Python frames through with_stack). From the Chrome trace:
 
-    window  |<------------------------- "measured": prefill() + torch.cuda.synchronize() ------------------->|
+    window  |<------------------------- "measured": "prefill" + torch.cuda.synchronize() -------------------->|
     host    |build_batch|emb L0 ... layer_done 0 ... layer_done 31 ... logits| (returns)        cudaDeviceSync |
     GPU     |   idle    |k k k k k  k k k  k  ...   (gap)  k k k ...  k k k k|                  |  idle       |
             ^ before_first_kernel                                             after_last_kernel ^
@@ -17,6 +17,8 @@ calls (cudaMalloc, cudaFree, cudaStreamSynchronize, cudaMemcpyAsync, ... with th
 the phase annotations and, with stacks, the innermost Python frames at the gap's middle. The summary splits
 the idle time into before the first kernel, inside the forward (by layer), and after the last kernel, and
 counts the runtime calls of the whole window (a cudaMalloc / cudaFree there is allocator churn).
+The profiler slows the host (every op and launch is recorded; Python frames much more so), so a "host late"
+gap here may not exist unprofiled: prefill_4096_gpu.py's `X` against `X_queued` is the unprofiled measure.
 """
 
 from __future__ import annotations
@@ -92,7 +94,8 @@ def trace(fn: Callable[[], None], with_stack: bool) -> tuple[list[dict], float]:
     with profile(activities=activities, with_stack=with_stack) as prof:
         start = time.perf_counter()
         with torch.profiler.record_function("measured"):
-            fn()
+            with torch.profiler.record_function("prefill"):
+                fn()
             if cuda:
                 torch.cuda.synchronize()
         wall = (time.perf_counter() - start) * 1e3
@@ -131,7 +134,7 @@ def _host_during(events: dict[str, list[dict]], a: float, b: float) -> dict:
                     key=lambda e: e["ts"])
     return {"runtime_us": top(events["host_calls"], 6), "cpu_ops_us": top(events["cpu_op"], 5),
             "phases": sorted({e["name"] for e in events["user_annotation"] if _overlap(e, a, b) > 0
-                              and not e["name"].startswith("layer_done")}),
+                              and e["name"] not in ("measured", "prefill") and not e["name"].startswith("layer_done")}),
             "python_innermost": [e["name"][:120] for e in frames[-6:]]}
 
 
@@ -179,9 +182,13 @@ def gap_timeline(events: list[dict], wall_ms: float, min_gap_us: float = 50.0, m
         calls[e["name"]][0] += 1
         calls[e["name"]][1] += e["dur"]
     before, after = busy[0][0] - w0, w1 - busy[-1][1]
+    enqueue = next((e["dur"] for e in by_cat["user_annotation"] if e["name"] == "prefill"), 0.0)
     listed = sorted(gaps, key=lambda g: -g["us"])[:max_listed]
     return {
         "wall_ms": round(wall_ms, 3), "window_ms": round((w1 - w0) / 1e3, 3),
+        "host_enqueue_ms": round(enqueue / 1e3, 3),  # profiled: the profiler slows the host (host_late gaps)
+        "host_phases_ms": {e["name"]: round(e["dur"] / 1e3, 3) for e in by_cat["user_annotation"]
+                           if e["name"].startswith("prefill.")},
         "gpu_busy_ms": round(sum(b - a for a, b in busy) / 1e3, 3),
         "summary_us": {"before_first_kernel": round(before, 1), "after_last_kernel": round(after, 1),
                        "inside_gaps_over_min": round(sum(g["us"] for g in gaps), 1),
@@ -200,7 +207,8 @@ def short_text(t: dict) -> str:
         return t["error"]
     s = t["summary_us"]
     worst = sorted(t["gaps"], key=lambda g: -g["us"])[:3]
-    return (f"window {t['window_ms']:.1f} ms, GPU busy {t['gpu_busy_ms']:.1f}; idle before first kernel "
+    return (f"window {t['window_ms']:.1f} ms, host enqueue {t['host_enqueue_ms']:.1f}, GPU busy "
+            f"{t['gpu_busy_ms']:.1f}; idle before first kernel "
             f"{s['before_first_kernel'] / 1e3:.2f} ms, inside {s['inside_gaps_over_min'] / 1e3:.2f} in "
             f"{s['count_over_min']} gaps >= {s['min_gap_us']:.0f} us (+{s['inside_gaps_under_min'] / 1e3:.2f} in "
             f"smaller), after last {s['after_last_kernel'] / 1e3:.2f}; largest: "
