@@ -4,7 +4,8 @@
     OUT=/some/dir python benchmarks/prefill_4096_gpu.py [--rounds 4] [--reps 5] [--variants ours cudnn ...]
     python benchmarks/prefill_4096_gpu.py --dry-run          # CPU check of the plumbing (tiny model, ref path)
 
-Variants (selected here only, by patching the dispatcher's module attributes; the product is unchanged):
+Variants (selected here only, by patching module attributes of the dispatcher and the runner; the product is
+unchanged):
     ours             our Triton prefill attention (what ships: no SDPA table entry)
     cudnn            the shipped SDPA dispatch with a cuDNN entry: one call per prompt on the views of the fused
                      qkv buffer (q/k/v strides 6,144 per token), output copied into a packed buffer
@@ -26,11 +27,13 @@ torch.profiler: GPU time per kernel, grouped (gemm, attention, norms, rope
 / kv write, silu_and_mul, copies, other) and the wall minus the kernels' sum (launch gaps, host syncs); and the
 four prefill GEMM shapes alone (M = 4,096) through cuBLAS and cuBLASLt, as TFLOP/s. The FLOP floor (~92 ms)
 is 2 x 6.98e9 x 4,096 linear FLOPs + attention at the measured rates.
---gaps: per profiled variant the GPU's idle intervals in one prefill and what the host ran meanwhile
-(benchmarks/prefill_gaps.py), without and with Python stacks, and the caching allocator's counters around the
-timed reps (cudaMalloc / cudaFree / retries: allocator churn). proposed_entry: the tuning.PREFILL_PATH entry
-for cuDNN on whole prompts of >= --tokens when cudnn's median beats ours by more than both spreads (else why not).
-Writes prefill_4096_gpu.json to $OUT (else benchmarks/results/).
+Per variant also the caching allocator's counters over its timed reps (prefill_ms.X.allocator_delta_over_
+timed_reps: cudaMalloc / cudaFree / retries, i.e. allocator churn). --gaps X ...: X's gap timeline, the GPU's
+idle intervals in one prefill and what the host ran meanwhile (benchmarks/prefill_gaps.py; gap_timelines.X
+and, with Python frames, gap_timelines.X_with_stack). cudnn_proposal: a tuning.PREFILL_PATH entry for cuDNN on
+whole prompts of >= --tokens where cudnn's median beats ours by more than the larger interquartile range and
+in every round (also written as $OUT/prefill_attention_configs.json), else the numbers and why not.
+Writes prefill_4096_gpu.json to $OUT (else benchmarks/results/), after every part.
 """
 
 from __future__ import annotations
