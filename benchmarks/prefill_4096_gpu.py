@@ -16,7 +16,7 @@ unchanged):
     *_lt             the same with torch.backends.cuda.preferred_blas_library("cublaslt") for the GEMMs
     X_queued         variant X timed behind an 80 ms GPU sleep: all of it queued before its first kernel, so
                      the GPU's own time (X minus X_queued: the idle time the host causes, unprofiled)
-    baseline[_X]     variant X (default ours) with the batch built by build_prefill_batch_baseline below: the
+    baseline[_X]     variant X (default ours) with the batch built by benchmarks/prefill_baseline_batch.py: the
                      product's before the pinned, non_blocking staging (7 pageable .to(device) copies, each a
                      host sync), so one run times before and after side by side
 Variants run interleaved, round by round (each round: every variant --reps times after one untimed call), so
@@ -52,15 +52,16 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
+from prefill_baseline_batch import build_prefill_batch_baseline
+from prefill_cudnn_proposal import propose_entry
 from prefill_gaps import GPU_CATS, annotated, counter_delta, gap_timeline, memory_counters, short_text, trace
 
 from pdserve.engine import runner as runner_module
-from pdserve.engine.attention_metadata import PrefillBatch, PrefillChunk, _check_covers
+from pdserve.engine.attention_metadata import PrefillChunk
 from pdserve.engine.config import CacheConfig
 from pdserve.engine.presets import get_preset
 from pdserve.engine.runner import ModelRunner
 from pdserve.engine.weights.dummy import dummy_weights
-from pdserve.kernels.prefill_attention import PrefillShape
 
 dispatcher = importlib.import_module("pdserve.kernels.prefill_attention")  # the module (the package exports the function)
 PAGE = 16
@@ -101,41 +102,6 @@ def sdpa_contiguous(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_lens: t
             out[rows] = o[0].transpose(0, 1)
             start += n
     return out
-
-
-def build_prefill_batch_baseline(chunks: list[PrefillChunk], block_size: int, device: torch.device) -> PrefillBatch:
-    """BASELINE, benchmark only: engine/attention_metadata.py's build_prefill_batch as it was before the pinned
-    staging (main at 5f7bc8d): CPU torch ops, then 7 pageable .to(device) copies (each one a host sync)."""
-    lengths = [len(c.token_ids) for c in chunks]
-    for i, c in enumerate(chunks):
-        _check_covers(f"prefill chunk {i}", c.block_table, c.start_pos + lengths[i], block_size)
-    lens = torch.tensor(lengths)
-    seq_index = torch.repeat_interleave(torch.arange(len(chunks)), lens)
-    cu = torch.zeros(len(chunks) + 1, dtype=torch.int32)
-    cu[1:] = torch.cumsum(lens, 0)
-    starts = torch.tensor([c.start_pos for c in chunks])
-    positions = starts[seq_index] + torch.arange(int(cu[-1])) - cu[:-1].long()[seq_index]
-    width = max(1, max(len(c.block_table) for c in chunks))
-    block_tables = torch.tensor([[*c.block_table] + [0] * (width - len(c.block_table)) for c in chunks],
-                                dtype=torch.int32)
-    slots = block_tables[seq_index, positions // block_size].long() * block_size + positions % block_size
-    if any(c.all_logits for c in chunks):
-        ends = cu.tolist()
-        last_rows = torch.tensor([r for i, c in enumerate(chunks)
-                                  for r in (range(ends[i], ends[i + 1]) if c.all_logits
-                                            else [ends[i + 1] - 1] if c.need_logits else [])], dtype=torch.long)
-    else:
-        last_rows = (cu[1:].long() - 1)[torch.tensor([c.need_logits for c in chunks])]
-    return PrefillBatch(
-        input_ids=torch.tensor([t for c in chunks for t in c.token_ids]).to(device),
-        positions=positions.to(device),
-        slot_mapping=slots.to(device),
-        cu_seqlens_q=cu.to(device),
-        seq_lens=(starts + lens).to(torch.int32).to(device),
-        block_tables=block_tables.to(device),
-        logits_indices=last_rows.to(device),
-        shape=PrefillShape(tuple(lengths), any(c.start_pos > 0 for c in chunks)),
-    )
 
 
 SHIPPED_SDPA = dispatcher.prefill_attention_sdpa
@@ -309,38 +275,6 @@ def gaps(runner: ModelRunner, chunks: list[PrefillChunk], name: str, with_stack:
         if torch.cuda.is_available():
             out["allocator_delta"] = counter_delta(before, memory_counters())
     return out
-
-
-def _iqr(xs: list[float]) -> float:
-    q = statistics.quantiles(xs, n=4)
-    return q[2] - q[0]
-
-
-def propose_entry(rows: dict, reps: int, config_name: str, dtype: torch.dtype) -> dict:
-    """cuDNN for whole uncached prompts of >= this run's length, if its median beats ours by more than the
-    larger interquartile range and it wins every round (round medians); else the numbers and why not."""
-    ours, cudnn = rows.get("ours", {}), rows.get("cudnn", {})
-    if "median_ms" not in ours or "median_ms" not in cudnn:
-        return {"proposed": None, "why": "ours or cudnn did not run"}
-    gain, spread = ours["median_ms"] - cudnn["median_ms"], max(_iqr(ours["times_ms"]), _iqr(cudnn["times_ms"]))
-    rounds = [(statistics.median(o), statistics.median(c)) for o, c in
-              zip(*([t[i:i + reps] for i in range(0, len(t), reps)] for t in (ours["times_ms"], cudnn["times_ms"])))]
-    wins = sum(c < o for o, c in rounds)
-    out = {"gain_ms": round(gain, 3), "spread_ms": round(spread, 3), "cudnn_wins_rounds": f"{wins}/{len(rounds)}"}
-    oq, cq = rows.get("ours_queued", {}), rows.get("cudnn_queued", {})
-    if "median_ms" in oq and "median_ms" in cq:  # the GPU's own times: the gain once no idle time is left
-        out["queued_gain_ms"] = round(oq["median_ms"] - cq["median_ms"], 3)
-    if gain <= spread or wins < len(rounds):
-        return {**out, "proposed": None, "why": "cuDNN not faster beyond the run's spread in every round"}
-    c = get_preset(config_name)
-    from pdserve.kernels.tuning import prefill_key
-
-    key = prefill_key(torch.cuda.get_device_name(), dtype, c.num_heads, c.num_kv_heads, c.head_dim)
-    entry = {"backend": "cudnn", "min_tokens": rows["tokens"], "max_seqs": 1, "date": time.strftime("%Y-%m-%d"),
-             "command": "bash benchmarks/prefill_gaps_h200.sh (benchmarks/prefill_4096_gpu.py)",
-             "measured": {"ours_ms": round(ours["median_ms"], 3), "cudnn_ms": round(cudnn["median_ms"], 3)}}
-    return {**out, "proposed": {"version": 1, "entries": {key: entry}},
-            "why": "min_tokens is this run's prompt length only; shorter prompts: benchmarks/prefill_attention_sdpa.py"}
 
 
 def gemm_shapes(config_name: str, tokens: int, dtype: torch.dtype) -> dict:

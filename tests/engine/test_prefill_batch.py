@@ -91,6 +91,18 @@ def test_prompt_logprob_rows_and_sampled_rows_agree(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_batch_equals_cpu_batch() -> None:
+    """Pinned staging, non_blocking copies, many batches in flight: what lands on the device is the host's."""
+    mixes = [random_chunks(random.Random(seed)) for seed in range(50)]
+    on_device = [build_prefill_batch(chunks, BLOCK, torch.device("cuda")) for chunks in mixes]  # no sync between
+    for chunks, got in zip(mixes, on_device, strict=True):
+        want = build_prefill_batch(chunks, BLOCK, torch.device("cpu"))
+        for name in ("input_ids", "positions", "slot_mapping", "cu_seqlens_q", "seq_lens", "block_tables",
+                     "logits_indices"):
+            assert torch.equal(getattr(got, name).cpu(), getattr(want, name)), name
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_prefill_never_syncs_the_host() -> None:
     config = get_preset("smollm2-135m")
     runner = ModelRunner(config, CacheConfig(num_blocks=64, block_size=16),
