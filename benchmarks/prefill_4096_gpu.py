@@ -4,7 +4,8 @@
     OUT=/some/dir python benchmarks/prefill_4096_gpu.py [--rounds 4] [--reps 5] [--variants ours cudnn ...]
     python benchmarks/prefill_4096_gpu.py --dry-run          # CPU check of the plumbing (tiny model, ref path)
 
-Variants (selected here only, by patching the dispatcher's module attributes; the product is unchanged):
+Variants (selected here only, by patching module attributes of the dispatcher and the runner; the product is
+unchanged):
     ours             our Triton prefill attention (what ships: no SDPA table entry)
     cudnn            the shipped SDPA dispatch with a cuDNN entry: one call per prompt on the views of the fused
                      qkv buffer (q/k/v strides 6,144 per token), output copied into a packed buffer
@@ -13,6 +14,11 @@ Variants (selected here only, by patching the dispatcher's module attributes; th
                      copies once; is it the extra copy?)
     flash            FlashAttention through SDPA on the views
     *_lt             the same with torch.backends.cuda.preferred_blas_library("cublaslt") for the GEMMs
+    X_queued         variant X timed behind an 80 ms GPU sleep: all of it queued before its first kernel, so
+                     the GPU's own time (X minus X_queued: the idle time the host causes, unprofiled)
+    baseline[_X]     variant X (default ours) with the batch built by benchmarks/prefill_baseline_batch.py: the
+                     product's before the pinned, non_blocking staging (7 pageable .to(device) copies, each a
+                     host sync), so one run times before and after side by side
 Variants run interleaved, round by round (each round: every variant --reps times after one untimed call), so
 clock or thermal drift over the run lands on all of them alike; per variant the median over all its reps.
 Per variant also the host's enqueue time (until prefill() returned) and, for the profiled ones, the
@@ -21,7 +27,13 @@ torch.profiler: GPU time per kernel, grouped (gemm, attention, norms, rope
 / kv write, silu_and_mul, copies, other) and the wall minus the kernels' sum (launch gaps, host syncs); and the
 four prefill GEMM shapes alone (M = 4,096) through cuBLAS and cuBLASLt, as TFLOP/s. The FLOP floor (~92 ms)
 is 2 x 6.98e9 x 4,096 linear FLOPs + attention at the measured rates.
-Writes prefill_4096_gpu.json to $OUT (else benchmarks/results/).
+Per variant also the caching allocator's counters over its timed reps (prefill_ms.X.allocator_delta_over_
+timed_reps: cudaMalloc / cudaFree / retries, i.e. allocator churn). --gaps X ...: X's gap timeline, the GPU's
+idle intervals in one prefill and what the host ran meanwhile (benchmarks/prefill_gaps.py; gap_timelines.X
+and, with Python frames, gap_timelines.X_with_stack). cudnn_proposal: a tuning.PREFILL_PATH entry for cuDNN on
+whole prompts of >= --tokens where cudnn's median beats ours by more than the larger interquartile range and
+in every round (also written as $OUT/prefill_attention_configs.json), else the numbers and why not.
+Writes prefill_4096_gpu.json to $OUT (else benchmarks/results/), after every part.
 """
 
 from __future__ import annotations
@@ -40,7 +52,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
+from prefill_baseline_batch import build_prefill_batch_baseline
+from prefill_cudnn_proposal import propose_entry
+from prefill_gaps import GPU_CATS, annotated, counter_delta, gap_timeline, memory_counters, short_text, trace
 
+from pdserve.engine import runner as runner_module
 from pdserve.engine.attention_metadata import PrefillChunk
 from pdserve.engine.config import CacheConfig
 from pdserve.engine.presets import get_preset
@@ -90,24 +106,31 @@ def sdpa_contiguous(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_lens: t
 
 SHIPPED_SDPA = dispatcher.prefill_attention_sdpa
 SHIPPED_ENTRY = dispatcher.sdpa_entry
+SHIPPED_BUILD = runner_module.build_prefill_batch
 
 
 @contextlib.contextmanager
 def variant(name: str) -> Iterator[None]:
-    """Patch the dispatcher (and the BLAS library) for one variant; restore on exit."""
-    base = name.removesuffix("_lt")
+    """Patch the dispatcher, the batch build and the BLAS library for one variant; restore on exit."""
+    name = name.removesuffix("_queued")  # how it is timed, not what runs (interleaved)
+    old_batch = name.startswith("baseline")
+    base = name.removeprefix("baseline").removeprefix("_") or "ours"
+    base = base.removesuffix("_lt")
     backend = {"ours": None, "flash": "flash"}.get(base, "cudnn")
     entry = None if backend is None else {"backend": backend, "min_tokens": 1, "max_seqs": 1}
     sdpa = {"cudnn_contig": sdpa_contiguous, "cudnn_nocopy": sdpa_views_nocopy}.get(base, SHIPPED_SDPA)
     blas = torch.backends.cuda.preferred_blas_library() if torch.cuda.is_available() else None
     dispatcher.sdpa_entry = lambda *args: entry
     dispatcher.prefill_attention_sdpa = sdpa
+    if old_batch:
+        runner_module.build_prefill_batch = build_prefill_batch_baseline
     try:
         if name.endswith("_lt") and blas is not None:
             torch.backends.cuda.preferred_blas_library("cublaslt")
         yield
     finally:
         dispatcher.sdpa_entry, dispatcher.prefill_attention_sdpa = SHIPPED_ENTRY, SHIPPED_SDPA
+        runner_module.build_prefill_batch = SHIPPED_BUILD
         if blas is not None:
             torch.backends.cuda.preferred_blas_library(blas)
 
@@ -120,14 +143,18 @@ def build(preset: str, tokens: int, device: str, dtype: torch.dtype) -> tuple[Mo
     return runner, [chunk]
 
 
-def timed_ms(fn: Callable[[], object], cuda: bool, host: list[float] | None = None) -> float:
+def timed_ms(fn: Callable[[], object], cuda: bool, host: list[float] | None = None, sleep_cycles: int = 0) -> float:
     """GPU ms of fn (CUDA events); host, if given, gets the ms until fn returned (its enqueue time: where that
-    reaches the GPU time the prefill is host-bound, or a sync inside made the host wait)."""
+    reaches the GPU time the prefill is host-bound, or a sync inside made the host wait). sleep_cycles > 0:
+    the GPU first spins that long (torch.cuda._sleep), so a sync-free fn is wholly queued before its first
+    kernel starts and the events time the GPU's own work, without any gap the host causes."""
     start = time.perf_counter()
     if not cuda:
         fn()
         return (time.perf_counter() - start) * 1e3
     begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    if sleep_cycles:
+        torch.cuda._sleep(sleep_cycles)
     begin.record()
     fn()
     end.record()
@@ -135,6 +162,14 @@ def timed_ms(fn: Callable[[], object], cuda: bool, host: list[float] | None = No
         host.append((time.perf_counter() - start) * 1e3)
     end.synchronize()
     return begin.elapsed_time(end)
+
+
+def sleep_cycles(ms: float) -> int:
+    """GPU clock cycles of torch.cuda._sleep that last about `ms` (calibrated here)."""
+    cycles = 20_000_000
+    torch.cuda._sleep(cycles)  # untimed: clocks up
+    took = timed_ms(lambda: torch.cuda._sleep(cycles), True)
+    return int(cycles * ms / took)
 
 
 def host_syncs(runner: ModelRunner, chunks: list[PrefillChunk], name: str) -> dict:
@@ -153,8 +188,12 @@ def host_syncs(runner: ModelRunner, chunks: list[PrefillChunk], name: str) -> di
 
 def interleaved(runner: ModelRunner, chunks: list[PrefillChunk], names: list[str], rounds: int, reps: int,
                 cuda: bool) -> dict:
+    """Per variant the CUDA-event times of `reps` prefills a round; an `*_queued` variant is timed behind an
+    80 ms GPU sleep (timed_ms), i.e. the GPU's own time for that prefill."""
+    queued = sleep_cycles(80.0) if cuda and any(n.endswith("_queued") for n in names) else 0
     times: dict[str, list[float]] = {n: [] for n in names}
     hosts: dict[str, list[float]] = {n: [] for n in names}
+    churn: dict[str, collections.Counter] = {n: collections.Counter() for n in names}
     errors: dict[str, str] = {}
     for _ in range(rounds):
         for name in names:
@@ -163,11 +202,17 @@ def interleaved(runner: ModelRunner, chunks: list[PrefillChunk], names: list[str
             try:
                 with variant(name):
                     runner.prefill(chunks)  # untimed: plans, caches
-                    times[name] += [timed_ms(lambda: runner.prefill(chunks), cuda, hosts[name]) for _ in range(reps)]
+                    before = memory_counters() if cuda else {}
+                    cycles = queued if name.endswith("_queued") else 0
+                    times[name] += [timed_ms(lambda: runner.prefill(chunks), cuda, hosts[name], cycles)
+                                    for _ in range(reps)]
+                    if cuda:
+                        churn[name].update(counter_delta(before, memory_counters()))
             except Exception as exc:  # noqa: BLE001 -- a backend this device does not offer: recorded, others go on
                 errors[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
     out = {n: {"median_ms": statistics.median(t), "min_ms": min(t), "times_ms": [round(x, 3) for x in t],
-               "host_enqueue_ms": statistics.median(hosts[n]) if hosts[n] else None}
+               "host_enqueue_ms": statistics.median(hosts[n]) if hosts[n] else None,
+               "allocator_delta_over_timed_reps": dict(churn[n])}
            for n, t in times.items() if t}
     for name, err in errors.items():
         out[name] = {"error": err}
@@ -218,6 +263,20 @@ def kernel_profile(runner: ModelRunner, chunks: list[PrefillChunk], name: str) -
             "groups_ms": dict(sorted(groups.items(), key=lambda kv: -kv[1])), "top_kernels": top}
 
 
+def gaps(runner: ModelRunner, chunks: list[PrefillChunk], name: str, with_stack: bool) -> dict:
+    """One prefill's gap timeline (benchmarks/prefill_gaps.py) and the allocator's counters around it."""
+    with variant(name), annotated(runner, runner_module) as layer_done:
+        runner.prefill(chunks, layer_done)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        before = memory_counters() if torch.cuda.is_available() else {}
+        events, wall = trace(lambda: runner.prefill(chunks, layer_done), with_stack)
+        out = gap_timeline(events, wall, busy_cats=GPU_CATS if torch.cuda.is_available() else {"cpu_op"})
+        if torch.cuda.is_available():
+            out["allocator_delta"] = counter_delta(before, memory_counters())
+    return out
+
+
 def gemm_shapes(config_name: str, tokens: int, dtype: torch.dtype) -> dict:
     """The prefill's four GEMM shapes alone (x [M, K] @ W[N, K].T), cuBLAS and cuBLASLt, CUDA-event medians."""
     c = get_preset(config_name)
@@ -252,6 +311,7 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=4096)
     parser.add_argument("--profile", nargs="*", default=["ours", "cudnn", "cudnn_contig"],
                         help="variants profiled kernel by kernel")
+    parser.add_argument("--gaps", nargs="*", default=[], help="variants whose GPU idle intervals are traced")
     parser.add_argument("--dry-run", action="store_true", help="CPU: tiny model, the reference path")
     args = parser.parse_args()
     cuda = not args.dry_run
@@ -259,6 +319,12 @@ def main() -> int:
     dtype = torch.bfloat16 if cuda else torch.float32
     tokens = args.tokens if cuda else 64
     out_dir = Path(os.environ.get("OUT") or "benchmarks/results")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / ("prefill_4096_cpu_dry.json" if args.dry_run else "prefill_4096_gpu.json")
+
+    def save() -> None:  # after every part: a later part that fails or runs out of time loses only itself
+        path.write_text(json.dumps(result, indent=1) + "\n")
+
     runner, chunks = build(preset, tokens, device, dtype)
     result: dict = {"date": time.strftime("%Y-%m-%d %H:%M"), "torch": torch.__version__, "tokens": tokens,
                     "model": f"{preset} (dummy weights, {str(dtype).removeprefix('torch.')})",
@@ -270,7 +336,29 @@ def main() -> int:
             print(f"prefill {tokens} {name:16s} " + (f"median {row['median_ms']:.2f} ms, min {row['min_ms']:.2f}, "
                                                      f"host enqueue {row['host_enqueue_ms'] or 0:.1f}"
                                                      if "median_ms" in row else row["error"]), flush=True)
+        if cuda:
+            try:
+                result["cudnn_proposal"] = prop = propose_entry({**result["prefill_ms"], "tokens": tokens}, args.reps,
+                                                                preset, dtype)
+            except Exception as exc:  # noqa: BLE001 -- the timings above still count
+                result["cudnn_proposal"] = prop = {"error": repr(exc)[:300]}
+            print("cudnn proposal:", {k: v for k, v in prop.items() if k != "proposed"},
+                  "entry proposed" if prop.get("proposed") else "no entry", flush=True)
+            if prop.get("proposed"):
+                (out_dir / "prefill_attention_configs.json").write_text(json.dumps(prop["proposed"], indent=1) + "\n")
+        save()
         result["logits_vs_ours"] = logits_agree(runner, chunks, args.variants)
+        result["gap_timelines"] = {}
+        for name in args.gaps:
+            for stack in (False, True):
+                key = f"{name}{'_with_stack' if stack else ''}"
+                try:
+                    result["gap_timelines"][key] = t = gaps(runner, chunks, name, stack)
+                except Exception as exc:  # noqa: BLE001 -- the timings above still count
+                    result["gap_timelines"][key] = {"error": repr(exc)[:300]}
+                    continue
+                print(f"gaps {key}: {short_text(t)}", flush=True)
+                save()
         if cuda:
             result["host_syncs"] = {}
             for name in args.profile:
@@ -280,6 +368,7 @@ def main() -> int:
                     result["host_syncs"][name] = {"error": repr(exc)[:300]}
                     continue
                 print(f"host syncs {name}: {h['count']} {h['messages']}", flush=True)
+            save()
             result["profiles"] = {}
             for name in args.profile:
                 try:
@@ -290,14 +379,13 @@ def main() -> int:
                 print(f"profile {name}: wall {p['wall_ms_profiled']:.1f} ms, kernels {p['kernels_ms']:.1f}, gaps "
                       f"{p['gaps_ms']:.1f}; " + ", ".join(f"{g} {ms:.1f}" for g, ms in p["groups_ms"].items()),
                       flush=True)
+            save()
             del runner
             torch.cuda.empty_cache()
             result["gemms"] = g = gemm_shapes(preset, tokens, dtype)
             print("gemms alone, all layers (ms):", {k: round(v, 2) for k, v in g["all_layers_ms"].items()},
                   {n: round(s["cublas"]["tflops"]) for n, s in g["shapes"].items()}, flush=True)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / ("prefill_4096_cpu_dry.json" if args.dry_run else "prefill_4096_gpu.json")
-    path.write_text(json.dumps(result, indent=1) + "\n")
+    save()
     print(f"wrote {path}")
     return 0
 

@@ -15,9 +15,11 @@ bucket); padded rows have slot -1 (nothing written) and seq_len 0 (attention yie
 from __future__ import annotations
 
 import bisect
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from pdserve.engine.decode_staging import HostStaging
@@ -82,43 +84,75 @@ def _check_covers(what: str, block_table: Sequence[int], num_tokens: int, block_
         )
 
 
-def _pad_rows(rows: list[Sequence[int]]) -> torch.Tensor:
-    width = max(1, max(len(r) for r in rows))
-    return torch.tensor([[*r] + [0] * (width - len(r)) for r in rows], dtype=torch.int32)
+_ALIGN = 16  # elements: every packed segment starts 64/128 bytes in, as 16-byte aligned as a fresh allocation
+# (Triton compiles per pointer alignment class: kernels/specialization.py; the warm-up's keys must hold)
+
+
+def _segments(sizes: list[int]) -> tuple[list[int], int]:
+    """Offsets of consecutive segments of `sizes` elements, each rounded up to _ALIGN, and the total."""
+    offsets, total = [], 0
+    for n in sizes:
+        offsets.append(total)
+        total += -(-n // _ALIGN) * _ALIGN
+    return offsets, max(total, _ALIGN)
+
+
+def _logit_rows(chunks: list[PrefillChunk], ends: np.ndarray) -> np.ndarray:
+    """Packed rows whose logits are computed: the last of each chunk that needs them, every row of an
+    `all_logits` chunk; `ends[i]` is chunk i's end row (exclusive)."""
+    rows = [np.arange(ends[i] - len(c.token_ids), ends[i]) if c.all_logits else ends[i:i + 1] - 1
+            for i, c in enumerate(chunks) if c.all_logits or c.need_logits]
+    return np.concatenate(rows) if rows else np.zeros(0, dtype=np.int64)
 
 
 def build_prefill_batch(chunks: list[PrefillChunk], block_size: int, device: torch.device) -> PrefillBatch:
+    """The packed tensors, computed on the host (numpy) into one int64 and one int32 buffer, each moved by
+    one copy. On CUDA the buffers are pinned and copied non_blocking, so building a batch never waits for
+    the GPU: the 7 pageable `.to(device)` copies this replaced each synchronized the host with the device
+    (set_sync_debug_mode counted them; benchmarks/prefill_4096_gpu.py). The pinned blocks come from torch's
+    caching host allocator, which records each copy's event and hands a block out again only once that copy
+    completed: refilling can never race a queued copy. The device tensors are views of two allocations."""
     if not chunks:
         raise ValueError("a prefill batch needs at least one chunk")
-    lengths = [len(c.token_ids) for c in chunks]
+    lengths = np.array([len(c.token_ids) for c in chunks], dtype=np.int64)
     for i, c in enumerate(chunks):
-        if not c.token_ids:
+        if not len(c.token_ids):
             raise ValueError(f"prefill chunk {i} has no tokens (start_pos {c.start_pos})")
-        _check_covers(f"prefill chunk {i}", c.block_table, c.start_pos + lengths[i], block_size)
-    lens = torch.tensor(lengths)
-    seq_index = torch.repeat_interleave(torch.arange(len(chunks)), lens)
-    cu = torch.zeros(len(chunks) + 1, dtype=torch.int32)
-    cu[1:] = torch.cumsum(lens, 0)
-    starts = torch.tensor([c.start_pos for c in chunks])
-    positions = starts[seq_index] + torch.arange(int(cu[-1])) - cu[:-1].long()[seq_index]
-    block_tables = _pad_rows([c.block_table for c in chunks])
-    slots = block_tables[seq_index, positions // block_size].long() * block_size + positions % block_size
-    if any(c.all_logits for c in chunks):
-        ends = cu.tolist()
-        last_rows = torch.tensor([r for i, c in enumerate(chunks)
-                                  for r in (range(ends[i], ends[i + 1]) if c.all_logits
-                                            else [ends[i + 1] - 1] if c.need_logits else [])], dtype=torch.long)
-    else:
-        last_rows = (cu[1:].long() - 1)[torch.tensor([c.need_logits for c in chunks])]
+        _check_covers(f"prefill chunk {i}", c.block_table, c.start_pos + int(lengths[i]), block_size)
+    b, t = len(chunks), int(lengths.sum())
+    ends = np.cumsum(lengths)
+    logit_rows = _logit_rows(chunks, ends)
+    width = max(1, max(len(c.block_table) for c in chunks))
+    off64, size64 = _segments([t, t, t, len(logit_rows)])  # input_ids, positions, slot_mapping, logits_indices
+    off32, size32 = _segments([b + 1, b, b * width])  # cu_seqlens_q, seq_lens, block_tables
+    pinned = torch.device(device).type == "cuda"
+    host64 = torch.empty(size64, dtype=torch.int64, pin_memory=pinned)
+    host32 = torch.empty(size32, dtype=torch.int32, pin_memory=pinned)
+    a64, a32 = host64.numpy(), host32.numpy()
+    ids, pos, slots = (a64[o:o + t] for o in off64[:3])
+    a64[off64[3]:off64[3] + len(logit_rows)] = logit_rows
+    cu, seq_lens = a32[off32[0]:off32[0] + b + 1], a32[off32[1]:off32[1] + b]
+    table = a32[off32[2]:off32[2] + b * width].reshape(b, width)
+    ids[:] = np.fromiter(itertools.chain.from_iterable(c.token_ids for c in chunks), dtype=np.int64, count=t)
+    cu[0], cu[1:] = 0, ends
+    starts = np.array([c.start_pos for c in chunks], dtype=np.int64)
+    seq_index = np.repeat(np.arange(b), lengths)
+    pos[:] = np.arange(t) + (starts - (ends - lengths))[seq_index]
+    table[:] = 0
+    for i, c in enumerate(chunks):
+        table[i, :len(c.block_table)] = c.block_table
+    slots[:] = table[seq_index, pos // block_size].astype(np.int64) * block_size + pos % block_size
+    seq_lens[:] = starts + lengths
+    dev64, dev32 = host64.to(device, non_blocking=pinned), host32.to(device, non_blocking=pinned)
     return PrefillBatch(
-        input_ids=torch.tensor([t for c in chunks for t in c.token_ids]).to(device),
-        positions=positions.to(device),
-        slot_mapping=slots.to(device),
-        cu_seqlens_q=cu.to(device),
-        seq_lens=(starts + lens).to(torch.int32).to(device),
-        block_tables=block_tables.to(device),
-        logits_indices=last_rows.to(device),
-        shape=PrefillShape(tuple(lengths), any(c.start_pos > 0 for c in chunks)),
+        input_ids=dev64[off64[0]:off64[0] + t],
+        positions=dev64[off64[1]:off64[1] + t],
+        slot_mapping=dev64[off64[2]:off64[2] + t],
+        cu_seqlens_q=dev32[off32[0]:off32[0] + b + 1],
+        seq_lens=dev32[off32[1]:off32[1] + b],
+        block_tables=dev32[off32[2]:off32[2] + b * width].view(b, width),
+        logits_indices=dev64[off64[3]:off64[3] + len(logit_rows)],
+        shape=PrefillShape(tuple(int(n) for n in lengths), any(c.start_pos > 0 for c in chunks)),
     )
 
 

@@ -115,7 +115,10 @@ class ModelRunner:
             if c.need_logits:
                 sampled.append(offset + width - 1)
             offset += width
-        return PrefillOutput(logits[sampled], indices, num_tokens, rows)
+        index = torch.tensor(sampled)
+        if self.device.type == "cuda":  # a list index would be a pageable copy, a host sync
+            index = index.pin_memory().to(self.device, non_blocking=True)
+        return PrefillOutput(logits[index], indices, num_tokens, rows)
 
     def prefill_warm_up_batches(self, max_tokens: int) -> list[list[PrefillChunk]]:
         """The warm-up's batches for a token budget of `max_tokens` (engine/prefill_warm_up.py)."""

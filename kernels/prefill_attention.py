@@ -25,9 +25,14 @@ CUDA everything is the reference. Where each wins on the H200, measured side by 
   gives attention 13.0 ms of ours against 10.0 of cuDNN's, but also 10.7-16 ms a prefill in which no kernel
   runs (GEMMs 74.1 ms; the 4,096-token prefill's kernels sum to 92.8 ms), so the 3 ms the attention saves
   mostly turns into idle time. 1.2 ms (1 %) is within the run's spread, so no table entry ships and ours
-  runs everywhere; the idle time is the larger lever (not traced further). An fp8 cache never
-goes to SDPA: k and v are the unquantized values, and attending to them would give a prompt other numbers
-than its decode steps, which read the fp8 cache.
+  runs everywhere; the idle time is the larger lever. Where it goes, and the same prefill before and after
+  the batch build stopped syncing (pinned, non_blocking staging: engine/attention_metadata.py), with cuDNN on
+  top: `OUT=dir bash benchmarks/prefill_gaps_h200.sh` (prefill_4096_gpu.json: prefill_ms, gap_timelines,
+  cudnn_proposal).
+  <!-- numbers: after the H200 run of benchmarks/prefill_gaps_h200.sh (baseline / ours / cudnn medians, idle
+  before the first kernel and inside the forward, whether cuDNN then wins beyond the spread) -->
+An fp8 cache never goes to SDPA: k and v are the unquantized values, and attending to them would give a
+prompt other numbers than its decode steps, which read the fp8 cache.
 """
 
 from __future__ import annotations
