@@ -29,8 +29,16 @@ CUDA everything is the reference. Where each wins on the H200, measured side by 
   the batch build stopped syncing (pinned, non_blocking staging: engine/attention_metadata.py), with cuDNN on
   top: `OUT=dir bash benchmarks/prefill_gaps_h200.sh` (prefill_4096_gpu.json: prefill_ms, gap_timelines,
   cudnn_proposal).
-  <!-- numbers: after the H200 run of benchmarks/prefill_gaps_h200.sh (baseline / ours / cudnn medians, idle
-  before the first kernel and inside the forward, whether cuDNN then wins beyond the spread) -->
+  That run (2026-12-02, results/prefill_4096_gpu.json, 5 rounds x 5 reps interleaved): the old build
+  (baseline) 101.95 ms median, ours 104.81, cuDNN 100.38; the same queued behind a GPU sleep, so that no host
+  delay shows (the GPU's own time): ours 94.21, cuDNN 91.23. The batch build's host syncs went 7 -> 0 and the
+  profiled idle before the first kernel 9.9 -> 3.8 ms (the build itself, then layer 0's launches arriving later
+  than its short kernels end); 1.1-2.0 ms more idle inside the forward. cuDNN won all 5 rounds (4.4 ms, under
+  the 7.1 ms spread; 3.0 ms queued), its attention 10.1 ms of the prefill against ours 14.5. Still no entry
+  ships, for another reason: cuDNN builds an execution plan for each new prompt length on its first use, 47-52
+  ms at 512-8,192 tokens (first_ms in prefill_attention_sdpa.json; only lengths seen before are ~1 ms), and
+  served prompt lengths rarely repeat: that is a compile on the request path (issue 23, item 1), and costs
+  more than the 3-4 ms it saves a 4,096-token prompt.
 An fp8 cache never goes to SDPA: k and v are the unquantized values, and attending to them would give a
 prompt other numbers than its decode steps, which read the fp8 cache.
 """
