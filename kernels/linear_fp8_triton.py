@@ -6,6 +6,7 @@ and the launcher that picks them, the skinny W8A8 kernel or the fp8-weight GEMV 
       M <= SKINNY_MAX_ROWS (64):        fp8_skinny_triton(xq, sx, Wq)    swapped operands, split-K (decode batches:
                                                                          kernels/linear_fp8_skinny_triton.py),
                                                                          where its table does not name the GEMM
+      M >= SCALED_MM_MIN_ROWS (CUDA, bf16 out):  torch._scaled_mm   cuBLASLt's fp8 GEMM, row-wise scales
       else:                             fp8_gemm_triton(xq, sx, Wq, s)   y = (xq Wq^T) * sx[m] * s[n] (+ b[n])
     x an Fp8Activation:                 (xq, sx) as given, the same two products by M
 
@@ -204,9 +205,30 @@ def _check_shapes(k: int, weight: Fp8Weight, bias: torch.Tensor | None) -> None:
         raise ValueError(f"bias {tuple(bias.shape)} must be [N={weight.shape[0]}]")
 
 
+# From this many rows a CUDA bf16 product goes to cuBLASLt's fp8 GEMM (torch._scaled_mm, row-wise scales, the
+# same numbers: fp32 accumulation, both scales in the epilogue): on the H200 it was 2-6 % ahead of our GEMM at
+# llama3-8b's four shapes at 4,096 rows (benchmarks/results/linear_fp8_h200.json); benchmarks/fp8_scaled_mm_gpu.py
+# compares the two from 128 to 4,096 rows (results/fp8_scaled_mm_h200.json).
+SCALED_MM_MIN_ROWS = 1024
+
+
+def _scaled_mm_fits(xq: torch.Tensor, weight: Fp8Weight, out_dtype: torch.dtype) -> bool:
+    n, k = weight.shape
+    return (xq.is_cuda and xq.shape[0] >= SCALED_MM_MIN_ROWS and out_dtype == torch.bfloat16
+            and k % 16 == 0 and n % 16 == 0 and xq.is_contiguous())
+
+
+def _scaled_mm(xq: torch.Tensor, sx: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None) -> torch.Tensor:
+    out = torch._scaled_mm(xq, weight.weight.t(), scale_a=sx.float().reshape(-1, 1).contiguous(),
+                           scale_b=weight.scale.reshape(1, -1), out_dtype=torch.bfloat16)
+    return out if bias is None else out.add_(bias.to(out.dtype))
+
+
 def _w8a8(xq: torch.Tensor, sx: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None,
           out_dtype: torch.dtype) -> torch.Tensor:
     m, k = xq.shape
+    if _scaled_mm_fits(xq, weight, out_dtype):
+        return _scaled_mm(xq, sx, weight, bias)
     cfg = skinny_config(m, weight.shape[0], k, xq.device) if m <= SKINNY_MAX_ROWS else None
     if cfg is not None:
         return fp8_skinny_triton(xq, sx, weight, bias, out_dtype, cfg)
