@@ -206,10 +206,11 @@ def _check_shapes(k: int, weight: Fp8Weight, bias: torch.Tensor | None) -> None:
 
 
 # From this many rows a CUDA bf16 product goes to cuBLASLt's fp8 GEMM (torch._scaled_mm, row-wise scales, the
-# same numbers: fp32 accumulation, both scales in the epilogue): on the H200 it was 2-6 % ahead of our GEMM at
-# llama3-8b's four shapes at 4,096 rows (benchmarks/results/linear_fp8_h200.json); benchmarks/fp8_scaled_mm_gpu.py
-# compares the two from 128 to 4,096 rows (results/fp8_scaled_mm_h200.json).
-SCALED_MM_MIN_ROWS = 1024
+# same numbers: fp32 accumulation, both scales in the epilogue). benchmarks/fp8_scaled_mm_gpu.py on the H200
+# (2026-12-02, results/fp8_scaled_mm_h200.json), a llama3-8b layer's four GEMMs, ours / cuBLASLt: 1.20x at 128
+# rows, 1.30x at 256, 1.34x at 512, 1.13x at 1,024, 1.04x at 2,048, 1.08x at 4,096 (one shape of 24 slower:
+# down at 2,048, 0.94x). Below 128 rows it was not measured; the skinny kernel takes up to 64.
+SCALED_MM_MIN_ROWS = 128
 
 
 def _scaled_mm_fits(xq: torch.Tensor, weight: Fp8Weight, out_dtype: torch.dtype) -> bool:
