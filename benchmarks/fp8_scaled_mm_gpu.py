@@ -1,6 +1,6 @@
 """Our W8A8 GEMM (fp8_gemm_triton) against cuBLASLt's (torch._scaled_mm, row-wise scales) on the same fp8
-operands, at llama3-8b's four layer shapes from 128 to 4,096 rows: where kernels/linear_fp8_triton.py's
-SCALED_MM_MIN_ROWS should sit.
+operands, at llama3-8b's four layer shapes from 128 to 4,096 rows (kernels/linear_fp8_triton.py's gemm_config
+says what came of it).
 
     python benchmarks/fp8_scaled_mm_gpu.py --out benchmarks/results/fp8_scaled_mm_h200.json   (H200)
 
@@ -18,7 +18,7 @@ import torch
 from linear_fp8_gpu import SHAPES, time_us
 
 from pdserve.kernels.fp8_weight import quantize_weight_fp8
-from pdserve.kernels.linear_fp8_triton import SCALED_MM_MIN_ROWS, fp8_gemm_triton, quantize_rows_fp8_triton
+from pdserve.kernels.linear_fp8_triton import fp8_gemm_triton, quantize_rows_fp8_triton
 
 ROWS = (128, 256, 512, 1024, 2048, 4096)
 
@@ -47,7 +47,7 @@ def main() -> None:
     per_m = {m: sum(rows[f"{s}_m{m}"]["triton_us"] for s in SHAPES) / sum(rows[f"{s}_m{m}"]["scaled_mm_us"]
                                                                          for s in SHAPES) for m in ROWS}
     result = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "device": torch.cuda.get_device_name(),
-              "torch": torch.__version__, "scaled_mm_min_rows": SCALED_MM_MIN_ROWS, "rows": rows,
+              "torch": torch.__version__, "rows": rows,
               "layer_speedup_by_rows": per_m}
     print("a layer's four GEMMs, triton / scaled_mm:", {m: round(v, 3) for m, v in per_m.items()})
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -6,7 +6,6 @@ and the launcher that picks them, the skinny W8A8 kernel or the fp8-weight GEMV 
       M <= SKINNY_MAX_ROWS (64):        fp8_skinny_triton(xq, sx, Wq)    swapped operands, split-K (decode batches:
                                                                          kernels/linear_fp8_skinny_triton.py),
                                                                          where its table does not name the GEMM
-      M >= SCALED_MM_MIN_ROWS (CUDA, bf16 out):  torch._scaled_mm   cuBLASLt's fp8 GEMM, row-wise scales
       else:                             fp8_gemm_triton(xq, sx, Wq, s)   y = (xq Wq^T) * sx[m] * s[n] (+ b[n])
     x an Fp8Activation:                 (xq, sx) as given, the same two products by M
 
@@ -178,7 +177,12 @@ def gemm_config(m: int, n: int, k: int) -> Fp8GemmConfig:
     (benchmarks/results/linear_fp8_h200.json): 64 x 32 x 256 tiles at 64 rows (qkv, o, down: 47, 44, 56 us
     against 76, 45, 64 us for 64 x 64 x 128), 64 x 128 x 128 for gate_up's 28,672 columns; 128 x 256 x 128 for
     prefill (4,096 rows: 191, 138, 828, 362 us, 2-6 % behind torch._scaled_mm; 128 x 128 x 128: 222, 152, 874,
-    397 us)."""
+    397 us). cuBLASLt's fp8 GEMM (torch._scaled_mm, row-wise scales) is faster per call from 128 rows
+    (benchmarks/fp8_scaled_mm_gpu.py, 2026-12-02, results/fp8_scaled_mm_h200.json: a llama3-8b layer's four
+    GEMMs 1.20x at 128 rows, 1.30x at 256, 1.34x at 512, 1.13x at 1,024, 1.04x at 2,048, 1.08x at 4,096), but
+    dispatched to from 128 rows it did not make the engine's 4,096-token fp8 prefill faster: on / off
+    alternated in one call (benchmarks/fp8_scaled_mm_ab_h200.sh at bf5927b) gave 67.99, 68.41 against 67.40,
+    66.12 ms (not traced), so this GEMM runs at every size."""
     if m <= 64:
         if n >= 16384:
             return Fp8GemmConfig(block_m=64, block_n=128, block_k=128, num_warps=4, num_stages=4)
@@ -205,31 +209,9 @@ def _check_shapes(k: int, weight: Fp8Weight, bias: torch.Tensor | None) -> None:
         raise ValueError(f"bias {tuple(bias.shape)} must be [N={weight.shape[0]}]")
 
 
-# From this many rows a CUDA bf16 product goes to cuBLASLt's fp8 GEMM (torch._scaled_mm, row-wise scales, the
-# same numbers: fp32 accumulation, both scales in the epilogue). benchmarks/fp8_scaled_mm_gpu.py on the H200
-# (2026-12-02, results/fp8_scaled_mm_h200.json), a llama3-8b layer's four GEMMs, ours / cuBLASLt: 1.20x at 128
-# rows, 1.30x at 256, 1.34x at 512, 1.13x at 1,024, 1.04x at 2,048, 1.08x at 4,096 (one shape of 24 slower:
-# down at 2,048, 0.94x). Below 128 rows it was not measured; the skinny kernel takes up to 64.
-SCALED_MM_MIN_ROWS = 128
-
-
-def _scaled_mm_fits(xq: torch.Tensor, weight: Fp8Weight, out_dtype: torch.dtype) -> bool:
-    n, k = weight.shape
-    return (xq.is_cuda and xq.shape[0] >= SCALED_MM_MIN_ROWS and out_dtype == torch.bfloat16
-            and k % 16 == 0 and n % 16 == 0 and xq.is_contiguous())
-
-
-def _scaled_mm(xq: torch.Tensor, sx: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None) -> torch.Tensor:
-    out = torch._scaled_mm(xq, weight.weight.t(), scale_a=sx.float().reshape(-1, 1).contiguous(),
-                           scale_b=weight.scale.reshape(1, -1), out_dtype=torch.bfloat16)
-    return out if bias is None else out.add_(bias.to(out.dtype))
-
-
 def _w8a8(xq: torch.Tensor, sx: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None,
           out_dtype: torch.dtype) -> torch.Tensor:
     m, k = xq.shape
-    if _scaled_mm_fits(xq, weight, out_dtype):
-        return _scaled_mm(xq, sx, weight, bias)
     cfg = skinny_config(m, weight.shape[0], k, xq.device) if m <= SKINNY_MAX_ROWS else None
     if cfg is not None:
         return fp8_skinny_triton(xq, sx, weight, bias, out_dtype, cfg)

@@ -140,33 +140,6 @@ def test_fp8_linear_llama3_shapes_cuda(m: int, n: int, k: int) -> None:
         assert _rel(ours, theirs) < 5e-3
 
 
-@pytest.mark.skipif(not CUDA, reason="cuBLASLt's fp8 GEMM needs the GPU")
-@pytest.mark.parametrize("m", [128, 1500])
-@pytest.mark.parametrize("bias", [False, True])
-def test_fp8_linear_takes_scaled_mm_from_its_row_threshold_cuda(m: int, bias: bool) -> None:
-    """From SCALED_MM_MIN_ROWS rows the dispatcher runs torch._scaled_mm: the reference's numbers (bias added
-    after), our GEMM's within its rounding, and the same through an Fp8Activation."""
-    from pdserve.kernels.fp8_activation import Fp8Activation
-    from pdserve.kernels.linear_fp8_triton import (
-        SCALED_MM_MIN_ROWS,
-        fp8_gemm_triton,
-        quantize_rows_fp8_triton,
-    )
-
-    assert m >= SCALED_MM_MIN_ROWS
-    gen = torch.Generator(device="cuda").manual_seed(1)
-    n, k = 1024, 4096
-    w = quantize_weight_fp8(torch.randn(n, k, device="cuda", generator=gen) / k**0.5)
-    x = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
-    b = torch.randn(n, device="cuda", generator=gen).to(torch.bfloat16) if bias else None
-    out = linear(x, w, b)
-    assert out.dtype == torch.bfloat16 and out.shape == (m, n)
-    assert _rel(out, linear_fp8_ref(x, w, b)) < 1e-2
-    xq, sx = quantize_rows_fp8_triton(x)
-    assert _rel(out, fp8_gemm_triton(xq, sx, w, b, torch.bfloat16)) < 5e-3
-    assert torch.equal(linear(Fp8Activation(xq, sx, torch.bfloat16), w, b), out)
-
-
 @pytest.mark.parametrize("m,n,k", [(1, 64, 256), (3, 96, 512), (16, 64, 200), (17, 130, 256), (64, 64, 384)])
 @pytest.mark.parametrize("split_k", [1, 3])
 def test_fp8_skinny_matches_ref(m: int, n: int, k: int, split_k: int, dtype: torch.dtype, randn: Callable,
