@@ -115,7 +115,7 @@ class ModelRunner:
             if c.need_logits:
                 sampled.append(offset + width - 1)
             offset += width
-        index = torch.tensor(sampled)
+        index = torch.tensor(sampled, dtype=torch.long)  # long even when empty (no chunk ends here)
         if self.device.type == "cuda":  # a list index would be a pageable copy, a host sync
             index = index.pin_memory().to(self.device, non_blocking=True)
         return PrefillOutput(logits[index], indices, num_tokens, rows)
