@@ -26,10 +26,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Sequence
-from typing import TypeAlias
-
-from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import torch
 
@@ -42,7 +39,7 @@ if TYPE_CHECKING:
 Matcher: TypeAlias = "xgrammar.GrammarMatcher"  # xgrammar is not analysed (pyproject [tool.mypy])
 
 
-def _xgr() -> ModuleType:
+def _xgr() -> Any:
     """xgrammar, imported on first use (the module docstring says why)."""
     import xgrammar
 

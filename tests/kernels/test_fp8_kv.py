@@ -93,9 +93,11 @@ def test_decode_attention_fp8_matches_ref(
 
 FP8_VARIANTS = ["kt", "pages", "kt+pages", "bits", "kt+bits", "bits+pages", "fma", "fma+kt", "fma+pages",
                 "fma+kt+pages", "fma+bits"]  # the kernel's VARIANTS but "dot", which the test above runs
+# the interpreter runs each flag alone (33 s for all 11 there: suite time); the GPU every combination
+CHECKED_VARIANTS = FP8_VARIANTS if torch.cuda.is_available() else ["dot", "kt", "pages", "bits", "fma"]
 
 
-@pytest.mark.parametrize("variant", FP8_VARIANTS)
+@pytest.mark.parametrize("variant", CHECKED_VARIANTS)
 @pytest.mark.parametrize("case", DECODE_CASES, ids=lambda c: f"{c[0]}q{c[1]}kv-d{c[2]}-bs{c[3]}")
 def test_decode_attention_fp8_variants_match_ref(
     case: tuple, variant: str, dtype: torch.dtype, randn: Callable, paged_kv: Callable, check: Callable, device: str
@@ -104,7 +106,7 @@ def test_decode_attention_fp8_variants_match_ref(
     tile of two pages at block size 8 so that "pages" loads more than one table entry per tile."""
     from pdserve.kernels.decode_attention_triton import VARIANTS, _launch
 
-    assert ["dot", *FP8_VARIANTS] == list(VARIANTS)
+    assert ["dot", *FP8_VARIANTS] == list(VARIANTS) and set(CHECKED_VARIANTS) <= set(VARIANTS)
     q_heads, kv_heads, dim, block_size, seq_lens = case
     cache, tables = _fp8_cache(paged_kv, seq_lens, kv_heads, dim, block_size)
     q = randn(len(seq_lens), q_heads, dim, dtype=dtype)
