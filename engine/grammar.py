@@ -15,10 +15,6 @@ default `raw_logprobs`, so P and D report the same numbers whichever samples.
 
 JSON is generated compact (`any_whitespace=False`: separators ", " and ": "), since a small model given free
 whitespace can spend its whole budget on it.
-
-xgrammar (and the transformers it imports) is loaded, and the vocabulary handed to it, at a worker's first
-constrained request, not at its start: that import is ~1.9 s of a worker process's ~6 s of imports on the
-2-core CI machine, paid by every worker of every deployment that never sees a grammar.
 """
 
 from __future__ import annotations
@@ -26,24 +22,15 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TypeAlias
 
 import torch
+import xgrammar as xgr
 
 from pdserve.engine.structured_output import StructuredOutput
 from pdserve.engine.tokenizer import Tokenizer
 
-if TYPE_CHECKING:
-    import xgrammar
-
-Matcher: TypeAlias = "xgrammar.GrammarMatcher"  # xgrammar is not analysed (pyproject [tool.mypy])
-
-
-def _xgr() -> Any:
-    """xgrammar, imported on first use (the module docstring says why)."""
-    import xgrammar
-
-    return xgrammar
+Matcher: TypeAlias = xgr.GrammarMatcher  # xgrammar is not analysed (pyproject [tool.mypy])
 
 
 class GrammarError(ValueError):
@@ -55,34 +42,23 @@ class GrammarBackend:
 
     def __init__(self, tokenizer: Tokenizer, vocab_size: int, stop_token_ids: Sequence[int],
                  max_threads: int = 2, cache_size: int = 256) -> None:
-        self._tokenizer = tokenizer
+        backend = tokenizer.backend
+        encoded = [""] * vocab_size
+        for token, index in backend.get_vocab(with_added_tokens=True).items():
+            if index < vocab_size:
+                encoded[index] = token
+        metadata = xgr.TokenizerInfo._detect_metadata_from_hf(backend.to_str())
+        self.info = xgr.TokenizerInfo(encoded, vocab_type=metadata["vocab_type"], vocab_size=vocab_size,
+                                      stop_token_ids=list(stop_token_ids) or None,
+                                      add_prefix_space=metadata["add_prefix_space"])
         self.vocab_size = vocab_size
-        self._stop_token_ids = list(stop_token_ids)
-        self._max_threads = max_threads
-        self._compiler_: Any = None  # xgrammar's GrammarCompiler, made by the first compile
-        self._cache: dict[StructuredOutput, Any] = {}
+        self._compiler = xgr.GrammarCompiler(self.info, max_threads=max_threads, cache_enabled=True)
+        self._cache: dict[StructuredOutput, xgr.CompiledGrammar] = {}
         self._cache_size = cache_size
         self._lock = threading.Lock()
         self.num_compiled = 0
 
-    def _compiler(self) -> Any:
-        """The vocabulary handed to xgrammar and its compiler, once (under the lock)."""
-        with self._lock:
-            if self._compiler_ is None:
-                xgr = _xgr()
-                backend = self._tokenizer.backend
-                encoded = [""] * self.vocab_size
-                for token, index in backend.get_vocab(with_added_tokens=True).items():
-                    if index < self.vocab_size:
-                        encoded[index] = token
-                metadata = xgr.TokenizerInfo._detect_metadata_from_hf(backend.to_str())
-                info = xgr.TokenizerInfo(encoded, vocab_type=metadata["vocab_type"], vocab_size=self.vocab_size,
-                                         stop_token_ids=self._stop_token_ids or None,
-                                         add_prefix_space=metadata["add_prefix_space"])
-                self._compiler_ = xgr.GrammarCompiler(info, max_threads=self._max_threads, cache_enabled=True)
-            return self._compiler_
-
-    def compile(self, spec: StructuredOutput) -> Any:
+    def compile(self, spec: StructuredOutput) -> xgr.CompiledGrammar:
         """Thread-safe; a spec seen before costs a dict lookup (a JSON schema's first compile: ~8 ms on CPU)."""
         with self._lock:
             cached = self._cache.get(spec)
@@ -100,10 +76,10 @@ class GrammarBackend:
         return compiled
 
     def matcher(self, spec: StructuredOutput) -> Matcher:
-        return _xgr().GrammarMatcher(self.compile(spec))
+        return xgr.GrammarMatcher(self.compile(spec))
 
-    def _compile(self, spec: StructuredOutput) -> Any:
-        compiler = self._compiler()
+    def _compile(self, spec: StructuredOutput) -> xgr.CompiledGrammar:
+        compiler = self._compiler
         if spec.kind == "json":
             return compiler.compile_json_schema(spec.spec, any_whitespace=False, strict_mode=spec.strict)
         if spec.kind == "json_object":
@@ -128,7 +104,7 @@ class TokenBitmasks:
         self._turn = 0
 
     def _allocate(self, rows: int) -> torch.Tensor:
-        mask = _xgr().allocate_token_bitmask(rows, self.vocab_size)
+        mask = xgr.allocate_token_bitmask(rows, self.vocab_size)
         return mask.pin_memory() if self.device.type == "cuda" else mask
 
     def fill(self, matchers: Sequence[Matcher | None]) -> torch.Tensor | None:
@@ -151,5 +127,5 @@ class TokenBitmasks:
 def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
     """Masked copy of fp32 logits [B, V]: tokens whose bit is 0 get -inf (xgrammar's kernel on the device)."""
     masked = logits.clone()
-    _xgr().apply_token_bitmask_inplace(masked, bitmask)
+    xgr.apply_token_bitmask_inplace(masked, bitmask)
     return masked
