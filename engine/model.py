@@ -40,6 +40,11 @@ from pdserve.kernels.linear_fp8 import quantizes_activations
 
 QUANTIZATIONS = ("none", "fp8")
 LayerDone = Callable[[int], None]
+Tick = Callable[[], None]
+# rows of lm_head per GEMM when a prefill asks for many logits (prompt logprobs): a 1,400-row prompt's [1400, 49152]
+# fp32 logits are ~1 s of CPU in one GEMM, past the step-liveness tick of a layer; a tick between slices keeps the
+# step thread seen moving (engine/step_liveness.py)
+LOGIT_ROWS_PER_SLICE = 256
 # (q [T, Hq, D], k, v [T, Hkv, D] (rotated), kv_cache, k_scale, v_scale) -> [T, Hq, D]
 Attend = Callable[..., torch.Tensor]
 
@@ -163,9 +168,11 @@ class LlamaModel:
         self.scale = config.head_dim**-0.5
 
     def forward_prefill(
-        self, batch: PrefillBatch, kv_caches: list[torch.Tensor], layer_done: LayerDone | None = None
+        self, batch: PrefillBatch, kv_caches: list[torch.Tensor], layer_done: LayerDone | None = None,
+        tick: Tick | None = None,
     ) -> torch.Tensor:
-        """Packed chunks -> fp32 logits [len(batch.logits_indices), V]; KV of every chunk token is cached."""
+        """Packed chunks -> fp32 logits [len(batch.logits_indices), V]; KV of every chunk token is cached.
+        tick() is called after each slice of LOGIT_ROWS_PER_SLICE logit rows when there are more than that."""
 
         def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, k_scale: float,
                    v_scale: float) -> torch.Tensor:
@@ -177,7 +184,15 @@ class LlamaModel:
         h, residual = self._layers(batch.input_ids, batch.positions, batch.slot_mapping, kv_caches, attend,
                                    layer_done)
         rows = batch.logits_indices
-        return self._logits(h[rows], residual[rows])
+        if rows.shape[0] <= LOGIT_ROWS_PER_SLICE:
+            return self._logits(h[rows], residual[rows])
+        out = torch.empty(rows.shape[0], self.weights.lm_head.shape[0], dtype=torch.float32, device=h.device)
+        for start in range(0, rows.shape[0], LOGIT_ROWS_PER_SLICE):
+            part = rows[start:start + LOGIT_ROWS_PER_SLICE]
+            out[start:start + part.shape[0]] = self._logits(h[part], residual[part])
+            if tick is not None:
+                tick()
+        return out
 
     def forward_decode(self, batch: DecodeBatch, kv_caches: list[torch.Tensor]) -> torch.Tensor:
         """One token per row (padding included) -> fp32 logits [bucket, V]."""

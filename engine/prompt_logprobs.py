@@ -16,18 +16,30 @@ prompt is computed; its blocks are still committed for others), as vLLM does.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
+ROWS_PER_SLICE = 256  # log_softmax, rank and top-k of this many rows, then a tick (engine/step_liveness.py)
+
 PromptLogprobs = list[dict[str, Any] | None]
 
 
-def chunk_entries(logits: torch.Tensor, prompt: list[int], start: int, k: int) -> list[dict[str, Any]]:
-    """Entries for prompt tokens start+1 .. of the rows of one chunk (logits [rows, V], rows from `start`)."""
+def chunk_entries(logits: torch.Tensor, prompt: list[int], start: int, k: int,
+                  tick: Callable[[], None] | None = None) -> list[dict[str, Any]]:
+    """Entries for prompt tokens start+1 .. of the rows of one chunk (logits [rows, V], rows from `start`), a
+    slice of ROWS_PER_SLICE rows at a time with tick() after each (a long prompt's rows are seconds of CPU)."""
     targets = prompt[start + 1:start + 1 + logits.shape[0]]
-    if not targets:
-        return []
+    entries: list[dict[str, Any]] = []
+    for first in range(0, len(targets), ROWS_PER_SLICE):
+        entries += _entries(logits[first:first + ROWS_PER_SLICE], targets[first:first + ROWS_PER_SLICE], k)
+        if tick is not None:
+            tick()
+    return entries
+
+
+def _entries(logits: torch.Tensor, targets: list[int], k: int) -> list[dict[str, Any]]:
     logprobs = logits[: len(targets)].float().log_softmax(dim=-1)
     ids = torch.tensor(targets, device=logprobs.device)
     chosen = logprobs.gather(1, ids[:, None])

@@ -23,7 +23,7 @@ from pdserve.engine.config import CacheConfig, ModelConfig
 from pdserve.engine.cuda_graphs import DecodeGraphs, use_cuda_graphs
 from pdserve.engine.kv_cache import allocate_kv_caches
 from pdserve.engine.kv_cache_spec import KVCacheSpec
-from pdserve.engine.model import LayerDone, LlamaModel, ModelWeights, fuse_weights
+from pdserve.engine.model import LayerDone, LlamaModel, ModelWeights, Tick, fuse_weights
 from pdserve.engine.prefill_warm_up import warm_up_block_copies, warm_up_chunks, warm_up_limit, warm_up_plan
 
 logger = logging.getLogger(__name__)
@@ -93,16 +93,18 @@ class ModelRunner:
             self.graphs.capture()
 
     @torch.inference_mode()  # type: ignore[untyped-decorator]  # torch: not analysed
-    def prefill(self, chunks: list[PrefillChunk], layer_done: LayerDone | None = None) -> PrefillOutput:
+    def prefill(self, chunks: list[PrefillChunk], layer_done: LayerDone | None = None,
+                tick: Tick | None = None) -> PrefillOutput:
         """Run the chunks as one packed batch. layer_done(i) is called once layer i's K/V writes are issued
-        (on CUDA: enqueued on the current stream, so a sender records an event there before copying)."""
+        (on CUDA: enqueued on the current stream, so a sender records an event there before copying); tick()
+        between slices of many logit rows (engine/model.py LOGIT_ROWS_PER_SLICE)."""
         for i, c in enumerate(chunks):
             end = c.start_pos + len(c.token_ids)
             if end > self.config.max_model_len:
                 raise ValueError(f"prefill chunk {i} reaches position {end}, beyond max_model_len "
                                  f"{self.config.max_model_len}")
         batch = build_prefill_batch(chunks, self.cache_config.block_size, self.device)
-        logits = self.model.forward_prefill(batch, self.kv_caches, layer_done)
+        logits = self.model.forward_prefill(batch, self.kv_caches, layer_done, tick)
         indices = [i for i, c in enumerate(chunks) if c.need_logits]
         num_tokens = int(batch.input_ids.shape[0])
         if not any(c.all_logits for c in chunks):

@@ -6,7 +6,9 @@ reports how recently it moved, and the router treats a worker whose step thread 
 --stream-stall-timeout as stalled (router/health.py).
 
     step thread:  progress.tick()  after each layer of a prefill forward (P, and D's local prefills and
-                                   recomputes), after each decode step, and on each idle turn of its loop
+                                   recomputes), after each slice of a prompt-logprobs request's logit rows
+                                   (256: a 1,400-token prompt's lm_head and log_softmax are ~2 s of CPU),
+                                   after each decode step, and on each idle turn of its loop
                                    (at most 0.5 s apart), so an idle or busy thread ticks and a stuck one
                                    does not
     event loop:   progress.stalled_s()  seconds since the last tick; the worker's heartbeat carries the

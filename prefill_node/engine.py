@@ -277,13 +277,13 @@ class PrefillEngine:
         with self.progress.holding(self.model_lock):  # waiting for it is not a stall
             if self._hang is not None:
                 self._hang.maybe_hang()
-            output = self.runner.prefill(chunks, layer_done=layer_done)
+            output = self.runner.prefill(chunks, layer_done=layer_done, tick=self.progress.tick)
         for i, logits in output.all_logits.items():
             scheduled = plan.chunks[i]
             request = scheduled.request
             assert request.prompt_logprobs is not None and request.sampling.prompt_logprobs is not None
             request.prompt_logprobs += chunk_entries(logits, request.prompt_token_ids, scheduled.start,
-                                                     request.sampling.prompt_logprobs)
+                                                     request.sampling.prompt_logprobs, self.progress.tick)
         last = [plan.chunks[i].request for i in output.chunk_indices]
         if not last:
             return {}

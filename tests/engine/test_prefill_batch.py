@@ -125,3 +125,27 @@ def test_cuda_prefill_never_syncs_the_host() -> None:
     for first, again in zip(outs[::2], outs[1::2], strict=True):  # a reused pinned block raced: other inputs
         torch.testing.assert_close(again, first, rtol=1e-2, atol=1e-2)
     assert torch.isfinite(outs[0]).all() and torch.isfinite(outs[4]).all()
+
+
+def test_many_logit_rows_are_sliced_with_a_tick_between(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Prompt logprobs of a long prompt are seconds of lm_head and log_softmax on a CPU: the step thread ticks
+    between slices of rows (else the router sees no progress for --stream-stall-timeout and drops the worker),
+    and the sliced rows and entries are the unsliced ones."""
+    from pdserve.engine import model, prompt_logprobs
+
+    tiny = pytest.importorskip("tiny_hf_models").make_tiny("llama", tmp_path)
+    runner = ModelRunner(tiny.config, CacheConfig(num_blocks=32, block_size=BLOCK), tiny.weights, "cpu",
+                         torch.float32, max_num_seqs=4)
+    prompt = [(7 * i) % 90 + 3 for i in range(41)]
+    chunks = [PrefillChunk(prompt, 0, list(range(11)), all_logits=True)]
+    whole = runner.prefill(chunks).all_logits[0].clone()
+    entries = prompt_logprobs.chunk_entries(whole, prompt, 0, 2)
+    ticks: list[int] = []
+    monkeypatch.setattr(model, "LOGIT_ROWS_PER_SLICE", 8)
+    monkeypatch.setattr(prompt_logprobs, "ROWS_PER_SLICE", 16)
+    sliced = runner.prefill(chunks, tick=lambda: ticks.append(1)).all_logits[0]
+    assert len(ticks) == 6  # 41 rows: 5 full slices of 8 and one of 1
+    torch.testing.assert_close(sliced, whole)
+    ticks.clear()
+    assert prompt_logprobs.chunk_entries(sliced, prompt, 0, 2, tick=lambda: ticks.append(1)) == entries
+    assert len(ticks) == 3 and len(entries) == 40  # 40 targets: slices of 16, 16 and 8
