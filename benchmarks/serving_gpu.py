@@ -10,6 +10,8 @@ scheduling, cuda_ipc between P and D, 0.4 of the GPU's memory each, 0.9 colocate
   sharegpt      --num-prompts first exchanges of ../shared/data/sharegpt_v3_sample2k.json.gz (vLLM's filter),
                 output lengths from the data set with ignore_eos, all at once: throughput
   poisson_<r>   --poisson-prompts others (another seed), Poisson arrivals at --rate req/s: latency
+  poisson_<r>_t1  with --sampled: the same Poisson requests at temperature 1 (the API's default) instead of
+                greedy: the sampler's stages run every step (its host copies must not stall the overlapped loop)
 Dummy weights have no tokenizer. --tokenizer (the default model's) counts and encodes the prompts, which are
 sent as token ids; the deployments detokenize with a word-level tokenizer over the model's whole vocabulary
 (benchmarks/full_vocab_tokenizer.py), so every generated token is text and an event, as with real weights.
@@ -56,6 +58,8 @@ from pdserve.engine.presets import get_preset
 REPO = Path(__file__).resolve().parents[1]
 DEPLOYMENTS = {"disaggregated": [], "colocated": ["--colocated"],
                "disaggregated_fp8kv": ["--kv-cache-dtype", "fp8"]}  # issue 19: the same with an fp8 KV cache
+
+Case = tuple[list[Conversation], LoadSpec, float]  # requests, arrivals, temperature
 KEYS = ("completed", "failed", "duration", "request_throughput", "output_throughput", "total_token_throughput",
         "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms", "median_itl_ms", "p99_itl_ms",
         "median_e2el_ms")
@@ -68,11 +72,13 @@ def compiled_kernels(cache: Path | None) -> int | None:
     return len({p.parent for p in cache.rglob("*.cubin")})
 
 
-def run_case(dep: Deployment, convs: list[Conversation], load: LoadSpec, spy: Path | None = None) -> dict:
+def run_case(dep: Deployment, convs: list[Conversation], load: LoadSpec, temperature: float = 0.0,
+             spy: Path | None = None) -> dict:
     decode = next(w for w in dep.workers() if "decode" in w["roles"])
     before, cpu_before = decode_counters(decode["url"]), dep.child_cpu_seconds()
     spies = _py_spy(dep, spy) if spy is not None else []
-    result = asyncio.run(run_benchmark(convs, ApiTarget(dep.url, model=dep.model(), ignore_eos=True), load,
+    target = ApiTarget(dep.url, model=dep.model(), ignore_eos=True, temperature=temperature)
+    result = asyncio.run(run_benchmark(convs, target, load,
                                        progress=False))
     for process in spies:
         process.wait(timeout=60)
@@ -96,7 +102,7 @@ def _py_spy(dep: Deployment, out: Path) -> list[subprocess.Popen]:
     return processes
 
 
-def run_deployment(name: str, args: argparse.Namespace, cases: dict[str, tuple[list[Conversation], LoadSpec]],
+def run_deployment(name: str, args: argparse.Namespace, cases: dict[str, Case],
                    logs: Path, save: Callable[[dict], None] = lambda out: None) -> dict:
     """The deployment's cases in order; save(partial result) after each, so a run cut off keeps what it did."""
     flags = ["--load-format", "dummy", "--model-preset", args.model_preset, "--max-model-len", "4096",
@@ -120,12 +126,12 @@ def run_deployment(name: str, args: argparse.Namespace, cases: dict[str, tuple[l
                                   ApiTarget(dep.url, model=dep.model(), ignore_eos=True), LoadSpec(math.inf),
                                   progress=False))
         kernels["after_harness_warm_up"] = compiled_kernels(cache)
-        for case, (convs, load) in cases.items():
+        for case, (convs, load, temperature) in cases.items():
             spy = None
             if args.py_spy is not None and case == "sharegpt" and name == args.deployments[0]:
                 spy = args.py_spy / name
                 spy.mkdir(parents=True, exist_ok=True)
-            out[case] = result = run_case(dep, convs, load, spy)
+            out[case] = result = run_case(dep, convs, load, temperature, spy)
             kernels[f"after_{case}"] = compiled_kernels(cache)
             if cache is not None:
                 out["triton_kernels"] = kernels
@@ -144,15 +150,17 @@ def _line(case: dict) -> str:
             f"{m['median_itl_ms']:.2f} ms; decode batch {s['mean_batch']:.1f}, step {s['step_ms']:.2f} ms")
 
 
-def workloads(args: argparse.Namespace) -> tuple[dict[str, tuple[list[Conversation], LoadSpec]], list]:
+def workloads(args: argparse.Namespace) -> tuple[dict[str, Case], list]:
     tokenizer = load_tokenizer(args.tokenizer)
     data = load_sharegpt(args.sharegpt)
     sharegpt = as_token_ids(sample_sharegpt(data, args.num_prompts, tokenizer, seed=0), tokenizer)
     poisson = as_token_ids(sample_sharegpt(data, args.poisson_prompts, tokenizer, seed=1), tokenizer)
     lengths = [(c.turns[0].prompt_len, c.turns[0].output_len) for c in sharegpt]
-    cases = {"sharegpt": (sharegpt, LoadSpec(math.inf))}
+    cases: dict[str, Case] = {"sharegpt": (sharegpt, LoadSpec(math.inf), 0.0)}
     if args.poisson_prompts > 0:
-        cases[f"poisson_{args.rate:g}"] = (poisson, LoadSpec(args.rate, seed=1))
+        cases[f"poisson_{args.rate:g}"] = (poisson, LoadSpec(args.rate, seed=1), 0.0)
+        if args.sampled:
+            cases[f"poisson_{args.rate:g}_t1"] = (poisson, LoadSpec(args.rate, seed=1), 1.0)
     return cases, lengths
 
 
@@ -180,8 +188,10 @@ def compare(report: dict, args: argparse.Namespace) -> None:
         share = result.get("sharegpt")
         if share is not None and bound is not None:
             share["ratio_to_engine_bound"] = share["metrics"]["output_throughput"] / bound["output_tok_s"]
-        poisson = result.get(f"poisson_{args.rate:g}")
-        if poisson is not None and table is not None:
+        for key in (f"poisson_{args.rate:g}", f"poisson_{args.rate:g}_t1"):
+            poisson = result.get(key)
+            if poisson is None or table is None:
+                continue
             steps = StepTable.from_dict(table)
             graph_ms = steps.step_ms(poisson["decode_steps"]["mean_batch"], report["workload"]["mean_context"])
             m = poisson["metrics"]
@@ -201,6 +211,7 @@ def main() -> int:
     parser.add_argument("--num-prompts", type=int, default=1000)
     parser.add_argument("--poisson-prompts", type=int, default=400)
     parser.add_argument("--rate", type=float, default=20.0, help="Poisson arrivals per second")
+    parser.add_argument("--sampled", action="store_true", help="also the Poisson case at temperature 1")
     parser.add_argument("--deployments", nargs="+", default=["disaggregated", "colocated"], choices=list(DEPLOYMENTS))
     parser.add_argument("--no-engine-bound", action="store_true", help="skip the engine's step table (CPU runs)")
     parser.add_argument("--port", type=int, default=8741)

@@ -21,6 +21,8 @@ from typing import Any
 
 import torch
 
+from pdserve.engine.host_copy import to_device
+
 ROWS_PER_SLICE = 256  # log_softmax, rank and top-k of this many rows, then a tick (engine/step_liveness.py)
 
 PromptLogprobs = list[dict[str, Any] | None]
@@ -41,7 +43,7 @@ def chunk_entries(logits: torch.Tensor, prompt: list[int], start: int, k: int,
 
 def _entries(logits: torch.Tensor, targets: list[int], k: int) -> list[dict[str, Any]]:
     logprobs = logits[: len(targets)].float().log_softmax(dim=-1)
-    ids = torch.tensor(targets, device=logprobs.device)
+    ids = to_device(targets, torch.long, logprobs.device)
     chosen = logprobs.gather(1, ids[:, None])
     ranks = (logprobs > chosen).sum(dim=-1) + 1
     top_values, top_ids = logprobs.topk(k, dim=-1) if k else (logprobs[:, :0], logprobs[:, :0].long())

@@ -21,6 +21,7 @@ from pdserve.engine.attention_metadata import (
 )
 from pdserve.engine.config import CacheConfig, ModelConfig
 from pdserve.engine.cuda_graphs import DecodeGraphs, use_cuda_graphs
+from pdserve.engine.host_copy import to_device
 from pdserve.engine.kv_cache import allocate_kv_caches
 from pdserve.engine.kv_cache_spec import KVCacheSpec
 from pdserve.engine.model import LayerDone, LlamaModel, ModelWeights, Tick, fuse_weights
@@ -117,9 +118,7 @@ class ModelRunner:
             if c.need_logits:
                 sampled.append(offset + width - 1)
             offset += width
-        index = torch.tensor(sampled, dtype=torch.long)  # long even when empty (no chunk ends here)
-        if self.device.type == "cuda":  # a list index would be a pageable copy, a host sync
-            index = index.pin_memory().to(self.device, non_blocking=True)
+        index = to_device(sampled, torch.long, self.device)  # long even when empty (no chunk ends here)
         return PrefillOutput(logits[index], indices, num_tokens, rows)
 
     def prefill_warm_up_batches(self, max_tokens: int) -> list[list[PrefillChunk]]:

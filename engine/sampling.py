@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from pdserve.engine.host_copy import to_device
 from pdserve.engine.sampling_params import SamplingParams  # tests and benchmarks import it from here too
 
 if TYPE_CHECKING:  # xgrammar is imported only once a constrained request is sampled
@@ -120,7 +121,7 @@ class Sampler:
         tokens = penalised.argmax(dim=-1)
         if not all(r.params.greedy for r in requests):
             sampled = self._sample(penalised, requests)
-            greedy = torch.tensor([r.params.greedy for r in requests], device=raw.device)
+            greedy = to_device([r.params.greedy for r in requests], torch.bool, raw.device)
             tokens = torch.where(greedy, tokens, sampled)
         return PendingSample(tokens, requests, device_logprobs(raw, tokens, requests))
 
@@ -138,15 +139,15 @@ class Sampler:
 
     def _sample(self, logits: torch.Tensor, requests: list[SamplingRequest]) -> torch.Tensor:
         params = [r.params for r in requests]
-        temps = torch.tensor([1.0 if p.greedy else p.temperature for p in params], device=logits.device)
+        temps = to_device([1.0 if p.greedy else p.temperature for p in params], torch.float32, logits.device)
         logits = logits / temps[:, None]
         if any(p.min_p > 0 for p in params):
-            logits = apply_min_p(logits, torch.tensor([p.min_p for p in params], device=logits.device))
+            logits = apply_min_p(logits, to_device([p.min_p for p in params], torch.float32, logits.device))
         if any(p.top_k != -1 or p.top_p < 1 for p in params):
             vocab = logits.shape[1]
-            top_k = torch.tensor([vocab if p.top_k == -1 else min(p.top_k, vocab) for p in params],
-                                 device=logits.device)
-            top_p = torch.tensor([p.top_p for p in params], device=logits.device)
+            top_k = to_device([vocab if p.top_k == -1 else min(p.top_k, vocab) for p in params], torch.int64,
+                              logits.device)
+            top_p = to_device([p.top_p for p in params], torch.float32, logits.device)
             logits = apply_top_k_top_p(logits, top_k, top_p)
         probs = logits.softmax(dim=-1)
         return probs.div_(self._exponentials(probs, requests)).argmax(dim=-1)
@@ -178,16 +179,14 @@ def apply_penalties(logits: torch.Tensor, requests: list[SamplingRequest]) -> to
         out_tokens += requests[i].output_token_ids
         prompt_rows += [i] * len(requests[i].prompt_token_ids)
         prompt_tokens += requests[i].prompt_token_ids
-    out_index = (torch.tensor(out_rows, dtype=torch.long, device=device),
-                 torch.tensor(out_tokens, dtype=torch.long, device=device))
+    out_index = (to_device(out_rows, torch.long, device), to_device(out_tokens, torch.long, device))
     counts.index_put_(out_index, torch.ones(len(out_rows), device=device), accumulate=True)
-    seen[torch.tensor(prompt_rows, dtype=torch.long, device=device),
-         torch.tensor(prompt_tokens, dtype=torch.long, device=device)] = True
+    seen[to_device(prompt_rows, torch.long, device), to_device(prompt_tokens, torch.long, device)] = True
     seen |= counts > 0
     params = [r.params for r in requests]
-    rep = torch.tensor([p.repetition_penalty for p in params], device=device)[:, None]
-    freq = torch.tensor([p.frequency_penalty for p in params], device=device)[:, None]
-    pres = torch.tensor([p.presence_penalty for p in params], device=device)[:, None]
+    rep = to_device([p.repetition_penalty for p in params], torch.float32, device)[:, None]
+    freq = to_device([p.frequency_penalty for p in params], torch.float32, device)[:, None]
+    pres = to_device([p.presence_penalty for p in params], torch.float32, device)[:, None]
     penalised = torch.where(logits > 0, logits / rep, logits * rep)
     logits = torch.where(seen, penalised, logits)
     return logits - freq * counts - pres * (counts > 0).float()
@@ -250,7 +249,7 @@ def device_logprobs(raw: torch.Tensor, tokens: torch.Tensor, requests: list[Samp
     rows = [i for i, r in enumerate(requests) if r.params.logprobs is not None]
     if not rows:
         return None
-    index = torch.tensor(rows, device=raw.device)
+    index = to_device(rows, torch.long, raw.device)
     logprobs = raw[index].log_softmax(dim=-1)
     chosen = logprobs.gather(1, tokens[index][:, None])
     k = max(requests[i].params.logprobs or 0 for i in rows)

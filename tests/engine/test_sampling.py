@@ -162,3 +162,31 @@ def test_logprobs_of_chosen_and_top_tokens() -> None:
 def test_row_count_mismatch_is_an_error() -> None:
     with pytest.raises(ValueError, match="got 2 logits rows for 1 sampling requests"):
         Sampler()(logits_rows(2), [req(SamplingParams())])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="host syncs exist only against a CUDA stream")
+def test_sample_launches_without_a_host_sync_and_draws_as_on_the_cpu() -> None:
+    """The overlapped decode loop calls sample() while the previous step's forward runs: a pageable list copy
+    there (torch.tensor(list, device=cuda)) would make the host wait for that forward every step. Every stage
+    runs here (temperature, min-p, top-k/top-p, penalties, seeds, logprobs); set_sync_debug_mode("error")
+    raises on any sync until result()."""
+    mixed = [req(SamplingParams(temperature=0.8, seed=1, logprobs=2)),
+             req(SamplingParams(temperature=1.0, top_k=5, top_p=0.9, seed=2)),
+             req(SamplingParams(temperature=0.7, min_p=0.1, seed=3), output=[1, 2], prompt=[3]),
+             req(SamplingParams(temperature=0, repetition_penalty=1.3, frequency_penalty=0.5), output=[4], prompt=[5]),
+             req(SamplingParams(temperature=1.0))]
+    logits = logits_rows(len(mixed), seed=7)
+    device_logits = logits.cuda()
+    sampler = Sampler("cuda")
+    sampler.sample(device_logits, mixed).result()  # first calls: generator and pinned-allocator setup
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        pending = sampler.sample(device_logits, mixed)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    out = pending.result()
+    assert out.token_ids[3] == Sampler()(logits, mixed).token_ids[3]  # greedy, penalised: the CPU's choice
+    assert all(0 <= t < V for t in out.token_ids) and out.logprobs[0] is not None
+    seeded = [sampler.sample(device_logits, mixed).result().token_ids[:3] for _ in range(2)]
+    assert seeded[0] == seeded[1]  # seeded rows draw the same on every call
