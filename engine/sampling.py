@@ -171,17 +171,18 @@ def apply_penalties(logits: torch.Tensor, requests: list[SamplingRequest]) -> to
     if not rows:
         return logits
     device = logits.device
-    counts = torch.zeros_like(logits)
-    seen = torch.zeros_like(logits, dtype=torch.bool)
-    out_rows, out_tokens, prompt_rows, prompt_tokens = [], [], [], []
+    counts = torch.zeros(logits.shape, dtype=logits.dtype, device=device)  # contiguous: viewed flat below
+    seen = torch.zeros(logits.shape, dtype=torch.bool, device=device)
+    # flat row * vocab + token indices, so index_add_/index_fill_ launch without a host sync (index_put_ with a
+    # Python value copies it pageably: the host would wait for the previous step's forward)
+    vocab = logits.shape[-1]
+    out_flat, prompt_flat = [], []
     for i in rows:
-        out_rows += [i] * len(requests[i].output_token_ids)
-        out_tokens += requests[i].output_token_ids
-        prompt_rows += [i] * len(requests[i].prompt_token_ids)
-        prompt_tokens += requests[i].prompt_token_ids
-    out_index = (to_device(out_rows, torch.long, device), to_device(out_tokens, torch.long, device))
-    counts.index_put_(out_index, torch.ones(len(out_rows), device=device), accumulate=True)
-    seen[to_device(prompt_rows, torch.long, device), to_device(prompt_tokens, torch.long, device)] = True
+        out_flat += [i * vocab + t for t in requests[i].output_token_ids]
+        prompt_flat += [i * vocab + t for t in requests[i].prompt_token_ids]
+    counts.view(-1).index_add_(0, to_device(out_flat, torch.long, device),
+                               torch.ones(len(out_flat), device=device, dtype=counts.dtype))
+    seen.view(-1).index_fill_(0, to_device(prompt_flat, torch.long, device), True)
     seen |= counts > 0
     params = [r.params for r in requests]
     rep = to_device([p.repetition_penalty for p in params], torch.float32, device)[:, None]
