@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 import httpx
 import psutil
 
-from pdserve.decode_node.engine import STEP_PHASES
+from pdserve.decode_node.engine import DEVICE_PARTS, STEP_PHASES
 from pdserve.process_group import ProcessGroup, http_ok, serve_command
 from pdserve.protocol.connection import Connection, connect
 from pdserve.protocol.framing import FrameLimits
@@ -122,9 +122,12 @@ def step_summary(before: dict[str, float], after: dict[str, float]) -> dict[str,
            "tokens_per_step": delta("pdserve_decode_generated_tokens") / steps,
            "step_ms": 1000 * delta("pdserve_decode_step_seconds") / steps,
            "forward_cpu_ms": 1000 * delta("pdserve_decode_forward_cpu_seconds") / steps,
-           "preemptions": delta("pdserve_decode_preemptions")}
+           "preemptions": delta("pdserve_decode_preemptions"),
+           "mean_forward_rows": delta("pdserve_decode_forward_rows") / steps}  # the bucket, padding included
     for phase in STEP_PHASES:
         out[f"{phase}_ms"] = 1000 * delta(f'pdserve_decode_step_phase_seconds{{phase="{phase}"}}') / steps
+    for part in DEVICE_PARTS:  # CUDA only (0 on CPU): the device's own time, beside the host's wall phases
+        out[f"device_{part}_ms"] = 1000 * delta(f'pdserve_decode_step_device_seconds{{part="{part}"}}') / steps
     return out
 
 

@@ -196,6 +196,11 @@ def compare(report: dict, args: argparse.Namespace) -> None:
             graph_ms = steps.step_ms(poisson["decode_steps"]["mean_batch"], report["workload"]["mean_context"])
             m = poisson["metrics"]
             poisson["graph_step_ms_at_mean_batch"] = graph_ms
+            # the graph the steps replayed (the bucket, padding included): its step, against the device's own
+            # forward time per step (device_forward_ms), tells padding from a slowed device (a shared GPU)
+            poisson["graph_step_ms_at_mean_bucket"] = steps.step_ms(
+                poisson["decode_steps"].get("mean_forward_rows", 0) or poisson["decode_steps"]["mean_batch"],
+                report["workload"]["mean_context"])
             poisson["tpot_over_graph_step"] = m["median_tpot_ms"] / graph_ms
             poisson["itl_over_tpot"] = m["median_itl_ms"] / max(m["median_tpot_ms"], 1e-9)
 

@@ -37,6 +37,7 @@ logger = logging.getLogger(__name__)
 # schedule: the next step planned; launch: its inputs staged and its forward and draw queued (on CPU the
 # forward runs here); wait: for the step in flight's ids; update: finish checks and text; publish: hand-off
 STEP_PHASES = ("schedule", "launch", "wait", "update", "publish")
+DEVICE_PARTS = ("forward", "sample")
 
 
 @dataclass
@@ -55,6 +56,10 @@ class DecodeStats:
     forward_cpu_seconds: float = 0.0  # CPU time of the step thread inside forwards (torch's other threads not
     # counted): forward wall time well above it means the thread waited (for a core, the GIL or model_lock)
     finished: dict[str, int] = field(default_factory=dict)  # finish_reason -> requests
+    # on CUDA, the device's own time (CUDA events) per part of a step, summed: "forward" from staging the inputs
+    # to the graph's end, "sample" the draw; beside the wall phases, it tells a slow device from a slow host
+    device_seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(DEVICE_PARTS, 0.0))
+    num_forward_rows: int = 0  # rows the forwards ran, padding to the CUDA-graph bucket included
 
     _step_start: float = field(default=0.0, repr=False)
     _mark: float = field(default=0.0, repr=False)
@@ -80,6 +85,7 @@ class _Launched:
     batch: DecodeBatch
     sample: PendingSample | None
     logits: torch.Tensor | None = None
+    marks: list[torch.cuda.Event] | None = None  # CUDA: forward start, forward end, draw end (see DecodeStats)
 
 
 class DecodeEngine:
@@ -280,13 +286,27 @@ class DecodeEngine:
                         self.stats.num_local_prefill_tokens += len(item.token_ids)
                     else:
                         self.stats.num_recomputed_tokens += len(item.token_ids)
+            marks = self._mark(None)
             logits = self.runner.decode(items, carried)
+            self._mark(marks)
+            self.stats.num_forward_rows += self.runner.last_decode_rows
         if in_flight is not None and any(r.grammar is not None for r in requests):
             self.stats.forward_cpu_seconds += time.thread_time() - cpu
-            return _Launched(batch, None, logits)
+            return _Launched(batch, None, logits, marks)
         sample = self.sampler.sample(logits, requests)
+        self._mark(marks)
         self.stats.forward_cpu_seconds += time.thread_time() - cpu
-        return _Launched(batch, sample)
+        return _Launched(batch, sample, marks=marks)
+
+    def _mark(self, marks: list[torch.cuda.Event] | None) -> list[torch.cuda.Event] | None:
+        """Record the next of a step's CUDA events on the current stream (a new list from None); None on CPU."""
+        if self.runner.device.type != "cuda":
+            return None
+        marks = [] if marks is None else marks
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        marks.append(event)
+        return marks
 
     def _draw(self, launched: _Launched) -> _Launched | None:
         """The deferred draw of a launched step (grammar masks from the matchers' current state); None when it
@@ -296,13 +316,14 @@ class DecodeEngine:
         requests = [item.request.sampling_request() for item in launched.batch.decode]
         try:
             sample = self.sampler.sample(launched.logits, requests)
+            self._mark(launched.marks)
         except Exception:
             logger.exception("sampling a decode step of %d requests failed", len(launched.batch.decode))
             with self.state_lock:
                 self._publish(self.scheduler.fail_batch(launched.batch, "decode step failed (see the log)"))
             return None
         self.stats.charge("launch")
-        return _Launched(launched.batch, sample)
+        return _Launched(launched.batch, sample, marks=launched.marks)
 
     def _complete(self, launched: _Launched) -> list[RequestOutput]:
         """Wait for the step's ids, then update the requests."""
@@ -314,6 +335,10 @@ class DecodeEngine:
             with self.state_lock:
                 return self.scheduler.fail_batch(launched.batch, f"decode step failed: {exc!r}")
         self.stats.charge("wait")
+        if launched.marks is not None and len(launched.marks) == 3:
+            launched.marks[2].synchronize()  # recorded just after the ids' copy, which result() waited for
+            for part, (start, end) in zip(DEVICE_PARTS, zip(launched.marks, launched.marks[1:])):
+                self.stats.device_seconds[part] += start.elapsed_time(end) / 1000
         with self.state_lock:
             outputs = self.scheduler.update(launched.batch, sampled.token_ids, sampled.logprobs)
         self.stats.charge("update")

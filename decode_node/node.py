@@ -218,6 +218,13 @@ class DecodeNode:
         for phase, seconds in stats.phase_seconds.items():
             phases.add_metric([phase], seconds)
         yield phases
+        device = CounterMetricFamily("pdserve_decode_step_device_seconds", "on CUDA, the device's time per part of "
+                                     "the steps (CUDA events): forward (inputs staged, graph), sample", labels=["part"])
+        for part, seconds in stats.device_seconds.items():
+            device.add_metric([part], seconds)
+        yield device
+        yield CounterMetricFamily("pdserve_decode_forward_rows", "rows the decode forwards ran, padding to the "
+                                  "CUDA-graph bucket included", stats.num_forward_rows)
         yield CounterMetricFamily("pdserve_decode_forward_cpu_seconds", "CPU time of the decode step thread inside "
                                   "forwards (below the forward phase's wall time: the thread waited)",
                                   stats.forward_cpu_seconds)

@@ -74,6 +74,7 @@ class ModelRunner:
         self.config = config
         self.cache_config = cache_config
         self.device = torch.device(device)
+        self.last_decode_rows = 0  # rows the last decode forward ran (its CUDA-graph bucket)
         self.dtype = dtype
         self.kv_spec = kv_spec if kv_spec is not None else KVCacheSpec(dtype)
         fused = (weights if isinstance(weights, ModelWeights)
@@ -154,6 +155,7 @@ class ModelRunner:
                 raise ValueError(f"decode item {i} is at position {it.position}, beyond max_model_len "
                                  f"{self.config.max_model_len}")
         batch = self.decode_buffers.prepare(items, carried)
+        self.last_decode_rows = batch.input_ids.shape[0]  # with graphs the bucket: live rows + padding
         if self.graphs is not None:
             return self.graphs.replay(batch)
         return self._forward_decode(batch)[: batch.num_seqs]

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from pdserve.cache_store.block_pool import BlockPool, assert_no_leak, blocks_needed
-from pdserve.decode_node.engine import DecodeEngine
+from pdserve.decode_node.engine import DecodeEngine, DecodeStats
 from pdserve.decode_node.request import DecodeRequest
 from pdserve.decode_node.scheduler import Scheduler
 from pdserve.engine.attention_metadata import PrefillChunk
@@ -44,7 +44,8 @@ def mixed(i: int) -> SamplingParams:
                            ignore_eos=True)][i % 3]
 
 
-async def run(runner: ModelRunner, async_scheduling: bool, params=exact) -> list[list[int]]:
+async def run(runner: ModelRunner, async_scheduling: bool, params=exact,
+              stats: list[DecodeStats] | None = None) -> list[list[int]]:
     config = runner.config
     pool = BlockPool(runner.cache_config.num_blocks)
     scheduler = Scheduler(pool, BLOCK, OutputProcessor((), config.max_model_len), 48, watermark_blocks=0)
@@ -79,6 +80,8 @@ async def run(runner: ModelRunner, async_scheduling: bool, params=exact) -> list
         await asyncio.wait_for(done.wait(), 120)
     finally:
         engine.stop()
+    if stats is not None:
+        stats.append(engine.stats)
     assert_no_leak(pool)
     return [tokens[f"r{i}"] for i in range(NUM_REQUESTS)]
 
@@ -95,9 +98,15 @@ def runner() -> ModelRunner:
 
 
 async def test_overlapped_loop_on_cuda_gives_the_synchronous_loops_tokens(runner: ModelRunner) -> None:
-    overlapped = await run(runner, async_scheduling=True)
+    stats: list[DecodeStats] = []
+    overlapped = await run(runner, async_scheduling=True, stats=stats)
     synchronous = await run(runner, async_scheduling=False)
     assert overlapped == synchronous
+    # the device's own time per step (CUDA events) is counted, and the forwards ran whole graph buckets
+    [counted] = stats
+    assert counted.device_seconds["forward"] > 0 and counted.device_seconds["sample"] > 0
+    assert counted.device_seconds["forward"] < counted.step_seconds
+    assert counted.num_forward_rows > counted.num_batched_rows  # 37 rows replay the 40 graph
     assert [len(t) for t in overlapped] == [exact(i).max_tokens for i in range(NUM_REQUESTS)]  # P's first too
 
 
