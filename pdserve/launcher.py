@@ -1,6 +1,6 @@
 """Local launcher for `pdserve serve`: a router plus prefill and decode workers, each its own process, supervised.
 
-    pdserve serve ─┬─ pdserve router  --port 8000                       (started first)
+    pdserve serve ─┬─ pdserve router  --port 8000                       (all started at once)
                    ├─ pdserve prefill --router http://127.0.0.1:8000 --port <free> --worker-id prefill-0
                    └─ pdserve decode  --router http://127.0.0.1:8000 --port <free> --transfer-port <free> ...
                    (--colocated: one `pdserve decode --role both` instead of the two workers;
@@ -63,7 +63,7 @@ class ChildSpec:
     name: str
     argv: list[str]
     health_url: str  # 200 once it can serve (the router: once it has a prefill and a decode worker)
-    up_url: str | None = None  # answers at all once it listens (workers are started after the router is up)
+    up_url: str | None = None  # a router: answers at all once it listens
     role: str = "router"  # router | prefill | decode | both
 
     def with_fresh_ports(self, host: str) -> ChildSpec:
@@ -173,9 +173,17 @@ def _flag(argv: list[str], name: str, default: str) -> str:
 
 
 def _cuda_device_count() -> int:
-    import torch  # here only: the launcher itself needs no torch otherwise
-
-    return int(torch.cuda.device_count())
+    """The CUDA devices this process may use (CUDA_VISIBLE_DEVICES applies), asked of the driver itself:
+    importing torch for it took the launcher 1.5-3 s on a busy 2-core machine before the router could start.
+    0 where there is no driver."""
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return 0
+    count = ctypes.c_int(0)
+    if cuda.cuInit(0) != 0 or cuda.cuDeviceGetCount(ctypes.byref(count)) != 0:
+        return 0
+    return count.value
 
 
 def _load_prctl() -> Callable[[int, int], int] | None:
@@ -245,8 +253,12 @@ class Launcher:
             process = spawn(spec, self.env, self.log_path(spec.name))
             self.children.append(Child(spec, process, RestartHistory(self.settings.restart)))
             self.log(f"started {spec.name} (pid {process.pid}): {' '.join(spec.argv[3:])}")
-            if spec.up_url is not None:
-                self._wait_for([spec.up_url], [spec.name], self.settings.ready_timeout_s, listening=True)
+        # the workers start beside the routers, not after them: their ports are known, and a worker retries
+        # its registration until its router listens (on a busy 2-core machine a router took 2-3 s to listen,
+        # which every start waited through before its workers began loading)
+        routers = [child.spec for child in self.children if child.spec.up_url is not None]
+        self._wait_for([s.up_url for s in routers if s.up_url], [s.name for s in routers],
+                       self.settings.ready_timeout_s, listening=True)
 
     def wait_ready(self) -> None:
         specs = [child.spec for child in self.children]
