@@ -27,22 +27,6 @@ from pdserve.engine.weights import DEFAULT_MODEL, KNOWN_MODELS, LoadedModel, loa
 from pdserve.engine.weights.fetch import default_cache_dir, fetch_default_model, fetch_gguf
 
 
-# The suite runs on two pytest-xdist workers (pyproject's addopts: -n 2 --dist loadgroup). Every test is given a
-# group, and a group runs on one worker, in collection order: a module's tests stay together (its module-scoped
-# deployment starts once), and so does every test sharing one of these costly session fixtures (one set of
-# deployments, one transformers load per session, as without xdist; the e2e shutdown test still runs last there).
-SESSION_GROUPS = {"launched": "e2e-deployments", "offline_llm": "e2e-deployments", "cluster": "reliability-cluster",
-                  "reference_llm": "reliability-cluster", "topology": "deploy-topology", "hf_model": "transformers",
-                  "hf_tokenizer": "transformers"}
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        fixtures = getattr(item, "fixturenames", ())
-        group = next((SESSION_GROUPS[f] for f in fixtures if f in SESSION_GROUPS), str(item.path))
-        item.add_marker(pytest.mark.xdist_group(group))
-
-
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--soak-full", action="store_true", default=False,
                      help="tests/reliability/test_soak.py: the full 2,000-request soak (CI runs a shorter one)")
