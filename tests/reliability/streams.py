@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-from cluster import MODEL
+from tests.reliability.cluster import MODEL
 
 
 @dataclass

@@ -13,8 +13,8 @@ from collections.abc import Iterator
 import httpx
 import msgpack
 import pytest
-from cluster import AUTH, MODEL, SECRET, Cluster, Proc, rss_mb, wait_until
-from raw_wire import frame, read_frame
+from tests.reliability.cluster import AUTH, MODEL, SECRET, Cluster, Proc, rss_mb, wait_until
+from tests.reliability.raw_wire import frame, read_frame
 
 from pdserve.kv_transfer.wire import auth_mac
 

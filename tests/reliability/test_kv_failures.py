@@ -10,8 +10,8 @@ import signal
 import time
 
 import httpx
-from cluster import AUTH, MODEL, SECRET, Cluster, Proc, metric
-from data_plane import reserve_and_read
+from tests.reliability.cluster import AUTH, MODEL, SECRET, Cluster, Proc, metric
+from tests.reliability.data_plane import reserve_and_read
 
 from pdserve.engine.sampling import SamplingParams
 from pdserve.protocol.messages import Reserve, Reserved, TokenDelta

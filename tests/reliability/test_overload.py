@@ -10,7 +10,7 @@ import collections
 import time
 
 import httpx
-from cluster import AUTH, MAX_INFLIGHT, MODEL, Cluster, metric, rss_mb
+from tests.reliability.cluster import AUTH, MAX_INFLIGHT, MODEL, Cluster, metric, rss_mb
 
 BURST = 10 * MAX_INFLIGHT
 RSS_GROWTH_MB = 64.0  # per process, beyond a burst at capacity (torch's allocator keeps what a batch needed)

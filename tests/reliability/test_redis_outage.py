@@ -16,7 +16,7 @@ import zlib
 import httpx
 import msgpack
 import redis
-from cluster import AUTH, INTERNAL, MODEL, WORKER_FLAGS, Cluster, Proc, metric
+from tests.reliability.cluster import AUTH, INTERNAL, MODEL, WORKER_FLAGS, Cluster, Proc, metric
 
 CACHE_TIMEOUT_S = 0.5
 SLACK_S = 1.5  # scheduling noise of five model processes on two busy cores

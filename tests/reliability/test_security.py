@@ -11,9 +11,9 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from cluster import API_KEY, MODEL, Cluster, Proc, metric
-from data_plane import refuses_a_wrong_secret
-from raw_wire import frame, read_frame
+from tests.reliability.cluster import API_KEY, MODEL, Cluster, Proc, metric
+from tests.reliability.data_plane import refuses_a_wrong_secret
+from tests.reliability.raw_wire import frame, read_frame
 
 OPENAI_CALLS = [("GET", "/v1/models", None), ("POST", "/v1/completions", {"model": MODEL, "prompt": "hi"}),
                 ("POST", "/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]})]

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import httpx
 import pytest
-from cluster import AUTH, MODEL, REPO, Cluster, Proc, cpu_seconds
-from streams import stream_completion
+from tests.reliability.cluster import AUTH, MODEL, REPO, Cluster, Proc, cpu_seconds
+from tests.reliability.streams import stream_completion
 
 from pdserve.engine.detokenizer import IncrementalDetokenizer
 from pdserve.engine.sampling import SamplingParams

@@ -18,8 +18,8 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from cluster import AUTH, WORKER_FLAGS, Cluster, Proc, metric
-from streams import StreamResult, stream_completion
+from tests.reliability.cluster import AUTH, WORKER_FLAGS, Cluster, Proc, metric
+from tests.reliability.streams import StreamResult, stream_completion
 
 STALL_S = 4.0  # the router's default --stream-stall-timeout
 CUT_WITHIN_S = STALL_S + 2.0

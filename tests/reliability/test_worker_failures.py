@@ -17,8 +17,8 @@ import time
 from dataclasses import dataclass, field
 
 import httpx
-from cluster import AUTH, MODEL, Cluster, Proc, metric, wait_until
-from streams import StreamResult, stream_completion
+from tests.reliability.cluster import AUTH, MODEL, Cluster, Proc, metric, wait_until
+from tests.reliability.streams import StreamResult, stream_completion
 
 STREAMS = 6
 MAX_TOKENS = 96
