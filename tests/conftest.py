@@ -27,28 +27,6 @@ from pdserve.engine.weights import DEFAULT_MODEL, KNOWN_MODELS, LoadedModel, loa
 from pdserve.engine.weights.fetch import default_cache_dir, fetch_default_model, fetch_gguf
 
 
-# Two pytest-xdist workers (pyproject addopts: -n 2 --dist loadgroup), each test in a group that runs whole on
-# one worker, in collection order. The tests that start deployments form two streams whose memory fits the CI
-# machine together (a worker process holds ~1 GB; with deployments on both sides unsorted, a trial was
-# OOM-killed on 24 GiB): the e2e stream (the session's shared deployments, then each module's own) and the
-# services stream (reliability cluster, compose topology, docs server). Every other module is its own group,
-# run by whichever worker is free. xdist sends the largest groups first.
-STREAMS = {"e2e": ("tests/e2e/", "tests/bench/test_real_server.py", "tests/pdserve/test_serve_hub_model.py",
-                   "tests/pdserve/test_generate_command.py"),
-           "services": ("tests/reliability/", "tests/deploy/", "tests/docs/")}
-_ROOT = Path(__file__).resolve().parents[1]
-
-
-def xdist_group_of(item: pytest.Item) -> str:
-    path = item.path.relative_to(_ROOT).as_posix()
-    return next((name for name, prefixes in STREAMS.items() if path.startswith(prefixes)), path)
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(xdist_group_of(item)))
-
-
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--soak-full", action="store_true", default=False,
                      help="tests/reliability/test_soak.py: the full 2,000-request soak (CI runs a shorter one)")

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from tests.reliability.cluster import MAX_INFLIGHT, MODEL, WORKER_FLAGS, Cluster
 
 MODULE_ORDER = ("test_hostile_input.py", "test_kv_failures.py", "test_worker_failures.py", "test_redis_outage.py",

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+
 from tests.reliability.cluster import MODEL
 
 

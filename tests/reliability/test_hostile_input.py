@@ -13,10 +13,10 @@ from collections.abc import Iterator
 import httpx
 import msgpack
 import pytest
-from tests.reliability.cluster import AUTH, MODEL, SECRET, Cluster, Proc, rss_mb, wait_until
-from tests.reliability.raw_wire import frame, read_frame
 
 from pdserve.kv_transfer.wire import auth_mac
+from tests.reliability.cluster import AUTH, MODEL, SECRET, Cluster, Proc, rss_mb, wait_until
+from tests.reliability.raw_wire import frame, read_frame
 
 FUZZ_EXAMPLES = 20  # per operation and generation mode: ~80 requests, well under a minute
 BIG = 33 << 20  # past the router's default --max-body-size of 32 MiB

@@ -10,11 +10,11 @@ import signal
 import time
 
 import httpx
-from tests.reliability.cluster import AUTH, MODEL, SECRET, Cluster, Proc, metric
-from tests.reliability.data_plane import reserve_and_read
 
 from pdserve.engine.sampling import SamplingParams
 from pdserve.protocol.messages import Reserve, Reserved, TokenDelta
+from tests.reliability.cluster import AUTH, MODEL, SECRET, Cluster, Proc, metric
+from tests.reliability.data_plane import reserve_and_read
 
 PROMPT = list(range(2000, 2040))  # 40 tokens: 3 blocks reserved
 GREEDY = {"max_tokens": 8, "temperature": 0.0}

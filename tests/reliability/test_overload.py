@@ -10,6 +10,7 @@ import collections
 import time
 
 import httpx
+
 from tests.reliability.cluster import AUTH, MAX_INFLIGHT, MODEL, Cluster, metric, rss_mb
 
 BURST = 10 * MAX_INFLIGHT

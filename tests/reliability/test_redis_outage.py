@@ -16,6 +16,7 @@ import zlib
 import httpx
 import msgpack
 import redis
+
 from tests.reliability.cluster import AUTH, INTERNAL, MODEL, WORKER_FLAGS, Cluster, Proc, metric
 
 CACHE_TIMEOUT_S = 0.5

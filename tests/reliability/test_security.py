@@ -11,6 +11,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+
 from tests.reliability.cluster import API_KEY, MODEL, Cluster, Proc, metric
 from tests.reliability.data_plane import refuses_a_wrong_secret
 from tests.reliability.raw_wire import frame, read_frame

@@ -20,12 +20,12 @@ from dataclasses import dataclass
 
 import httpx
 import pytest
-from tests.reliability.cluster import AUTH, MODEL, REPO, Cluster, Proc, cpu_seconds
-from tests.reliability.streams import stream_completion
 
 from pdserve.engine.detokenizer import IncrementalDetokenizer
 from pdserve.engine.sampling import SamplingParams
 from pdserve.llm import GenerationOutput
+from tests.reliability.cluster import AUTH, MODEL, REPO, Cluster, Proc, cpu_seconds
+from tests.reliability.streams import stream_completion
 
 CI_REQUESTS, FULL_REQUESTS = 200, 2000
 CONCURRENCY = 32

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+
 from tests.reliability.cluster import AUTH, WORKER_FLAGS, Cluster, Proc, metric
 from tests.reliability.streams import StreamResult, stream_completion
 

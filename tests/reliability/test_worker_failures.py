@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 
 import httpx
+
 from tests.reliability.cluster import AUTH, MODEL, Cluster, Proc, metric, wait_until
 from tests.reliability.streams import StreamResult, stream_completion
 
