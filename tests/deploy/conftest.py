@@ -1,5 +1,5 @@
 """Deployment fixtures: compose.yaml's CPU topology (router + 2 prefill + 2 decode, redis) run as local
-processes (tests/deploy/topology.py), once per session, on the default model."""
+processes (tests/deploy/topology.py), once for this folder (package-scoped: stopped when its last test is done), on the default model."""
 
 from __future__ import annotations
 
