@@ -105,7 +105,7 @@ class _FakeWorker:
 
 class FakeDecodeWorker(_FakeWorker):
     """FAKE decode worker. Knobs (set from the test thread): full, token_delay_s, break_after, free_blocks,
-    kv_lease_s + kv_failure, stamp_times."""
+    kv_lease_s + kv_failure, stamp_times, text_padding."""
 
     role = "decode"
 
@@ -115,6 +115,7 @@ class FakeDecodeWorker(_FakeWorker):
         self.token_delay_s = 0.0
         self.break_after: int | None = None  # drop the connection after this many deltas of a request
         self.stamp_times = False  # text = time.perf_counter() at send, to time the relay
+        self.text_padding = 0  # characters appended to each token's text (a stream of many megabytes)
         self.kv_lease_s: float | None = None  # the KV (P's hand-off) must come within this, else kv_failure:
         self.kv_failure = "fail"  # "fail": an error delta, as --kv-load-failure-policy fail; "recompute": go on
         self.total_blocks = total_blocks
@@ -211,6 +212,7 @@ class FakeDecodeWorker(_FakeWorker):
             {"token_id": token_id, "logprob": -0.5, "top": [[token_id, -0.5], [token_id + 1, -1.5]][:k]}]
         if self.stamp_times:
             text = f"{time.perf_counter():.6f};"
+        text += "." * self.text_padding
         return TokenDelta(r.request_id, [token_id], text, finish, logprobs, len(r.prompt_token_ids), count,
                           self.cached_tokens)
 

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+import socket
 import statistics
 import time
+from pathlib import Path
 
 import httpx
 import openai
 import pytest
-from fake_workers import expected_text
+from fake_workers import expected_text, token_text
 
 MODEL = "smollm2-135m-instruct"
 
@@ -172,6 +174,35 @@ def test_relay_hands_on_every_stamped_frame_in_order(make_cluster) -> None:
     assert sent == sorted(sent)
     assert min(delays) > 0
     print(f"relay through the router in this process: p50 {statistics.median(delays) * 1e3:.2f} ms per frame")
+
+
+def test_deltas_queued_while_the_client_lags_go_out_merged_with_the_text_intact(make_cluster) -> None:
+    """Smooth streams (router/streaming.py): while the client keeps up every token is its own event (the test
+    above: 200 stamped frames, none merged); when it stops reading, its socket and the kernel's buffers fill,
+    uvicorn's send waits, and the deltas that queue meanwhile go out merged, one event per choice."""
+    cluster = make_cluster()
+    decode = cluster.decode[0]
+    # three times what the kernel's send buffer can grow to (tcp_wmem's maximum), in 1,500 tokens
+    send_buffer_max = int(Path("/proc/sys/net/ipv4/tcp_wmem").read_text().split()[2])
+    tokens = 1500
+    decode.text_padding = max(4000, 3 * send_buffer_max // tokens)
+    decode.token_delay_s = 0.001  # a stream that flows: the router writes the deltas as they come
+    body = {"model": MODEL, "prompt": "Hi", "max_tokens": tokens, "stream": True, "seed": 7}
+    transport = httpx.HTTPTransport(socket_options=[(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 16)])
+    with httpx.Client(transport=transport, timeout=60) as client, \
+            client.stream("POST", f"{cluster.url}/v1/completions", json=body) as response:
+        _wait_for(lambda: len(decode.finished) == 1, timeout_s=30)  # D has sent every token; nothing read yet
+        time.sleep(2.0)  # the router's write waits on the full socket while the rest queue behind it
+        events = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: {")]
+    texts = [e["choices"][0]["text"] for e in events if e["choices"]]
+    pad = "." * decode.text_padding
+    assert "".join(texts) == "".join(f"{token}{pad}" for token in token_texts(7, tokens))
+    assert len(texts) <= tokens - 100, len(texts)  # some hundreds of tokens went out as one event
+    assert len(texts) > 100  # those written before the socket filled were one event each
+
+
+def token_texts(seed: int, count: int) -> list[str]:
+    return [token_text(seed, i) for i in range(count)]
 
 
 def _by_url(workers: list, servers: list) -> list:
