@@ -7,15 +7,20 @@
 Variants (selected here only, by patching module attributes of the dispatcher and the runner; the product is
 unchanged):
     ours             our Triton prefill attention (what ships: no SDPA table entry)
-    cudnn            the shipped SDPA dispatch with a cuDNN entry: one call per prompt on the views of the fused
-                     qkv buffer (q/k/v strides 6,144 per token), output copied into a packed buffer
+    cudnn            the shipped SDPA dispatch with a cuDNN entry (bucket BUCKET): one call per prompt on the
+                     views of the fused qkv buffer (q/k/v strides 6,144 per token), padded to a multiple of
+                     BUCKET rows (4,096 is one: no copy), one prompt's output handed on as a view
     cudnn_contig     the same with q, k, v made contiguous [1, H, n, D] first (is it the layout?)
     cudnn_nocopy     cuDNN's output [1, H, n, D] handed on as a [n, H, D] view (the o_proj input reshape then
                      copies once; is it the extra copy?)
     flash            FlashAttention through SDPA on the views
     *_lt             the same with torch.backends.cuda.preferred_blas_library("cublaslt") for the GEMMs
     X_queued         variant X timed behind an 80 ms GPU sleep: all of it queued before its first kernel, so
-                     the GPU's own time (X minus X_queued: the idle time the host causes, unprofiled)
+                     the GPU's own time (X minus X_queued: the idle time the host causes, unprofiled, and
+                     whatever back-to-back prefills cost the card's clocks)
+    X_rested         variant X timed as X, but each prefill after the same 80 ms GPU sleep has ended (X_rested
+                     minus X_queued: the host's delays alone; X minus X_rested: back-to-back load)
+    fp8_X            variant X on a second runner with fp8 linears (--quantization fp8, bf16 KV)
     baseline[_X]     variant X (default ours) with the batch built by benchmarks/prefill_baseline_batch.py: the
                      product's before the pinned, non_blocking staging (7 pageable .to(device) copies, each a
                      host sync), so one run times before and after side by side
@@ -65,6 +70,7 @@ from pdserve.engine.weights.dummy import dummy_weights
 
 dispatcher = importlib.import_module("pdserve.kernels.prefill_attention")  # the module (the package exports the function)
 PAGE = 16
+BUCKET = 256  # the cuDNN variants pad each prompt to a multiple of this (kernels/prefill_attention.py)
 BASE = ("ours", "cudnn", "cudnn_contig", "cudnn_nocopy", "flash")
 DEFAULT_VARIANTS = (*BASE, "ours_lt", "cudnn_contig_lt")
 GROUPS = (  # first match wins: (group, regex over the kernel name)
@@ -78,10 +84,10 @@ GROUPS = (  # first match wins: (group, regex over the kernel name)
 
 
 def sdpa_views_nocopy(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_lens: tuple[int, ...], scale: float,
-                      backend: str) -> torch.Tensor:
-    """One prompt: cuDNN's output handed on as a view (no packed-buffer copy); several: the shipped loop."""
+                      backend: str, bucket: int = 0) -> torch.Tensor:
+    """One prompt: cuDNN's output handed on as a view, unpadded; several: the shipped loop."""
     if len(q_lens) != 1:
-        return SHIPPED_SDPA(q, k, v, q_lens, scale, backend)
+        return SHIPPED_SDPA(q, k, v, q_lens, scale, backend, bucket)
     with dispatcher.sdpa_kernel(dispatcher.SDPA_BACKENDS[backend]):
         qs, ks, vs = (t.transpose(0, 1)[None] for t in (q, k, v))
         o = torch.nn.functional.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale, enable_gqa=True)
@@ -89,7 +95,7 @@ def sdpa_views_nocopy(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_lens:
 
 
 def sdpa_contiguous(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_lens: tuple[int, ...], scale: float,
-                    backend: str) -> torch.Tensor:
+                    backend: str, bucket: int = 0) -> torch.Tensor:
     """The shipped loop on contiguous [1, H, n, D] copies of q, k, v."""
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     start = 0
@@ -112,12 +118,13 @@ SHIPPED_BUILD = runner_module.build_prefill_batch
 @contextlib.contextmanager
 def variant(name: str) -> Iterator[None]:
     """Patch the dispatcher, the batch build and the BLAS library for one variant; restore on exit."""
-    name = name.removesuffix("_queued")  # how it is timed, not what runs (interleaved)
+    name = name.removesuffix("_queued").removesuffix("_rested")  # how it is timed, not what runs (interleaved)
+    name = name.removeprefix("fp8_")  # which runner (fp8 linears), not what the dispatch does
     old_batch = name.startswith("baseline")
     base = name.removeprefix("baseline").removeprefix("_") or "ours"
     base = base.removesuffix("_lt")
     backend = {"ours": None, "flash": "flash"}.get(base, "cudnn")
-    entry = None if backend is None else {"backend": backend, "min_tokens": 1, "max_seqs": 1}
+    entry = None if backend is None else {"backend": backend, "min_tokens": 1, "max_seqs": 1, "bucket": BUCKET}
     sdpa = {"cudnn_contig": sdpa_contiguous, "cudnn_nocopy": sdpa_views_nocopy}.get(base, SHIPPED_SDPA)
     blas = torch.backends.cuda.preferred_blas_library() if torch.cuda.is_available() else None
     dispatcher.sdpa_entry = lambda *args: entry
@@ -135,12 +142,33 @@ def variant(name: str) -> Iterator[None]:
             torch.backends.cuda.preferred_blas_library(blas)
 
 
-def build(preset: str, tokens: int, device: str, dtype: torch.dtype) -> tuple[ModelRunner, list[PrefillChunk]]:
+def build(preset: str, tokens: int, device: str, dtype: torch.dtype,
+          quantizations: tuple[str, ...] = ("none",)) -> tuple[dict[str, ModelRunner], list[PrefillChunk]]:
+    """One runner per quantization ("none": bf16 linears; "fp8": fp8 linears, bf16 KV), the same dummy weights."""
     config = get_preset(preset)
-    runner = ModelRunner(config, CacheConfig(num_blocks=tokens // PAGE + 16, block_size=PAGE),
-                         dummy_weights(config, dtype, device), device, dtype, max_num_seqs=1, enforce_eager=True)
+    weights = dummy_weights(config, dtype, device)
+    runners = {q: ModelRunner(config, CacheConfig(num_blocks=tokens // PAGE + 16, block_size=PAGE), weights, device,
+                              dtype, max_num_seqs=1, enforce_eager=True, quantization=q) for q in quantizations}
+    del weights
     chunk = PrefillChunk([(7 * j + 3) % config.vocab_size for j in range(tokens)], 0, list(range(-(-tokens // PAGE))))
-    return runner, [chunk]
+    return runners, [chunk]
+
+
+def runner_for(runners: dict[str, ModelRunner], name: str) -> ModelRunner:
+    """fp8_* variants run on the fp8-linear runner, the rest on bf16's."""
+    return runners["fp8" if name.startswith("fp8_") else "none"]
+
+
+def host_build_ms(chunks: list[PrefillChunk], device: str, reps: int = 50) -> float:
+    """Median host ms of build_prefill_batch alone (numpy + pinned staging + the two non_blocking copies)."""
+    times = []
+    for _ in range(reps + 3):
+        start = time.perf_counter()
+        runner_module.build_prefill_batch(chunks, PAGE, torch.device(device))
+        times.append((time.perf_counter() - start) * 1e3)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return statistics.median(times[3:])
 
 
 def timed_ms(fn: Callable[[], object], cuda: bool, host: list[float] | None = None, sleep_cycles: int = 0) -> float:
@@ -186,11 +214,13 @@ def host_syncs(runner: ModelRunner, chunks: list[PrefillChunk], name: str) -> di
     return {"count": sum(messages.values()), "messages": dict(messages.most_common(5))}
 
 
-def interleaved(runner: ModelRunner, chunks: list[PrefillChunk], names: list[str], rounds: int, reps: int,
-                cuda: bool) -> dict:
+def interleaved(runners: dict[str, ModelRunner], chunks: list[PrefillChunk], names: list[str], rounds: int,
+                reps: int, cuda: bool) -> dict:
     """Per variant the CUDA-event times of `reps` prefills a round; an `*_queued` variant is timed behind an
-    80 ms GPU sleep (timed_ms), i.e. the GPU's own time for that prefill."""
-    queued = sleep_cycles(80.0) if cuda and any(n.endswith("_queued") for n in names) else 0
+    80 ms GPU sleep (timed_ms), i.e. the GPU's own time for that prefill; a `*_rested` one after the same
+    sleep has finished (synchronized), so timed as the plain variant, host delays included, but after 80 ms
+    of no heavy work (X minus X_rested: what back-to-back prefills cost in the card's clocks)."""
+    pause = sleep_cycles(80.0) if cuda and any(n.endswith(("_queued", "_rested")) for n in names) else 0
     times: dict[str, list[float]] = {n: [] for n in names}
     hosts: dict[str, list[float]] = {n: [] for n in names}
     churn: dict[str, collections.Counter] = {n: collections.Counter() for n in names}
@@ -199,13 +229,17 @@ def interleaved(runner: ModelRunner, chunks: list[PrefillChunk], names: list[str
         for name in names:
             if name in errors:
                 continue
+            runner = runner_for(runners, name)
             try:
                 with variant(name):
                     runner.prefill(chunks)  # untimed: plans, caches
                     before = memory_counters() if cuda else {}
-                    cycles = queued if name.endswith("_queued") else 0
-                    times[name] += [timed_ms(lambda: runner.prefill(chunks), cuda, hosts[name], cycles)
-                                    for _ in range(reps)]
+                    cycles = pause if name.endswith("_queued") else 0
+                    for _ in range(reps):
+                        if name.endswith("_rested") and cuda:
+                            torch.cuda._sleep(pause)
+                            torch.cuda.synchronize()
+                        times[name].append(timed_ms(lambda r=runner: r.prefill(chunks), cuda, hosts[name], cycles))
                     if cuda:
                         churn[name].update(counter_delta(before, memory_counters()))
             except Exception as exc:  # noqa: BLE001 -- a backend this device does not offer: recorded, others go on
@@ -219,12 +253,16 @@ def interleaved(runner: ModelRunner, chunks: list[PrefillChunk], names: list[str
     return out
 
 
-def logits_agree(runner: ModelRunner, chunks: list[PrefillChunk], names: list[str]) -> dict:
-    """Each variant's last-row logits against ours: max abs difference and the argmax (dummy weights)."""
-    with variant("ours"):
-        ref = runner.prefill(chunks).logits.float()
+def logits_agree(runners: dict[str, ModelRunner], chunks: list[PrefillChunk], names: list[str]) -> dict:
+    """Each variant's last-row logits against ours on the same runner: max abs difference and the argmax."""
+    refs = {}
+    for q, runner in runners.items():
+        with variant("ours"):
+            refs[q] = runner.prefill(chunks).logits.float()
     out = {}
     for name in names:
+        runner = runner_for(runners, name)
+        ref = refs["fp8" if name.startswith("fp8_") else "none"]
         try:
             with variant(name):
                 got = runner.prefill(chunks).logits.float()
@@ -313,6 +351,7 @@ def main() -> int:
                         help="variants profiled kernel by kernel")
     parser.add_argument("--gaps", nargs="*", default=[], help="variants whose GPU idle intervals are traced")
     parser.add_argument("--dry-run", action="store_true", help="CPU: tiny model, the reference path")
+    parser.add_argument("--out-name", default="prefill_4096_gpu.json", help="the JSON's file name under $OUT")
     args = parser.parse_args()
     cuda = not args.dry_run
     preset, device = ("llama3-8b", "cuda") if cuda else ("smollm2-135m", "cpu")
@@ -320,18 +359,21 @@ def main() -> int:
     tokens = args.tokens if cuda else 64
     out_dir = Path(os.environ.get("OUT") or "benchmarks/results")
     out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / ("prefill_4096_cpu_dry.json" if args.dry_run else "prefill_4096_gpu.json")
+    path = out_dir / ("prefill_4096_cpu_dry.json" if args.dry_run else args.out_name)
 
     def save() -> None:  # after every part: a later part that fails or runs out of time loses only itself
         path.write_text(json.dumps(result, indent=1) + "\n")
 
-    runner, chunks = build(preset, tokens, device, dtype)
+    fp8 = any(n.startswith("fp8_") for n in [*args.variants, *args.profile, *args.gaps])
+    runners, chunks = build(preset, tokens, device, dtype, ("none", "fp8") if fp8 else ("none",))
     result: dict = {"date": time.strftime("%Y-%m-%d %H:%M"), "torch": torch.__version__, "tokens": tokens,
                     "model": f"{preset} (dummy weights, {str(dtype).removeprefix('torch.')})",
                     "device": torch.cuda.get_device_name() if cuda else "cpu", "target_ms": 95.0,
                     "rounds": args.rounds, "reps": args.reps}
     with torch.inference_mode():
-        result["prefill_ms"] = interleaved(runner, chunks, args.variants, args.rounds, args.reps, cuda)
+        result["host_build_batch_ms"] = host_build_ms(chunks, device)
+        print(f"host build_prefill_batch {tokens} tokens: {result['host_build_batch_ms']:.3f} ms", flush=True)
+        result["prefill_ms"] = interleaved(runners, chunks, args.variants, args.rounds, args.reps, cuda)
         for name, row in result["prefill_ms"].items():
             print(f"prefill {tokens} {name:16s} " + (f"median {row['median_ms']:.2f} ms, min {row['min_ms']:.2f}, "
                                                      f"host enqueue {row['host_enqueue_ms'] or 0:.1f}"
@@ -347,13 +389,13 @@ def main() -> int:
             if prop.get("proposed"):
                 (out_dir / "prefill_attention_configs.json").write_text(json.dumps(prop["proposed"], indent=1) + "\n")
         save()
-        result["logits_vs_ours"] = logits_agree(runner, chunks, args.variants)
+        result["logits_vs_ours"] = logits_agree(runners, chunks, args.variants)
         result["gap_timelines"] = {}
         for name in args.gaps:
             for stack in (False, True):
                 key = f"{name}{'_with_stack' if stack else ''}"
                 try:
-                    result["gap_timelines"][key] = t = gaps(runner, chunks, name, stack)
+                    result["gap_timelines"][key] = t = gaps(runner_for(runners, name), chunks, name, stack)
                 except Exception as exc:  # noqa: BLE001 -- the timings above still count
                     result["gap_timelines"][key] = {"error": repr(exc)[:300]}
                     continue
@@ -363,7 +405,7 @@ def main() -> int:
             result["host_syncs"] = {}
             for name in args.profile:
                 try:
-                    result["host_syncs"][name] = h = host_syncs(runner, chunks, name)
+                    result["host_syncs"][name] = h = host_syncs(runner_for(runners, name), chunks, name)
                 except Exception as exc:  # noqa: BLE001 -- the timings above still count
                     result["host_syncs"][name] = {"error": repr(exc)[:300]}
                     continue
@@ -372,7 +414,7 @@ def main() -> int:
             result["profiles"] = {}
             for name in args.profile:
                 try:
-                    result["profiles"][name] = p = kernel_profile(runner, chunks, name)
+                    result["profiles"][name] = p = kernel_profile(runner_for(runners, name), chunks, name)
                 except Exception as exc:  # noqa: BLE001 -- the timings above still count
                     result["profiles"][name] = {"error": repr(exc)[:300]}
                     continue
@@ -380,7 +422,7 @@ def main() -> int:
                       f"{p['gaps_ms']:.1f}; " + ", ".join(f"{g} {ms:.1f}" for g, ms in p["groups_ms"].items()),
                       flush=True)
             save()
-            del runner
+            del runners
             torch.cuda.empty_cache()
             result["gemms"] = g = gemm_shapes(preset, tokens, dtype)
             print("gemms alone, all layers (ms):", {k: round(v, 2) for k, v in g["all_layers_ms"].items()},

@@ -15,7 +15,10 @@ a batch still choose a kernel, and the warm-up runs each of their classes once:
 Each of these batches leads with a one-token chunk after a one-block cached prefix, which keeps it on our
 attention kernel whatever the SDPA table says (kernels/prefill_attention.py sends only batches of whole
 uncached prompts to SDPA); a last batch, one uncached prompt of the limit, takes the path SDPA may take
-(nothing of Triton's to compile there). Then `warm_up_block_copies` runs the KV-moving kernels a prefill worker
+(nothing of Triton's to compile there). Where the device's SDPA entry sends whole prompts to cuDNN, which
+builds an execution plan per shape on first use (47-52 ms each on the H200), the runner then calls SDPA once
+at every padded length a served prompt can run at (kernels/prefill_attention.py `sdpa_buckets`, the function
+the dispatch pads by), so no request builds one. Then `warm_up_block_copies` runs the KV-moving kernels a prefill worker
 launches per request (kv_transfer's gather or peer copy, the cache tiers' gather / scatter) once each, block 0
 onto itself: their keys depend on the pool's layout only, and a peer's pool of another size has strides of the
 same class (multiples of 16).

@@ -79,6 +79,24 @@ def sdpa_choice(shape: PrefillShape | None, entry: dict[str, Any] | None) -> str
     return entry["backend"]
 
 
+def sdpa_bucket(n: int, step: int) -> int:
+    """The length a prompt of n tokens runs SDPA at: n rounded up to a multiple of `step` (0: n itself).
+    cuDNN builds an execution plan per shape on first use (47-52 ms); padded to buckets, served lengths reuse
+    the plans the warm-up built (sdpa_buckets)."""
+    return -(-n // step) * step if step > 0 else n
+
+
+def sdpa_buckets(entry: dict[str, Any] | None, limit: int) -> list[int]:
+    """Every length sdpa_bucket gives the prompts of entry["min_tokens"]..limit tokens: what the warm-up runs
+    (engine/runner.py warm_up_prefill), so that no served prompt meets a shape cuDNN has not planned."""
+    if entry is None or limit < entry["min_tokens"]:
+        return []
+    step = entry.get("bucket", 0)
+    if step <= 0:
+        return list(range(entry["min_tokens"], limit + 1))
+    return list(range(sdpa_bucket(entry["min_tokens"], step), sdpa_bucket(limit, step) + 1, step))
+
+
 @functools.cache
 def sdpa_entry(device: torch.device, dtype: torch.dtype, q_heads: int, kv_heads: int,
                head_dim: int) -> dict[str, Any] | None:
@@ -86,21 +104,74 @@ def sdpa_entry(device: torch.device, dtype: torch.dtype, q_heads: int, kv_heads:
     return default_prefill_table().entries.get(prefill_key(device_name(device), dtype, q_heads, kv_heads, head_dim))
 
 
+def _fused_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor | None:
+    """q|k|v as one [n, Hq + 2 Hkv, D] view when they are adjacent heads of one fused qkv row (what the model
+    passes: the qkv GEMM's output split), else None."""
+    n, hq, d = q.shape
+    heads = hq + 2 * k.shape[1]
+    fused = (heads * d, d, 1)
+    if q.stride() != fused or k.stride() != fused or v.stride() != fused:
+        return None
+    size = q.element_size()
+    if k.data_ptr() != q.data_ptr() + hq * d * size or v.data_ptr() != k.data_ptr() + k.shape[1] * d * size:
+        return None
+    return q.as_strided((n, heads, d), fused)
+
+
+def _sdpa_prompt(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, step: int) -> torch.Tensor:
+    """One causal prompt [n, H, D] -> [n, Hq, D], run at sdpa_bucket(n, step) rows in the fused layout
+    [L, Hq + 2 Hkv, D] (the model's qkv row), so cuDNN's plan key (dims and strides) is the bucket's whatever n
+    is. Rows n..L are zeros, appended at the end: with the causal mask row i < n sees keys 0..i, all real,
+    so the real rows' outputs are those of the unpadded call; the padded rows' outputs are dropped. (The
+    zeros matter: a masked key still enters P @ V with weight 0, and 0 * NaN from stale memory is NaN.)"""
+    n, hq, d = q.shape
+    hkv = k.shape[1]
+    rows = sdpa_bucket(n, step)
+    fused = _fused_rows(q, k, v)
+    if rows != n or fused is None:
+        buf = torch.empty(rows, hq + 2 * hkv, d, dtype=q.dtype, device=q.device)
+        if fused is not None:
+            buf[:n].copy_(fused)  # one copy of the fused rows (q, k, v are adjacent)
+        else:
+            buf[:n, :hq], buf[:n, hq:hq + hkv], buf[:n, hq + hkv:] = q, k, v
+        buf[n:].zero_()
+        q, k, v = buf.split([hq, hkv, hkv], dim=1)
+    qs, ks, vs = (t.transpose(0, 1)[None] for t in (q, k, v))  # [1, H, L, D]
+    o = torch.nn.functional.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale, enable_gqa=True)
+    return o[0].transpose(0, 1)[:n]
+
+
 def prefill_attention_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_lens: tuple[int, ...],
-                           scale: float, backend: str) -> torch.Tensor:
-    """Whole uncached prompts packed along T: one causal SDPA call per prompt on views of q, k, v (GQA through
-    enable_gqa, no K/V expansion)."""
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    start = 0
+                           scale: float, backend: str, bucket: int = 0) -> torch.Tensor:
+    """Whole uncached prompts packed along T: one causal SDPA call per prompt (GQA through enable_gqa, no K/V
+    expansion), each padded up to a multiple of `bucket` rows (_sdpa_prompt). One prompt: its output is
+    handed on as a view (no copy into a packed buffer)."""
     with sdpa_kernel(SDPA_BACKENDS[backend]):
+        if len(q_lens) == 1:
+            return _sdpa_prompt(q, k, v, scale, bucket)
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        start = 0
         for n in q_lens:
             rows = slice(start, start + n)
-            qs, ks, vs = (t[rows].transpose(0, 1)[None] for t in (q, k, v))  # [1, H, n, D]
-            o = torch.nn.functional.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale,
-                                                                 enable_gqa=True)
-            out[rows] = o[0].transpose(0, 1)
+            out[rows] = _sdpa_prompt(q[rows], k[rows], v[rows], scale, bucket)
             start += n
     return out
+
+
+def warm_up_sdpa(device: torch.device, dtype: torch.dtype, q_heads: int, kv_heads: int, head_dim: int,
+                 limit: int, scale: float) -> int:
+    """Run SDPA once at every bucket this device's entry gives prompts of up to `limit` tokens (sdpa_buckets),
+    through the served path, so that cuDNN's plans are built here and not on a request. Returns the count."""
+    entry = sdpa_entry(device, dtype, q_heads, kv_heads, head_dim)
+    buckets = sdpa_buckets(entry, limit)
+    if not buckets:
+        return 0
+    assert entry is not None
+    qkv = torch.randn(buckets[-1], q_heads + 2 * kv_heads, head_dim, dtype=dtype, device=device)
+    for rows in buckets:
+        q, k, v = qkv[:rows].split([q_heads, kv_heads, kv_heads], dim=1)
+        prefill_attention_sdpa(q, k, v, (rows,), scale, entry["backend"], entry.get("bucket", 0))
+    return len(buckets)
 
 
 def prefill_attention_ref(
@@ -141,7 +212,8 @@ def prefill_attention(
             entry = sdpa_entry(q.device, q.dtype, q.shape[1], k.shape[1], q.shape[2])
             backend = sdpa_choice(shape, entry)
             if backend is not None:
-                return prefill_attention_sdpa(q, k, v, shape.q_lens, scale, backend)
+                assert entry is not None
+                return prefill_attention_sdpa(q, k, v, shape.q_lens, scale, backend, entry.get("bucket", 0))
         from pdserve.kernels.prefill_attention_triton import prefill_attention_triton
 
         return prefill_attention_triton(q, kv_cache, cu_seqlens_q, seq_lens, block_tables, scale, k_scale, v_scale)

@@ -9,6 +9,7 @@ random prefills run for real after the warm-up and Triton's own compile hook mus
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 from collections.abc import Iterator
@@ -94,6 +95,64 @@ def test_served_batches_reach_only_warmed_up_kernels(preset: str, dtype: torch.d
     assert len(warm) < 60  # one key per kernel and config: a sum over buckets, not a product over batches
 
 
+# what the tests below send to SDPA: whole new prompts of >= 512 tokens, up to 4 a batch, padded to 256s
+BUCKETED = {"backend": "cudnn", "min_tokens": 512, "max_seqs": 4, "bucket": 256}
+
+
+@contextlib.contextmanager
+def sdpa_shapes(monkeypatch: pytest.MonkeyPatch, entry: dict, run: bool) -> Iterator[set[tuple]]:
+    """The (dims, strides) of q, k, v at every SDPA call, with `entry` as the device's table entry: what
+    cuDNN keys its execution plans by. run=False: nothing computed, an empty output of the right shape."""
+    dispatcher = importlib.import_module("pdserve.kernels.prefill_attention")  # the package exports the function
+    monkeypatch.setattr(dispatcher, "sdpa_entry", lambda *args: entry)
+    real = torch.nn.functional.scaled_dot_product_attention
+    seen: set[tuple] = set()
+
+    def record(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs: object) -> torch.Tensor:
+        seen.add(tuple((tuple(t.shape), t.stride()) for t in (q, k, v)))
+        return real(q, k, v, **kwargs) if run else q.new_empty(q.shape)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", record)
+    yield seen
+
+
+@pytest.mark.parametrize("budget", [2048, 8192])
+def test_served_prompts_reach_only_the_sdpa_shapes_the_warm_up_planned(
+        budget: int, as_on_the_h200: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """cuDNN builds a plan (47-52 ms on the H200) for each new (dims, strides); the warm-up runs SDPA at every
+    padded length, so 200 random served batches (1 in 5 whole new prompts) must meet none it has not run."""
+    config = dataclasses.replace(get_preset("llama3-8b"), num_layers=2, max_model_len=16384)
+    runner = ModelRunner(config, CacheConfig(num_blocks=NUM_BLOCKS, block_size=BLOCK),
+                         dummy_weights(config, torch.bfloat16, "meta"), "meta", torch.bfloat16, max_num_seqs=256)
+    gen = torch.Generator().manual_seed(29)
+    with sdpa_shapes(monkeypatch, BUCKETED, run=False) as seen:
+        assert runner.warm_up_sdpa(budget) == len(range(512, budget + 1, 256))
+        warm = set(seen)
+        seen.clear()
+        _keys(runner, [served_batch(gen, budget, config.max_model_len - 1) for _ in range(200)])
+    assert seen, "no served batch went to SDPA: the test checks nothing"
+    assert not seen - warm, f"SDPA shapes no warm-up call ran: {sorted(seen - warm)[:2]}"
+
+
+def test_without_buckets_served_lengths_would_need_new_plans(as_on_the_h200: None,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check above can fail: a 700-token prompt runs at 768 rows, a shape the bucketed warm-up ran; served
+    unpadded (an entry without "bucket") it is a shape of its own, which cuDNN would plan on the request."""
+    config = dataclasses.replace(get_preset("llama3-8b"), num_layers=1, max_model_len=4096)
+    runner = ModelRunner(config, CacheConfig(num_blocks=NUM_BLOCKS, block_size=BLOCK),
+                         dummy_weights(config, torch.bfloat16, "meta"), "meta", torch.bfloat16, max_num_seqs=4)
+    prompt = [[PrefillChunk(list(range(700)), 0, list(range(700 // BLOCK + 1)))]]
+    with sdpa_shapes(monkeypatch, BUCKETED, run=False) as seen:
+        assert runner.warm_up_sdpa(1024) == 3  # 512, 768, 1024
+        warm = set(seen)
+        _keys(runner, prompt)
+        assert seen == warm
+    unpadded = {k: v for k, v in BUCKETED.items() if k != "bucket"}
+    with sdpa_shapes(monkeypatch, unpadded, run=False) as seen:
+        _keys(runner, prompt)
+    assert seen and not seen & warm
+
+
 def _random_prefills(runner: ModelRunner, count: int, budget: int) -> None:
     gen = torch.Generator().manual_seed(7)
     for _ in range(count):
@@ -117,6 +176,31 @@ def test_no_compile_after_warm_up_on_a_gpu(budget: int) -> None:
         torch.cuda.synchronize()
     assert counter.compiled == [], f"{len(counter.compiled)} compiles after the warm-up: {counter.compiled[:3]}"
     assert specialization.cached_kernels() == cached
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="runs cuDNN: needs a GPU")
+def test_no_cudnn_plan_after_warm_up_on_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a cuDNN entry (whole prompts of >= 512 tokens padded to 256s): the warm-up runs cuDNN at every padded
+    length, then 200 random prefills send it only shapes the warm-up ran (its plans' keys), compile no Triton
+    kernel, and give the logits ours gives (within bf16's rounding) on a whole prompt of an odd length."""
+    config = dataclasses.replace(get_preset("llama3-8b"), num_layers=2, max_model_len=16384)
+    runner = ModelRunner(config, CacheConfig(num_blocks=NUM_BLOCKS, block_size=BLOCK),
+                         dummy_weights(config, torch.bfloat16, "cuda"), "cuda", torch.bfloat16, max_num_seqs=256,
+                         enforce_eager=True)
+    prompt = [PrefillChunk([(7 * j + 3) % 512 for j in range(1000)], 0, list(range(63)))]
+    ours = runner.prefill(prompt).logits
+    with sdpa_shapes(monkeypatch, BUCKETED, run=True) as seen:
+        assert runner.warm_up_prefill(8192) > 0
+        warm = set(seen)
+        assert len(warm) == len(range(512, 8193, 256))
+        cached = specialization.cached_kernels()
+        with specialization.CompileCounter() as counter:
+            _random_prefills(runner, 200, 8192)
+            padded = runner.prefill(prompt).logits
+            torch.cuda.synchronize()
+    assert seen and not seen - warm, f"SDPA shapes no warm-up call ran: {sorted(seen - warm)[:2]}"
+    assert counter.compiled == [] and specialization.cached_kernels() == cached
+    assert float((padded - ours).norm() / ours.norm()) < 2e-2  # bf16 attention: 1e-3..1e-2 apart
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the warm-up runs on CUDA only")

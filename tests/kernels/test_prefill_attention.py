@@ -95,17 +95,48 @@ def _backends(device: str) -> list[str]:
     return ["math"] + (["flash", "cudnn", "efficient"] if device == "cuda" else [])
 
 
+def test_sdpa_buckets_hold_every_length_the_dispatch_pads_to() -> None:
+    """The warm-up runs sdpa_buckets(entry, limit); every prompt the entry sends to SDPA, of up to the limit,
+    must run at one of those lengths (sdpa_bucket), else cuDNN plans it on a request."""
+    from pdserve.kernels.prefill_attention import sdpa_bucket, sdpa_buckets
+
+    assert [sdpa_bucket(n, 256) for n in (1, 255, 256, 257, 4096, 4097)] == [256, 256, 256, 512, 4096, 4352]
+    assert sdpa_bucket(1000, 0) == 1000
+    for entry in ({"backend": "cudnn", "min_tokens": 2048, "bucket": 256},
+                  {"backend": "cudnn", "min_tokens": 150, "bucket": 100}, {"backend": "flash", "min_tokens": 5}):
+        step = entry.get("bucket", 0)
+        for limit in (0, 100, 2047, 2048, 2049, 4097, 8191, 8192):
+            buckets = sdpa_buckets(entry, limit)
+            served = {sdpa_bucket(n, step) for n in range(entry["min_tokens"], limit + 1)}
+            assert set(buckets) == served, (entry, limit)
+            assert buckets == sorted(set(buckets))
+            assert all(b - limit < max(step, 1) for b in buckets)  # nothing planned past the last bucket
+    assert sdpa_buckets(None, 8192) == []
+    assert len(sdpa_buckets({"backend": "cudnn", "min_tokens": 2048, "bucket": 256}, 8192)) == 25
+
+
+def _fused_qkv(randn: Callable, tokens: int, q_heads: int, kv_heads: int, dim: int, dtype: torch.dtype,
+               fused: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q, k, v as views of one fused qkv row (as the model passes them), or three separate tensors."""
+    if fused:
+        qkv = randn(tokens, q_heads + 2 * kv_heads, dim, dtype=dtype)
+        return tuple(qkv.split([q_heads, kv_heads, kv_heads], dim=1))
+    return tuple(randn(tokens, h, dim, dtype=dtype) for h in (q_heads, kv_heads, kv_heads))
+
+
 @pytest.mark.parametrize("backend", _backends("cuda" if torch.cuda.is_available() else "cpu"))
-def test_sdpa_path_matches_ref(backend: str, dtype: torch.dtype, randn: Callable, paged_kv: Callable,
-                               check: Callable, device: str) -> None:
-    """Two whole prompts packed, q/k/v as views of a fused qkv row (as the model passes them), K/V also in the
-    pages for the reference."""
+@pytest.mark.parametrize("q_lens,bucket,fused", [([37, 70], 0, True), ([37, 70], 16, True), ([45], 0, True),
+                                                  ([45], 64, True), ([45], 64, False), ([64], 64, False),
+                                                  ([33, 16], 32, False)])
+def test_sdpa_path_matches_ref(backend: str, q_lens: list[int], bucket: int, fused: bool, dtype: torch.dtype,
+                               randn: Callable, paged_kv: Callable, check: Callable, device: str) -> None:
+    """Whole prompts packed, q/k/v as views of a fused qkv row or not, each prompt padded to a multiple of
+    `bucket` rows or not; K/V also in the pages for the reference."""
     from pdserve.kernels.prefill_attention import prefill_attention_sdpa
 
-    q_lens, q_heads, kv_heads, dim, block_size = [37, 70], 8, 2, 64, 16
+    q_heads, kv_heads, dim, block_size = 8, 2, 64, 16
     cache, tables = paged_kv(q_lens, kv_heads, dim, block_size, dtype)
-    qkv = randn(sum(q_lens), q_heads + 2 * kv_heads, dim, dtype=dtype)
-    q, k, v = qkv.split([q_heads, kv_heads, kv_heads], dim=1)
+    q, k, v = _fused_qkv(randn, sum(q_lens), q_heads, kv_heads, dim, dtype, fused)
     for i, n in enumerate(q_lens):  # the prompts' own K/V into their pages
         rows = slice(sum(q_lens[:i]), sum(q_lens[:i]) + n)
         for t in range(n):
@@ -114,7 +145,7 @@ def test_sdpa_path_matches_ref(backend: str, dtype: torch.dtype, randn: Callable
     cu = torch.tensor([0, *q_lens], device=device).cumsum(0).to(torch.int32)
     lens = torch.tensor(q_lens, dtype=torch.int32, device=device)
     try:
-        out = prefill_attention_sdpa(q, k, v, tuple(q_lens), dim**-0.5, backend)
+        out = prefill_attention_sdpa(q, k, v, tuple(q_lens), dim**-0.5, backend, bucket)
     except RuntimeError as exc:  # a backend this device / dtype / GQA does not offer
         pytest.skip(f"SDPA {backend}: {str(exc).splitlines()[0][:120]}")
     check(out, prefill_attention_ref(q, cache, cu, lens, tables, dim**-0.5), dtype)
@@ -146,3 +177,20 @@ def test_dispatcher_sends_whole_prompts_to_sdpa_by_the_table(randn: Callable, pa
         kernels.set_backend("auto")
     prefill_attention(q, cache, cu, lens, tables, 0.25, k, k, PrefillShape((20,), cached=False))
     assert used == ["sdpa"] or device == "cuda"  # off CUDA the reference, whatever the table says
+
+
+def test_padded_rows_do_not_reach_the_real_ones(randn: Callable, device: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The padded buffer's stale memory is NaN here (torch.empty poisoned): the real rows must not see it (the
+    padding is zeroed), and they equal the unpadded call's."""
+    import importlib
+
+    dispatcher = importlib.import_module("pdserve.kernels.prefill_attention")  # the package exports the function
+
+    q, k, v = _fused_qkv(randn, 45, 4, 2, 32, torch.float32, fused=True)
+    plain = dispatcher.prefill_attention_sdpa(q, k, v, (45,), 32**-0.5, "math")
+    empty = torch.empty
+    with monkeypatch.context() as patch:
+        patch.setattr(dispatcher.torch, "empty", lambda *a, **kw: empty(*a, **kw).fill_(float("nan")))
+        padded = dispatcher.prefill_attention_sdpa(q, k, v, (45,), 32**-0.5, "math", 64)
+    assert padded.shape == plain.shape and not padded.isnan().any()
+    torch.testing.assert_close(padded, plain, rtol=1e-5, atol=1e-5)
