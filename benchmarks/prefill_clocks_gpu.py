@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 from prefill_4096_gpu import build, sleep_cycles, timed_ms
+from prefill_gaps import GPU_CATS, counter_delta, gap_timeline, memory_counters, trace
 
 from pdserve.engine.attention_metadata import PrefillChunk
 from pdserve.engine.runner import ModelRunner
@@ -89,22 +90,34 @@ def compare(a: torch.Tensor, b: torch.Tensor) -> dict:
             "same_argmax": bool(torch.equal(a.argmax(-1), b.argmax(-1))), "ref_abs_max": float(b.abs().max())}
 
 
-def served_lengths(runner: ModelRunner, count: int = 8) -> dict:
+def served_lengths(runner: ModelRunner, count: int = 8, profiled: int = 0) -> dict:
     """runner.warm_up_prefill (as a worker starts), then whole prompts of random lengths from the entry's
     min_tokens up to the warm-up's limit: each one's first prefill and a second one, host clock around a
-    synchronized call. A plan built on the request would show as ~50 ms more on the first."""
+    synchronized call, and the caching allocators' counters around each (a cudaMalloc / cudaHostAlloc on the
+    first). A plan built on the request would show as ~50 ms more on the first. The first `profiled` lengths
+    are instead traced, both calls (benchmarks/prefill_gaps.py: runtime calls, GPU busy time, idle)."""
     warm_start = time.perf_counter()
     runner.warm_up_prefill(1 << 20)  # the limit is then the pool's: (num_blocks - 1) * block_size tokens
     warm_ms = (time.perf_counter() - warm_start) * 1e3
     limit = (runner.cache_config.num_blocks - 1) * runner.cache_config.block_size
     gen = torch.Generator().manual_seed(23)
     out = {"warm_up_ms": warm_ms, "limit": limit, "sdpa_buckets": runner.warm_up_sdpa(1 << 20), "lengths": {}}
-    for _ in range(count):
+    for i in range(count):
         n = int(torch.randint(1281, limit + 1, (1,), generator=gen))
         chunk = [PrefillChunk([(5 * j + 1) % runner.config.vocab_size for j in range(n)], 0,
                               list(range(-(-n // runner.cache_config.block_size))))]
-        out["lengths"][n] = {"first_ms": host_ms(lambda c=chunk: runner.prefill(c)),
-                             "again_ms": host_ms(lambda c=chunk: runner.prefill(c))}
+        row: dict = {}
+        for call in ("first", "again"):
+            if i < profiled:  # where the first call's extra time goes: runtime calls, GPU busy, idle
+                events, wall = trace(lambda c=chunk: runner.prefill(c), with_stack=False)
+                t = gap_timeline(events, wall, busy_cats=GPU_CATS)
+                row[f"{call}_profiled"] = {"wall_ms": t.get("wall_ms"), "gpu_busy_ms": t.get("gpu_busy_ms"),
+                                           "summary_us": t.get("summary_us"), "runtime_calls": t.get("runtime_calls")}
+                continue
+            before = memory_counters()
+            row[f"{call}_ms"] = host_ms(lambda c=chunk: runner.prefill(c))
+            row[f"{call}_allocator_delta"] = {k: v for k, v in counter_delta(before, memory_counters()).items() if v}
+        out["lengths"][n] = row
     return out
 
 
@@ -119,7 +132,17 @@ def host_ms(fn: Callable[[], object]) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=30)
+    parser.add_argument("--served-only", action="store_true", help="only served_lengths (bf16 runner)")
+    parser.add_argument("--profiled", type=int, default=0, help="served lengths traced instead of timed")
+    parser.add_argument("--out-name", default="prefill_clocks_h200.json")
     args = parser.parse_args()
+    if args.served_only:
+        runners, _ = build("llama3-8b", 4096, "cuda", torch.bfloat16, ("none",))
+        result = {"date": time.strftime("%Y-%m-%d %H:%M"), "device": torch.cuda.get_device_name(),
+                  "entry": dispatcher.sdpa_entry(torch.device("cuda"), torch.bfloat16, 32, 8, 128),
+                  "served_after_warm_up": served_lengths(runners["none"], 12, args.profiled)}
+        print(json.dumps(result["served_after_warm_up"], indent=1), flush=True)
+        return write(result, args.out_name)
     runners, chunks = build("llama3-8b", 4096, "cuda", torch.bfloat16, ("none", "fp8"))
     rest = sleep_cycles(80.0)
     sampler = Sampler()
@@ -156,9 +179,13 @@ def main() -> None:
         print(f"logits {k}: {v}", flush=True)
     result["served_after_warm_up"] = served_lengths(runners["none"])
     print(f"served lengths after the warm-up: {result['served_after_warm_up']}", flush=True)
+    write(result, args.out_name)
+
+
+def write(result: dict, name: str) -> None:
     out_dir = Path(os.environ.get("OUT") or Path(__file__).parent / "results")
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "prefill_clocks_h200.json").write_text(json.dumps(result, indent=1) + "\n")
+    (out_dir / name).write_text(json.dumps(result, indent=1) + "\n")
 
 
 if __name__ == "__main__":

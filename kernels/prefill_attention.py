@@ -14,31 +14,36 @@ from the pages, so it serves every batch: cached prefixes, chunked continuations
 a batch is whole uncached prompts, their K/V are exactly k and v (contiguous per prompt), and torch SDPA
 (FlashAttention / cuDNN / memory-efficient, through torch.nn.attention.sdpa_kernel) can run on them instead:
 `sdpa_choice` sends such a batch there when the device's entry in tuning.PREFILL_PATH says so (the backend,
-the shortest prompt it wins from, the most prompts per batch: one SDPA call each), as measured by
-`python benchmarks/prefill_attention_sdpa.py` on that device. Without an entry ours runs everywhere. Off
-CUDA everything is the reference. Where each wins on the H200, measured side by side:
-- one layer's attention alone (benchmarks/results/prefill_attention_sdpa.json): cuDNN faster on whole prompts
-  of >= 2k tokens (one 4,096-token prompt 273 vs 377 us), ours on packed batches and cached prefixes;
-- the whole 4,096-token llama3-8b prefill, variants interleaved round by round (benchmarks/prefill_4096_gpu.py,
-  results/prefill_4096_gpu.json, 2026-12-02): ours 103.0 ms median (min 97.1), cuDNN through this dispatch
-  101.8 (min 97.1), cuDNN without the copy into the packed output 101.4, flash 107.9. The profile of that run
-  gives attention 13.0 ms of ours against 10.0 of cuDNN's, but also 10.7-16 ms a prefill in which no kernel
-  runs (GEMMs 74.1 ms; the 4,096-token prefill's kernels sum to 92.8 ms), so the 3 ms the attention saves
-  mostly turns into idle time. 1.2 ms (1 %) is within the run's spread, so no table entry ships and ours
-  runs everywhere; the idle time is the larger lever. Where it goes, and the same prefill before and after
-  the batch build stopped syncing (pinned, non_blocking staging: engine/attention_metadata.py), with cuDNN on
-  top: `OUT=dir bash benchmarks/prefill_gaps_h200.sh` (prefill_4096_gpu.json: prefill_ms, gap_timelines,
-  cudnn_proposal).
-  That run (2026-12-02, results/prefill_4096_gpu.json, 5 rounds x 5 reps interleaved): the old build
-  (baseline) 101.95 ms median, ours 104.81, cuDNN 100.38; the same queued behind a GPU sleep, so that no host
-  delay shows (the GPU's own time): ours 94.21, cuDNN 91.23. The batch build's host syncs went 7 -> 0 and the
-  profiled idle before the first kernel 9.9 -> 3.8 ms (the build itself, then layer 0's launches arriving later
-  than its short kernels end); 1.1-2.0 ms more idle inside the forward. cuDNN won all 5 rounds (4.4 ms, under
-  the 7.1 ms spread; 3.0 ms queued), its attention 10.1 ms of the prefill against ours 14.5. Still no entry
-  ships, for another reason: cuDNN builds an execution plan for each new prompt length on its first use, 47-52
-  ms at 512-8,192 tokens (first_ms in prefill_attention_sdpa.json; only lengths seen before are ~1 ms), and
-  served prompt lengths rarely repeat: that is a compile on the request path (issue 23, item 1), and costs
-  more than the 3-4 ms it saves a 4,096-token prompt.
+the shortest prompt it wins from, the most prompts per batch: one SDPA call each, and the row bucket). Without
+an entry ours runs everywhere; off CUDA everything is the reference.
+
+cuDNN builds an execution plan for every new shape on its first use (47-52 ms at 512-8,192 tokens, up to
+591 ms for the first one of a process: prefill_attention_sdpa.json, prefill_sdpa_buckets_h200.json), and
+served prompt lengths rarely repeat: a compile on the request path (issue 23, item 1). So each prompt runs
+at `sdpa_bucket(n, bucket)` rows, n rounded up to a multiple of the entry's bucket, in the fused qkv layout
+(_sdpa_prompt: real rows first, zeros after; causal, so the real rows' outputs are the unpadded call's), and
+the worker's warm-up (engine/runner.py warm_up_sdpa) runs SDPA once at every `sdpa_buckets` length up to its
+token budget, the same function the dispatch pads by. A 4,096-token prompt is a bucket: no copy at all.
+
+Where each wins on the H200 (2026-12-03, `OUT=dir bash benchmarks/issue23_cudnn_buckets_h200.sh`), Llama-3-8B
+heads (32 q / 8 kv, d 128), bf16:
+- one layer's attention, one whole prompt (results/prefill_sdpa_buckets_h200.json, do_bench medians, us):
+  ours vs padded cuDNN: 1,024 42.2 vs 34.4; 1,100 (at 1,280) 51.5 vs 86.0; 1,280 60.8 vs 44.3; 1,536 78.0 vs
+  56.4; 2,048 120.5 vs 86.0; 3,000 (at 3,072) 227.1 vs 182.9; 4,096 385.3 vs 262.7; 8,000 (at 8,192) 1,403 vs
+  1,025. Padded cuDNN wins at 1,280 and every longer length measured, hence the entry (min_tokens 1,280,
+  bucket 256, one prompt a batch; the entry file names its command). Below that, and for packed batches
+  (2 x 2,048: ours 223 vs 264 us; 8 x 512: 116 vs 863) and cached prefixes, ours (prefill_attention_sdpa.json).
+  After the warm-up (29 buckets from 1,024 to 8,192: 2.3 s once), every length's first call took 0.3-1.2 ms
+  (a second 0.1-1.1), against 42-591 ms unpadded; after a worker's warm_up_prefill, whole llama3-8b prefills
+  of 8 random lengths (1,374-4,265) took 0.7-7.8 ms more on their first call than on a second, none the
+  ~50 ms of a plan (results/prefill_clocks_h200.json served_after_warm_up). The padding costs a padded
+  length's attention (8,000: 1,025 us padded against 865 unpadded) and one copy of the rows.
+- the whole 4,096-token llama3-8b prefill (results/prefill_4096_buckets_gpu.json, 4 rounds x 5 interleaved;
+  benchmarks/prefill_4096_gpu.py): ours 101.81 ms median, cuDNN 101.36 back to back; 96.14 / 92.94 after an
+  80 ms GPU rest; 94.84 / 91.90 queued behind a GPU sleep (the GPU's own time). Attention 13.0 ms of ours
+  against 10.1 of cuDNN's (profiled). With fp8 linears: 66.41 / 63.96 back to back, 60.87 / 57.17 queued.
+  Back to back the card sits at its 700 W cap (sw_power_cap in 97 % of NVML samples, SM clock 1,485 MHz
+  against 1,740 rested: results/prefill_clocks_h200.json), which takes most of the gain back.
 An fp8 cache never goes to SDPA: k and v are the unquantized values, and attending to them would give a
 prompt other numbers than its decode steps, which read the fp8 cache.
 """
