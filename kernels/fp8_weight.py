@@ -12,7 +12,7 @@ are all zero). Made once at load (engine/model.py fuse_weights) or read from an 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -34,6 +34,9 @@ class Fp8Weight:
 
     weight: torch.Tensor  # [N, K] float8_e4m3fn
     scale: torch.Tensor  # [N] float32: W[n, :] ≈ weight[n, :] * scale[n]
+    # the CPU references' fp32 copy (dequantized()), made at first use: torch's CPU e4m3 -> fp32 conversion
+    # takes ~5 ns a value, so dequantizing at every call made a CPU decode step of the default model ~0.8 s
+    _dequantized: torch.Tensor | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.weight.dtype != FP8_DTYPE or self.weight.dim() != 2:
@@ -53,6 +56,17 @@ class Fp8Weight:
 
     def nbytes(self) -> int:
         return self.weight.numel() + 4 * self.scale.numel()
+
+    def dequantized(self) -> torch.Tensor:
+        """weight * scale in fp32, as dequantize_weight_fp8 computes it. On the CPU it is kept after the first
+        call (the references' linears then cost what fp32 ones do, and hold an fp32 copy beside the fp8 one:
+        on a CPU fp8 weights check the numbers, they save no memory); elsewhere computed at every call."""
+        if self._dequantized is not None:
+            return self._dequantized
+        out = dequantize_weight_fp8(self)
+        if self.weight.device.type == "cpu":
+            object.__setattr__(self, "_dequantized", out)  # frozen: the cache is not part of the value
+        return out
 
 
 def quantize_weight_fp8(weight: torch.Tensor) -> Fp8Weight:

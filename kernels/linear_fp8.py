@@ -25,7 +25,6 @@ from pdserve.kernels.fp8_activation import Fp8Activation
 from pdserve.kernels.fp8_weight import (
     FP8_WEIGHT_ONLY_MAX_ROWS,
     Fp8Weight,
-    dequantize_weight_fp8,
     quantize_rows_fp8_ref,
 )
 
@@ -46,7 +45,7 @@ def linear_fp8_ref(x: torch.Tensor | Fp8Activation, weight: Fp8Weight,
     """Dequantize and multiply in fp32 (x quantized first when quantizes_activations(rows))."""
     if isinstance(x, Fp8Activation):
         check_quantized_rows(x)
-        out = x.dequantize() @ dequantize_weight_fp8(weight).T
+        out = x.dequantize() @ weight.dequantized().T
         if bias is not None:
             out += bias.float()
         return out.to(x.dtype)
@@ -57,7 +56,7 @@ def linear_fp8_ref(x: torch.Tensor | Fp8Activation, weight: Fp8Weight,
         xf = xq.float() * sx[:, None]
     else:
         xf = x2.float()
-    out = xf @ dequantize_weight_fp8(weight).T
+    out = xf @ weight.dequantized().T
     if bias is not None:
         out += bias.float()
     return out.to(x.dtype).view(*x.shape[:-1], weight.shape[0])
