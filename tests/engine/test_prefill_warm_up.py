@@ -21,6 +21,7 @@ from served_batches import NUM_BLOCKS, served_batch
 from pdserve import kernels
 from pdserve.engine.attention_metadata import DecodeInput, PrefillChunk
 from pdserve.engine.config import CacheConfig, ModelConfig
+from pdserve.engine.kv_cache_spec import KVCacheSpec
 from pdserve.engine.prefill_warm_up import WarmUpSequence, warm_up_limit, warm_up_plan
 from pdserve.engine.presets import get_preset
 from pdserve.engine.runner import ModelRunner
@@ -132,6 +133,23 @@ def test_served_prompts_reach_only_the_sdpa_shapes_the_warm_up_planned(
         _keys(runner, [served_batch(gen, budget, config.max_model_len - 1) for _ in range(200)])
     assert seen, "no served batch went to SDPA: the test checks nothing"
     assert not seen - warm, f"SDPA shapes no warm-up call ran: {sorted(seen - warm)[:2]}"
+
+
+def test_an_fp8_cache_plans_no_sdpa(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An fp8 KV cache never goes to SDPA (its k, v are not what the decode steps read), so nothing to plan;
+    with the model's dtype the same entry plans its buckets."""
+    runners = [ModelRunner(TINY, CacheConfig(num_blocks=64, block_size=BLOCK), dummy_weights(TINY, torch.bfloat16,
+                                                                                           "meta"), "meta",
+                           torch.bfloat16, max_num_seqs=4, kv_spec=KVCacheSpec.build(kv, torch.bfloat16, 2))
+               for kv in ("fp8", "auto")]
+    with sdpa_shapes(monkeypatch, BUCKETED, run=False) as seen:
+        assert runners[0].warm_up_sdpa(511) == 0 and not seen
+        assert runners[1].warm_up_sdpa(511) == 0  # TINY's limit is 511 tokens: under min_tokens 512
+        assert runners[1].warm_up_sdpa(2048) == 0  # the model length bounds the limit too
+    small = {**BUCKETED, "min_tokens": 100, "bucket": 128}
+    with sdpa_shapes(monkeypatch, small, run=False) as seen:
+        assert runners[0].warm_up_sdpa(511) == 0 and not seen
+        assert runners[1].warm_up_sdpa(511) == len(seen) == 4  # 128, 256, 384, 512 rows
 
 
 def test_without_buckets_served_lengths_would_need_new_plans(as_on_the_h200: None,
