@@ -36,7 +36,9 @@ heads (32 q / 8 kv, d 128), bf16:
   After the warm-up (29 buckets from 1,024 to 8,192: 2.3 s once), every length's first call took 0.3-1.2 ms
   (a second 0.1-1.1), against 42-591 ms unpadded; after a worker's warm_up_prefill, whole llama3-8b prefills
   of 8 random lengths (1,374-4,265) took 0.7-7.8 ms more on their first call than on a second, none the
-  ~50 ms of a plan (results/prefill_clocks_h200.json served_after_warm_up). The padding costs a padded
+  ~50 ms of a plan (results/prefill_clocks_h200.json served_after_warm_up): the same kernels, GPU time and
+  runtime calls, the GPU idle while cuBLAS picks its GEMMs for the new row count (2.7-3.5 ms a shape on a
+  first call: results/gemm_first_call_h200.log), which ours pays alike. The padding costs a padded
   length's attention (8,000: 1,025 us padded against 865 unpadded) and one copy of the rows.
 - the whole 4,096-token llama3-8b prefill (results/prefill_4096_buckets_gpu.json, 4 rounds x 5 interleaved;
   benchmarks/prefill_4096_gpu.py): ours 101.81 ms median, cuDNN 101.36 back to back; 96.14 / 92.94 after an
