@@ -6,7 +6,8 @@
 
 Variants (selected here only, by patching module attributes of the dispatcher and the runner; the product is
 unchanged):
-    ours             our Triton prefill attention (what ships: no SDPA table entry)
+    ours             our Triton prefill attention everywhere (no SDPA entry; what ships runs cuDNN on whole
+                     prompts of >= 1,280 tokens: kernels/prefill_attention_configs.json)
     cudnn            the shipped SDPA dispatch with a cuDNN entry (bucket BUCKET): one call per prompt on the
                      views of the fused qkv buffer (q/k/v strides 6,144 per token), padded to a multiple of
                      BUCKET rows (4,096 is one: no copy), one prompt's output handed on as a view
