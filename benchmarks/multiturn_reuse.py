@@ -290,7 +290,7 @@ def _workload(args: argparse.Namespace) -> dict:
 def default_tokenizer() -> CountingTokenizer:
     import os
 
-    from pdserve.engine.weights.loader import load_tokenizer as load_model_tokenizer
+    from pdserve.engine.weights.locate import load_tokenizer as load_model_tokenizer
     from pdserve.settings import DEFAULT_MODEL
 
     return load_model_tokenizer(DEFAULT_MODEL, os.environ.get("PDSERVE_CACHE_DIR"), progress=True)

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pdserve.kernels.rope import Llama3RopeScaling
+
+@dataclass(frozen=True)
+class Llama3RopeScaling:
+    """Llama 3's RoPE frequency scaling (config.json's rope_scaling); kernels/rope.py reads these fields.
+    Here, not in kernels/: reading a model's config (the router does) must not import torch."""
+
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position_embeddings: int
 
 
 @dataclass(frozen=True)

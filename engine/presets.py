@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import math
 
-from pdserve.engine.config import ModelConfig
-from pdserve.kernels.rope import Llama3RopeScaling
+from pdserve.engine.config import Llama3RopeScaling, ModelConfig
 
 _LLAMA31_SCALING = Llama3RopeScaling(
     factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=8192

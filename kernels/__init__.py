@@ -8,10 +8,9 @@ from pdserve.kernels.dispatch import get_backend, set_backend
 from pdserve.kernels.linear import linear
 from pdserve.kernels.prefill_attention import prefill_attention
 from pdserve.kernels.rms_norm import fused_add_rms_norm, fused_add_rms_norm_fp8, rms_norm, rms_norm_fp8
-from pdserve.kernels.rope import Llama3RopeScaling, build_cos_sin_cache, rope_kv_write
+from pdserve.kernels.rope import build_cos_sin_cache, rope_kv_write
 
 __all__ = [
-    "Llama3RopeScaling",
     "build_cos_sin_cache",
     "copy_blocks",
     "decode_attention",

@@ -12,7 +12,7 @@ Rotated k and raw v land in kv_cache at their slots (an fp8 cache gets k / k_sca
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -20,15 +20,20 @@ from pdserve.kernels.dispatch import use_triton
 from pdserve.kernels.fp8 import quantize_kv_ref
 
 
-@dataclass(frozen=True)
-class Llama3RopeScaling:
-    factor: float
-    low_freq_factor: float
-    high_freq_factor: float
-    original_max_position_embeddings: int
+class RopeScaling(Protocol):
+    """What the scaled frequencies read (engine/config.py's Llama3RopeScaling has these fields)."""
+
+    @property
+    def factor(self) -> float: ...
+    @property
+    def low_freq_factor(self) -> float: ...
+    @property
+    def high_freq_factor(self) -> float: ...
+    @property
+    def original_max_position_embeddings(self) -> int: ...
 
 
-def rope_inv_freq(head_dim: int, theta: float, scaling: Llama3RopeScaling | None) -> torch.Tensor:
+def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None) -> torch.Tensor:
     inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
     if scaling is None:
         return inv.float()
@@ -45,7 +50,7 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: Llama3RopeScaling | None
 
 
 def build_cos_sin_cache(
-    head_dim: int, max_positions: int, theta: float, scaling: Llama3RopeScaling | None = None
+    head_dim: int, max_positions: int, theta: float, scaling: RopeScaling | None = None
 ) -> torch.Tensor:
     inv = rope_inv_freq(head_dim, theta, scaling)
     freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv)

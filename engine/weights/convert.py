@@ -10,6 +10,9 @@ a temporary name and renamed into place, so a directory that exists is complete.
 
 Progress: a bar over the tensors (then one step for the tokenizer) on stderr, and a log line when done; a
 process waiting on another's conversion says so.
+
+What reads (dequantises) and writes the tensors imports torch when a conversion runs, not with this module:
+a process that only finds the converted directory (the router, the launcher) imports no torch.
 """
 
 from __future__ import annotations
@@ -24,12 +27,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from safetensors.torch import save_file
 from tqdm import tqdm
 
 from pdserve.engine.weights.gguf_file import check_gguf
-from pdserve.engine.weights.gguf_model import field, gguf_config, gguf_tensors, has_tokenizer, open_gguf
-from pdserve.engine.weights.hf_dir import write_hf_config
+from pdserve.engine.weights.hf_config import write_hf_config
 
 CONVERSION_INFO = "pdserve.json"
 _FORMAT_VERSION = 1
@@ -74,6 +75,10 @@ def ensure_converted(gguf_path: Path, out_dir: Path, name: str, progress: bool =
 
 def convert_gguf(gguf_path: Path, out_dir: Path, name: str, progress: bool = True) -> float:
     """Write the HF layout of `gguf_path` into `out_dir`; returns the seconds it took."""
+    from safetensors.torch import save_file
+
+    from pdserve.engine.weights.gguf_model import field, gguf_config, gguf_tensors, has_tokenizer, open_gguf
+
     start = time.perf_counter()
     check_gguf(gguf_path)
     reader = open_gguf(gguf_path)

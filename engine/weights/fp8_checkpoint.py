@@ -14,39 +14,17 @@ Per-tensor and per-channel scales become per-channel [N] exactly (a tensor's sca
 q|k|v and gate|up fusion concatenates them. Block-wise weights are dequantized and quantized again per channel
 (one more rounding: the kernels take one scale per row). `input_scale` tensors (static activation scales) are
 not used: activations are quantized per token at every call, as `--quantization fp8` does for any checkpoint.
-Embeddings, norms and lm_head must be unquantized (they are in every format above).
+Embeddings, norms and lm_head must be unquantized (they are in every format above). Which configs name an FP8
+checkpoint is engine/weights/hf_config.py's checkpoint_quantization (torch-free: the router reads configs).
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 import torch
 
 from pdserve.kernels.fp8_weight import FP8_DTYPE, Fp8Weight, quantize_weight_fp8
 
 SCALE_SUFFIXES = (".weight_scale", ".weight_scale_inv")
-
-
-def checkpoint_quantization(raw_config: dict[str, Any], source: str) -> str | None:
-    """"fp8" for a checkpoint stored in one of the formats above, None for an unquantized one; any other
-    quantization is refused, naming it."""
-    q = raw_config.get("quantization_config")
-    if not q:
-        return None
-    method = q.get("quant_method")
-    if method == "fp8":
-        return "fp8"
-    if method == "compressed-tensors":
-        for name, group in (q.get("config_groups") or {}).items():
-            w = group.get("weights") or {}
-            if (w.get("type"), w.get("num_bits"), w.get("strategy")) not in (("float", 8, "tensor"),
-                                                                             ("float", 8, "channel")):
-                raise ValueError(f"{source}: compressed-tensors group {name!r} stores weights as {w}; only 8-bit "
-                                 f"float per tensor or per channel loads")
-        return "fp8"
-    raise ValueError(f"{source}: quantization_config quant_method {method!r} is not supported (fp8 and "
-                     f"compressed-tensors fp8 are)")
 
 
 def is_scale(name: str) -> bool:

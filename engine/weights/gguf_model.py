@@ -19,8 +19,8 @@ import torch
 from gguf import GGUFReader
 from gguf.quants import dequantize
 
-from pdserve.engine.config import ModelConfig
-from pdserve.kernels.rope import Llama3RopeScaling, rope_inv_freq
+from pdserve.engine.config import Llama3RopeScaling, ModelConfig
+from pdserve.kernels.rope import rope_inv_freq
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
 

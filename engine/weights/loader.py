@@ -18,7 +18,7 @@ import hashlib
 import json
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -26,32 +26,18 @@ import torch
 from pdserve.engine.config import ModelConfig
 from pdserve.engine.presets import get_preset
 from pdserve.engine.tokenizer import Tokenizer
-from pdserve.engine.weights.convert import CONVERSION_INFO, ensure_converted
+from pdserve.engine.weights.convert import CONVERSION_INFO
 from pdserve.engine.weights.dummy import dummy_weights
-from pdserve.engine.weights.fetch import converted_dir, default_cache_dir, fetch_model
-from pdserve.engine.weights.fingerprint import file_digest, files_digest, model_fingerprint
-from pdserve.engine.weights.hf_dir import hf_config, hf_quantization, load_safetensors, safetensors_files
-from pdserve.engine.weights.hub import HubOptions, snapshot_dir
-from pdserve.engine.weights.registry import DEFAULT_MODEL, ModelKind, ResolvedModel, resolve_model
+from pdserve.engine.weights.fetch import default_cache_dir
+from pdserve.engine.weights.fingerprint import files_digest, model_fingerprint
+from pdserve.engine.weights.hf_config import hf_config, hf_quantization
+from pdserve.engine.weights.hf_dir import load_safetensors, safetensors_files
+from pdserve.engine.weights.locate import ModelSpec, model_dir
+from pdserve.engine.weights.registry import ModelKind, ResolvedModel, resolve_model
 
 logger = logging.getLogger(__name__)
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
            "half": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """What to load. `model`: an embedded model name, a .gguf file, an HF directory or repo id, or (dummy) a
-    preset; `hub`: where repo ids are found (revision, cache, downloads)."""
-
-    model: str = DEFAULT_MODEL
-    load_format: str = "auto"  # "auto" | "gguf" | "hf" | "dummy"
-    tokenizer: str | None = None  # directory with tokenizer.json, overriding the model's (or giving dummy one)
-    seed: int = 0  # dummy weights
-    hub: HubOptions = field(default_factory=HubOptions)
-    # "fp8": the layers' linears in fp8 (quantized at fuse_weights, or as an FP8 checkpoint stores them);
-    # "none": in the model dtype; None: as the checkpoint is (fp8 for an FP8 checkpoint, else none)
-    quantization: str | None = None
 
 
 @dataclass
@@ -100,39 +86,6 @@ def load_model(
     if spec.tokenizer is not None:
         loaded.tokenizer = Tokenizer.from_dir(spec.tokenizer, eos_token_ids=loaded.config.eos_token_ids)
     return loaded
-
-
-def load_tokenizer(spec: ModelSpec | str, cache_dir: Path | str | None = None,
-                   progress: bool = True) -> Tokenizer | None:
-    """The model's tokenizer without its weights (for the router); fetches/converts like load_model."""
-    spec = ModelSpec(spec) if isinstance(spec, str) else spec
-    resolved = resolve_model(spec.model, spec.load_format)
-    if spec.tokenizer is not None or resolved.kind is ModelKind.DUMMY:
-        eos = get_preset(resolved.preset).eos_token_ids if resolved.preset else ()
-        return Tokenizer.from_dir(spec.tokenizer, eos_token_ids=eos) if spec.tokenizer is not None else None
-    path = model_dir(resolved, Path(cache_dir) if cache_dir is not None else default_cache_dir(), progress, spec.hub)
-    if not (path / "tokenizer.json").is_file():
-        return None
-    return Tokenizer.from_dir(path, hf_config(path, resolved.name).eos_token_ids)
-
-
-def model_dir(resolved: ResolvedModel, cache: Path, progress: bool = True, hub: HubOptions | None = None) -> Path:
-    """The HF directory to load (not for DUMMY), fetching and converting GGUF sources on first use and
-    finding (or downloading) repo ids in the hub cache."""
-    if resolved.kind is ModelKind.EMBEDDED:
-        assert resolved.embedded is not None
-        return fetch_model(resolved.embedded, cache, progress)
-    if resolved.kind is ModelKind.HUB:
-        path = snapshot_dir(resolved.name, hub or HubOptions(), progress)
-        if not (path / "config.json").is_file():
-            raise FileNotFoundError(f"{resolved.name}: the snapshot {path} has no config.json (a GGUF-only repo? "
-                                    f"give the .gguf file's path instead)")
-        return path
-    assert resolved.path is not None
-    if resolved.kind is ModelKind.GGUF:
-        return ensure_converted(resolved.path, converted_dir(cache, resolved.name, file_digest(resolved.path)),
-                                resolved.name, progress)
-    return resolved.path
 
 
 def _load_dir(path: Path, name: str, dtype: torch.dtype, device: str, quantization: str | None) -> LoadedModel:

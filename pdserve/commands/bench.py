@@ -123,7 +123,7 @@ def _tokenizer(args: argparse.Namespace) -> CountingTokenizer | None:
 def _default_model_tokenizer() -> CountingTokenizer | None:
     """The default model's tokenizer (fetched and converted into the model cache on first use, as the server
     does); None, with a note, when it cannot be had: token counts then come from the server's usage."""
-    from pdserve.engine.weights.loader import load_tokenizer as load_model_tokenizer
+    from pdserve.engine.weights.locate import load_tokenizer as load_model_tokenizer
     from pdserve.settings import DEFAULT_MODEL
 
     try:

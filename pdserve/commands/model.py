@@ -41,7 +41,7 @@ def run_fetch(args: argparse.Namespace) -> int:
     from pdserve.engine.weights import resolve_model
     from pdserve.engine.weights.fetch import default_cache_dir
     from pdserve.engine.weights.hub import HubOptions
-    from pdserve.engine.weights.loader import model_dir
+    from pdserve.engine.weights.locate import model_dir
 
     try:
         resolved = resolve_model(args.model)

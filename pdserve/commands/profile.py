@@ -89,7 +89,7 @@ def _model_config(args: argparse.Namespace) -> ModelConfig:
     from pathlib import Path
 
     from pdserve.engine.presets import get_preset
-    from pdserve.engine.weights.hf_dir import hf_config
+    from pdserve.engine.weights.hf_config import hf_config
 
     if args.hf_config:
         return hf_config(Path(args.hf_config), Path(args.hf_config).name)

@@ -46,9 +46,9 @@ def model_facts(model: str, load_format: str, preset: str | None, tokenizer_dir:
     from pdserve.engine.presets import get_preset
     from pdserve.engine.weights import ModelSpec, resolve_model
     from pdserve.engine.weights.fetch import default_cache_dir
-    from pdserve.engine.weights.hf_dir import hf_config
+    from pdserve.engine.weights.hf_config import hf_config
     from pdserve.engine.weights.hub import HubOptions
-    from pdserve.engine.weights.loader import load_tokenizer, model_dir
+    from pdserve.engine.weights.locate import load_tokenizer, model_dir
     from pdserve.engine.weights.registry import ModelKind
 
     hub = hub or HubOptions()

@@ -15,10 +15,11 @@ import torch
 from gguf import GGMLQuantizationType, GGUFWriter
 from gguf.quants import dequantize, quantize
 
+from pdserve.engine.config import Llama3RopeScaling
 from pdserve.engine.presets import weight_shapes
 from pdserve.engine.weights import ModelSpec, load_model
-from pdserve.engine.weights.hf_dir import hf_config
-from pdserve.kernels.rope import Llama3RopeScaling, rope_inv_freq
+from pdserve.engine.weights.hf_config import hf_config
+from pdserve.kernels.rope import rope_inv_freq
 
 _GGUF_NAMES = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "self_attn.q_proj": "attn_q",
                "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",

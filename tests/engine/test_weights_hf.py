@@ -8,9 +8,9 @@ import pytest
 import torch
 from transformers import AutoConfig, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
+from pdserve.engine.config import Llama3RopeScaling
 from pdserve.engine.weights import ModelSpec, load_model
-from pdserve.engine.weights.hf_dir import hf_config, write_hf_config
-from pdserve.kernels.rope import Llama3RopeScaling
+from pdserve.engine.weights.hf_config import hf_config, write_hf_config
 
 _SHAPE = {"vocab_size": 96, "hidden_size": 64, "intermediate_size": 80, "num_hidden_layers": 2,
           "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 128}

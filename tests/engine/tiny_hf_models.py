@@ -13,7 +13,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel, Qwen2Config, Qwen2ForCausalLM
 
 from pdserve.engine.config import ModelConfig
-from pdserve.engine.weights.hf_dir import hf_config
+from pdserve.engine.weights.hf_config import hf_config
 
 _SHAPE = {"vocab_size": 96, "hidden_size": 64, "intermediate_size": 80, "num_hidden_layers": 3,
           "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 128}

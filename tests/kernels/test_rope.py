@@ -5,7 +5,8 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from pdserve.kernels.rope import Llama3RopeScaling, build_cos_sin_cache, rope_kv_write_ref
+from pdserve.engine.config import Llama3RopeScaling
+from pdserve.kernels.rope import build_cos_sin_cache, rope_kv_write_ref
 
 LLAMA3 = Llama3RopeScaling(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=64)
 

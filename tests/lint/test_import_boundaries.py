@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -42,6 +43,7 @@ ROUTER_MAY_REACH = frozenset({
     "pdserve.cache_store",
 })
 # torch, and what imports it or compiles for it
+MODEL = "smollm2-135m-instruct"
 TENSOR_LIBRARIES = frozenset({"torch", "triton", "transformers", "accelerate", "xgrammar", "safetensors"})
 HTTP_LIBRARIES = frozenset({"fastapi", "starlette", "uvicorn", "httpx", "pydantic"})
 
@@ -108,9 +110,11 @@ def test_nothing_below_the_worker_imports_it(package: str) -> None:
 
 
 def _loaded_after_importing(modules: list[str]) -> list[str]:
-    code = "import importlib, json, sys\n" \
-           f"for name in {modules!r}: importlib.import_module(name)\n" \
-           "print(json.dumps(sorted(sys.modules)))"
+    return _loaded_after_running(f"import importlib\nfor name in {modules!r}: importlib.import_module(name)\n")
+
+
+def _loaded_after_running(code: str) -> list[str]:
+    code += "\nimport json, sys\nprint(json.dumps(sorted(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120,
                          check=False)
     assert out.returncode == 0, out.stderr
@@ -126,6 +130,23 @@ def test_importing_the_router_loads_no_torch_and_no_worker_code() -> None:
     first_party = [m for m in loaded if m.split(".")[0] == "pdserve"]
     outside = sorted(m for m in first_party if not _router_may_import(m))
     assert not outside, f"importing the router loads {outside}"
+
+
+def test_the_router_command_reads_the_model_without_torch_or_fastapi_at_parse_time(model_cache_dir: Path,
+                                                                                   default_model_dir: Path) -> None:
+    """`pdserve router` reads the model's tokenizer and limits through engine.weights, and every `pdserve`
+    command builds the whole parser first: with the model converted, neither loads torch, and the parser no
+    fastapi (they cost each router ~2 s and each command ~0.3-0.9 s of CPU at start, in every deployment)."""
+    parse = _loaded_after_running("from pdserve.cli import build_parser\nbuild_parser()")
+    assert not [m for m in parse if m.split(".")[0] in (*TENSOR_LIBRARIES, "fastapi", "starlette")], \
+        "building the CLI's parser loads " + str([m for m in parse if m.split(".")[0] in ("torch", "fastapi")][:5])
+    facts = _loaded_after_running(
+        "from pathlib import Path\nfrom pdserve.commands.router import model_facts\n"
+        f"name, tokenizer, limit = model_facts('{MODEL}', 'auto', None, None, Path({str(model_cache_dir)!r}))\n"
+        "assert tokenizer is not None and limit > 0, (tokenizer, limit)")
+    assert "pdserve.engine.weights.locate" in facts
+    tensors = sorted(m for m in facts if m.split(".")[0] in TENSOR_LIBRARIES)
+    assert not tensors, f"reading the model's facts loads {tensors[:10]}"
 
 
 def test_importing_the_protocol_loads_no_torch_and_nothing_above_it() -> None:

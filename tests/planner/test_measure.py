@@ -10,7 +10,7 @@ from pdserve.cli import main
 from pdserve.engine.config import CacheConfig, ModelConfig
 from pdserve.engine.runner import ModelRunner
 from pdserve.engine.weights.dummy import dummy_weights
-from pdserve.engine.weights.hf_dir import write_hf_config
+from pdserve.engine.weights.hf_config import write_hf_config
 from pdserve.planner.measure import ProfileGrid, profile_runner
 
 TINY = ModelConfig(name="tiny", vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
