@@ -7,9 +7,6 @@ block belongs to which sequence is cache_store's business; the engine only reads
 
 from __future__ import annotations
 
-import math
-
-import numpy as np
 import torch
 
 from pdserve.engine.config import CacheConfig, ModelConfig
@@ -22,17 +19,9 @@ def kv_cache_shape(model: ModelConfig, cache: CacheConfig) -> tuple[int, int, in
 def allocate_kv_caches(
     model: ModelConfig, cache: CacheConfig, device: torch.device | str, dtype: torch.dtype
 ) -> list[torch.Tensor]:
-    """Zeroed, so a padded decode slot that reads an unwritten block sees zeros, never NaN garbage.
-
-    On the CPU each layer's bytes come from calloc (numpy.zeros): the pages of a large allocation arrive zeroed
-    from the kernel when first touched, where torch.zeros writes every byte at start (0.2 s of a worker's start
-    for the tests' 377 MB pool, most of it never used)."""
+    """Zeroed, so a padded decode slot that reads an unwritten block sees zeros, never NaN garbage."""
     shape = kv_cache_shape(model, cache)
-    if torch.device(device).type != "cpu":
-        return [torch.zeros(shape, device=device, dtype=dtype) for _ in range(model.num_layers)]
-    nbytes = math.prod(shape) * torch.empty(0, dtype=dtype).element_size()
-    return [torch.from_numpy(np.zeros(nbytes, dtype=np.uint8)).view(dtype).view(shape)
-            for _ in range(model.num_layers)]
+    return [torch.zeros(shape, device=device, dtype=dtype) for _ in range(model.num_layers)]
 
 
 def kv_cache_bytes(model: ModelConfig, cache: CacheConfig, dtype: torch.dtype) -> int:

@@ -126,12 +126,17 @@ def fuse_weights(
             raise ValueError(f"{name} is fp8 in the checkpoint; only the layers' linears may be")
         return weights[name].to(device=device, dtype=dtype)
 
+    def fp8(weight: Fp8Weight) -> Fp8Weight:
+        if weight.device.type == "cpu":
+            weight.dequantized()  # the references' fp32 copy, made now, at load, not in a first step
+        return weight
+
     def linear(*prefixes: str) -> Linear:
         if is_fp8(weights[prefixes[0] + ".weight"]):
             stored = cat_fp8([fp8_linear(weights, p, device) for p in prefixes])
-            return stored if quantization == "fp8" else dequantize_weight_fp8(stored, dtype)
+            return fp8(stored) if quantization == "fp8" else dequantize_weight_fp8(stored, dtype)
         fused = torch.cat([get(p + ".weight") for p in prefixes])
-        return quantize_weight_fp8(fused) if quantization == "fp8" else fused
+        return fp8(quantize_weight_fp8(fused)) if quantization == "fp8" else fused
 
     layers = []
     for i in range(config.num_layers):

@@ -60,7 +60,9 @@ class Fp8Weight:
     def dequantized(self) -> torch.Tensor:
         """weight * scale in fp32, as dequantize_weight_fp8 computes it. On the CPU it is kept after the first
         call (the references' linears then cost what fp32 ones do, and hold an fp32 copy beside the fp8 one:
-        on a CPU fp8 weights check the numbers, they save no memory); elsewhere computed at every call."""
+        on a CPU fp8 weights check the numbers, they save no memory); elsewhere computed at every call.
+        engine/model.py fuse_weights calls it at load, so that a first step does not allocate (and fault in)
+        the copies: under a loaded 2-core machine that step outlasted the 4 s stall timeout."""
         if self._dequantized is not None:
             return self._dequantized
         out = dequantize_weight_fp8(self)
