@@ -25,6 +25,13 @@ import pytest
 from pdserve.engine.tokenizer import Tokenizer
 from pdserve.engine.weights import DEFAULT_MODEL, KNOWN_MODELS, LoadedModel, load_model
 from pdserve.engine.weights.fetch import default_cache_dir, fetch_default_model, fetch_gguf
+from tests.scheduling import assign_units
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Units of work for pytest-xdist (tests/scheduling.py); before xdist reads the marks."""
+    assign_units(items)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
