@@ -11,6 +11,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+# Two xdist workers share the 2 cores (tests/scheduling.py): each runs torch on one thread, and so do the commands
+# its tests start (OMP_NUM_THREADS is inherited). Two threads each oversubscribed the cores: OpenMP's spinning made
+# the in-process engine tests 4-12x slower (tests/pdserve/test_llm.py 8 -> 100 s, measured in one run).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 import torch
 
 # Without a GPU the kernel tests run Triton under its interpreter. TRITON_INTERPRET is read when triton is first
@@ -21,6 +27,9 @@ if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
 import pytest
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)
 
 from pdserve.engine.tokenizer import Tokenizer
 from pdserve.engine.weights import DEFAULT_MODEL, KNOWN_MODELS, LoadedModel, load_model

@@ -11,8 +11,9 @@ a temporary name and renamed into place, so a directory that exists is complete.
 Progress: a bar over the tensors (then one step for the tokenizer) on stderr, and a log line when done; a
 process waiting on another's conversion says so.
 
-What reads (dequantises) and writes the tensors imports torch when a conversion runs, not with this module:
-a process that only finds the converted directory (the router, the launcher) imports no torch.
+What reads (dequantises) and writes the tensors imports torch and the gguf package (~0.5 s) when a conversion
+runs, not with this module: a process that only finds the converted directory (the router, the launcher, every
+worker after the first start) imports neither.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from pdserve.engine.weights.gguf_file import check_gguf
 from pdserve.engine.weights.hf_config import write_hf_config
 
 CONVERSION_INFO = "pdserve.json"
@@ -77,6 +77,7 @@ def convert_gguf(gguf_path: Path, out_dir: Path, name: str, progress: bool = Tru
     """Write the HF layout of `gguf_path` into `out_dir`; returns the seconds it took."""
     from safetensors.torch import save_file
 
+    from pdserve.engine.weights.gguf_file import check_gguf
     from pdserve.engine.weights.gguf_model import field, gguf_config, gguf_tensors, has_tokenizer, open_gguf
 
     start = time.perf_counter()

@@ -11,7 +11,6 @@ from enum import Enum
 from pathlib import Path
 
 from pdserve.engine.presets import PRESETS
-from pdserve.engine.weights.gguf_file import check_gguf
 from pdserve.engine.weights.hub import looks_like_repo_id
 
 LOAD_FORMATS = ("auto", "gguf", "hf", "dummy")
@@ -84,6 +83,8 @@ def resolve_model(name_or_path: str | Path, load_format: str = "auto") -> Resolv
     if path.is_file() or text.endswith(".gguf") or load_format == "gguf":
         if load_format == "hf":
             raise ValueError(f"load_format 'hf' needs a model directory, {path} is a file")
+        from pdserve.engine.weights.gguf_file import check_gguf  # the gguf package: only for .gguf models
+
         check_gguf(path)
         return ResolvedModel(ModelKind.GGUF, path.stem.lower(), path=path.resolve())
     if looks_like_repo_id(text) and load_format in ("auto", "hf"):
@@ -108,6 +109,8 @@ def _resolve_dir(path: Path, load_format: str) -> ResolvedModel:
         if len(ggufs) != 1:
             raise ValueError(f"load_format 'gguf' with directory {path}: expected one .gguf file, "
                              f"found {len(ggufs)}: {[p.name for p in ggufs]}")
+        from pdserve.engine.weights.gguf_file import check_gguf
+
         check_gguf(ggufs[0])
         return ResolvedModel(ModelKind.GGUF, ggufs[0].stem.lower(), path=ggufs[0].resolve())
     if not (path / "config.json").is_file():
