@@ -9,6 +9,7 @@ compares with transformers.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 # Two xdist workers share the 2 cores (tests/scheduling.py): each runs torch on one thread, and so do the commands
@@ -34,13 +35,16 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 from pdserve.engine.tokenizer import Tokenizer
 from pdserve.engine.weights import DEFAULT_MODEL, KNOWN_MODELS, LoadedModel, load_model
 from pdserve.engine.weights.fetch import default_cache_dir, fetch_default_model, fetch_gguf
-from tests.scheduling import assign_units
+from tests.scheduling import assign_units, order_units
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Units of work for pytest-xdist (tests/scheduling.py); before xdist reads the marks."""
-    assign_units(items)
+@pytest.hookimpl(wrapper=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> Iterator[None]:
+    """Units of work for pytest-xdist (tests/scheduling.py): marked before xdist reads the marks, ordered after
+    the folders' own hooks (tests/e2e's shutdown test last, tests/reliability's security module last)."""
+    unit_of = assign_units(items)
+    yield
+    order_units(items, unit_of)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -17,14 +17,15 @@ import pytest
 
 from tests.e2e.deployments import MODEL, Deployment, launch
 
-VICTIM = list(range(3000, 4400))  # 1,400 tokens: 88 of the 100 blocks, seconds of prefill layer by layer
-SECOND = list(range(5000, 6300))  # 1,300 tokens: 82 blocks, so it must take the victim's
+POOL_BLOCKS = 40
+VICTIM = list(range(3000, 3560))  # 560 tokens: 35 of the 40 blocks, seconds of prefill layer by layer
+SECOND = list(range(5000, 5520))  # 520 tokens: 33 blocks, so it must take the victim's
 
 
 @pytest.fixture(scope="module")
 def small_pool(tmp_path_factory: pytest.TempPathFactory, model_cache_dir: Path,
                default_model_dir: Path) -> Iterator[Deployment]:
-    deployment = launch("small-pool", ["--num-blocks", "100"], tmp_path_factory.mktemp("abort_race"),
+    deployment = launch("small-pool", ["--num-blocks", str(POOL_BLOCKS)], tmp_path_factory.mktemp("abort_race"),
                         model_cache_dir)
     try:
         yield deployment.wait_ready()
@@ -47,7 +48,7 @@ def test_an_abort_mid_transfer_leaves_the_next_request_on_those_blocks_intact(sm
         with socket.create_connection((host, int(port))) as sock:
             sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                          b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
-            while small_pool.status("decode")["free_blocks"] > 20:  # D reserved the victim's 88 blocks
+            while small_pool.status("decode")["free_blocks"] > POOL_BLOCKS - 35:  # D reserved the victim's 35 blocks
                 time.sleep(0.02)
             time.sleep(0.3 + 0.2 * attempt)  # P is pushing layers now
         # the client is gone: D frees the victim's blocks, the next request needs them while P may still send
