@@ -12,7 +12,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-# Two xdist workers share the 2 cores (tests/scheduling.py): each runs torch on one thread, and so do the commands
+# The xdist workers share the 2 cores (tests/scheduling.py): each runs torch on one thread, and so do the commands
 # its tests start (OMP_NUM_THREADS is inherited). Two threads each oversubscribed the cores: OpenMP's spinning made
 # the in-process engine tests 4-12x slower (tests/pdserve/test_llm.py 8 -> 100 s, measured in one run).
 if os.environ.get("PYTEST_XDIST_WORKER"):
