@@ -1,4 +1,4 @@
-"""How the suite splits over pytest-xdist's workers (`-n 3 --dist loadgroup`, pyproject's addopts).
+"""How the suite splits over pytest-xdist's workers (`-n 2 --dist loadgroup`, pyproject's addopts).
 
 Each test module is one unit of work: its module-scoped fixtures are built once, on one worker. A module any of
 whose tests uses a package-scoped fixture (a folder's shared deployment: tests/e2e, tests/reliability,
