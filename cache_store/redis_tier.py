@@ -109,11 +109,10 @@ def _sentinel(scheme: str, rest: str, options: dict[str, Any]) -> redis.Redis:
     if not service:
         raise ValueError(f"Sentinel URL needs a service name: redis+sentinel://host:port/service, got {rest!r}")
     password = urllib.parse.unquote(auth.partition(":")[2]) if auth else None
-    # redis 8.1 annotates neither Sentinel nor master_for
-    sentinel = Sentinel(  # type: ignore[no-untyped-call]
-        _host_ports(hosts, 26379), sentinel_kwargs=dict(options), **options)
-    master: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call]
-        service, password=password, db=int(db or 0), ssl=scheme == "rediss")
+    # redis 8.1 annotates neither Sentinel nor master_for and 8.2 does: called through Any, both type-check
+    make_sentinel: Any = Sentinel
+    sentinel = make_sentinel(_host_ports(hosts, 26379), sentinel_kwargs=dict(options), **options)
+    master: redis.Redis = sentinel.master_for(service, password=password, db=int(db or 0), ssl=scheme == "rediss")
     return master
 
 
