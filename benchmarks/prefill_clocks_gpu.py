@@ -28,8 +28,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from prefill_4096_gpu import build, sleep_cycles, timed_ms
 from prefill_gaps import GPU_CATS, counter_delta, gap_timeline, memory_counters, trace
+from prefill_timing import sleep_cycles, timed_ms
+from prefill_variants import build
 
 from pdserve.engine.attention_metadata import PrefillChunk
 from pdserve.engine.runner import ModelRunner
