@@ -145,6 +145,8 @@ class DecodeEngine:
                     first_top: list[tuple[int, float]] | None = None) -> None:
         """Receiver callback: the KV and P's first token (its logprob and top-k) are here; the first frame goes
         out now, with the same logprobs as P's PREFILLED."""
+        if self._after_grammar(request_id, self.kv_complete, request_id, first_token_id, first_logprob, first_top):
+            return
         top = [(int(t), float(lp)) for t, lp in first_top or []]
         logprobs = None if first_logprob is None else TokenLogprobs(first_token_id, first_logprob, top)
         with self.state_lock:
@@ -154,10 +156,25 @@ class DecodeEngine:
 
     def kv_failed(self, request_id: str, reason: str) -> None:
         """Receiver callback: the KV will not come; the scheduler fails the request or queues its recompute."""
+        if self._after_grammar(request_id, self.kv_failed, request_id, reason):
+            return
         with self.state_lock:
             outputs = self.scheduler.kv_failed(request_id, reason)
         self.deliver(outputs)
         self._wake.set()
+
+    def _after_grammar(self, request_id: str, callback: Callable[..., None], *args: object) -> bool:
+        """Whether the request's matcher is still being built (the worker's first constrained requests wait for
+        xgrammar to load: decode_node/node.py). Then its first token, or its recompute, must wait for the
+        matcher: `callback(*args)` runs again on the event loop, queued behind the node's attaching it."""
+        with self.state_lock:
+            request = self.scheduler.queues.requests.get(request_id)
+            loading = None if request is None else request.grammar_loading
+        loop = self._loop
+        if loading is None or loop is None:
+            return False
+        loading.add_done_callback(lambda _: loop.call_soon_threadsafe(callback, *args))
+        return True
 
     def abort(self, request_id: str, reason: str, sender_may_write: bool = True) -> bool:
         """Event loop thread. A request still waiting for its KV is dropped by the receiver first, so no late

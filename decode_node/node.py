@@ -10,6 +10,7 @@ and reports status and metrics. The data-plane messages are handled in service.p
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import logging
 import threading
@@ -25,7 +26,7 @@ from pdserve.decode_node.engine import DecodeEngine
 from pdserve.decode_node.request import DecodeRequest, RequestState
 from pdserve.decode_node.scheduler import Scheduler
 from pdserve.engine.detokenizer import Decoder, IncrementalDetokenizer, StopChecker
-from pdserve.engine.grammar import GrammarBackend, GrammarError
+from pdserve.engine.grammar import GrammarBackend, GrammarError, Matcher
 from pdserve.engine.output import NoTextDecoder
 from pdserve.engine.sampling_params import SamplingParams
 from pdserve.kv_transfer.base import KVReceiver
@@ -82,14 +83,18 @@ class DecodeNode:
         request_id = message.request_id
         try:
             request = self._build(message)
-            await self._attach_grammar(request)
+            loading = await self._attach_grammar(request)
         except ValueError as exc:
             return Refused(request_id, 400, str(exc))
         aborted, fetched = await self._fetch(request)
         if aborted:
             return Refused(request_id, 499, f"request {request_id!r} aborted while its prefix was looked up")
+        if request.grammar_error is not None:  # built (and failed) while the prefix was looked up
+            return Refused(request_id, 400, request.grammar_error)
+        # a matcher still loading cannot sample a local prefill's first token: P computes it
+        max_local_prefill = 0 if loading else message.max_local_prefill
         with self.state_lock:
-            refusal = self.scheduler.reserve(request, fetched, message.max_local_prefill)
+            refusal = self.scheduler.reserve(request, fetched, max_local_prefill)
             if refusal is not None:
                 return Refused(request_id, refusal.status, refusal.message, refusal.retry_after)
             if request.state == RequestState.LOCAL_PREFILL:
@@ -128,14 +133,50 @@ class DecodeNode:
             StopChecker(params.stop), cache_salt=cache_salt, block_hashes=hashes, arrival_time=message.arrival_time,
         )
 
-    async def _attach_grammar(self, request: DecodeRequest) -> None:
-        """The matcher P's first token will be accepted into (at kv_complete); compiled off the event loop."""
+    async def _attach_grammar(self, request: DecodeRequest) -> bool:
+        """The matcher P's first token will be accepted into (at kv_complete), compiled off the event loop.
+
+        Until the worker's grammar compiler has loaded (its first constrained request: xgrammar and the vocabulary,
+        ~1.4 s of CPU, more on a busy host than the router's --reserve-timeout-s allows) the reservation does
+        not wait: the matcher is built on a thread and attached when done, and the engine holds the request's
+        first token until then (DecodeEngine._after_grammar). Returns whether it is still being built."""
         spec = request.sampling.structured
         if spec is None:
-            return
-        if self.grammars is None:
+            return False
+        grammars = self.grammars
+        if grammars is None:
             raise GrammarError("structured outputs need the model's tokenizer; this worker has none")
-        request.grammar = await asyncio.to_thread(self.grammars.matcher, spec)
+        if grammars.ready:
+            request.grammar = await asyncio.to_thread(grammars.matcher, spec)
+            return False
+        loading: concurrent.futures.Future[Matcher] = concurrent.futures.Future()
+        request.grammar_loading = loading
+        loop = asyncio.get_running_loop()
+        loading.add_done_callback(lambda _: loop.call_soon_threadsafe(self._grammar_built, request))
+
+        def build() -> None:
+            try:
+                loading.set_result(grammars.matcher(spec))
+            except Exception as exc:  # noqa: BLE001 (handed to _grammar_built, on the event loop)
+                loading.set_exception(exc)
+
+        threading.Thread(target=build, name=f"grammar-{request.request_id}", daemon=True).start()
+        return True
+
+    def _grammar_built(self, request: DecodeRequest) -> None:
+        """Event loop: attach the matcher built for a reservation that did not wait (or fail the request)."""
+        loading = request.grammar_loading
+        assert loading is not None
+        with self.state_lock:
+            request.grammar_loading = None
+            error = loading.exception()
+            if error is None:
+                request.grammar = loading.result()
+                return
+            request.grammar_error = str(error) if isinstance(error, GrammarError) else f"no matcher: {error}"
+            live = self.scheduler.queues.requests.get(request.request_id) is request
+        if live:
+            self.engine.abort(request.request_id, request.grammar_error)
 
     async def _fetch(self, request: DecodeRequest) -> tuple[bool, FetchedPrefix | None]:
         """Colocated with host / Redis tiers: stage the blocks after the device's cached prefix for the

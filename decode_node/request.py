@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import enum
 import time
 from dataclasses import dataclass, field
@@ -83,6 +84,10 @@ class DecodeRequest:
     error: str | None = None
     abort_requested: bool = False
     grammar: Matcher | None = None  # structured outputs: rebuilt here from the spec, P's first token accepted
+    # the worker's first constrained requests: the matcher while xgrammar loads (decode_node/node.py), and why
+    # it could not be built
+    grammar_loading: concurrent.futures.Future[Matcher] | None = None
+    grammar_error: str | None = None
 
     @property
     def num_tokens(self) -> int:

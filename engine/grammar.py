@@ -15,6 +15,11 @@ default `raw_logprobs`, so P and D report the same numbers whichever samples.
 
 JSON is generated compact (`any_whitespace=False`: separators ", " and ": "), since a small model given free
 whitespace can spend its whole budget on it.
+
+xgrammar is loaded on a worker's first constrained request, not at start (as vLLM's structured-output manager
+does): the import (it pulls in transformers) and the vocabulary's TokenizerInfo cost ~1.4 s of CPU, which a
+worker that never sees a constraint does not spend. Until then `GrammarBackend.ready` is False; the decode
+node's reservation does not wait for that first load (decode_node/node.py).
 """
 
 from __future__ import annotations
@@ -22,15 +27,17 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Sequence
-from typing import TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import torch
-import xgrammar as xgr
 
 from pdserve.engine.structured_output import StructuredOutput
 from pdserve.engine.tokenizer import Tokenizer
 
-Matcher: TypeAlias = xgr.GrammarMatcher  # xgrammar is not analysed (pyproject [tool.mypy])
+if TYPE_CHECKING:
+    import xgrammar as xgr
+
+Matcher: TypeAlias = "xgr.GrammarMatcher"  # xgrammar is not analysed (pyproject [tool.mypy])
 
 
 class GrammarError(ValueError):
@@ -42,21 +49,40 @@ class GrammarBackend:
 
     def __init__(self, tokenizer: Tokenizer, vocab_size: int, stop_token_ids: Sequence[int],
                  max_threads: int = 2, cache_size: int = 256) -> None:
-        backend = tokenizer.backend
-        encoded = [""] * vocab_size
-        for token, index in backend.get_vocab(with_added_tokens=True).items():
-            if index < vocab_size:
-                encoded[index] = token
-        metadata = xgr.TokenizerInfo._detect_metadata_from_hf(backend.to_str())
-        self.info = xgr.TokenizerInfo(encoded, vocab_type=metadata["vocab_type"], vocab_size=vocab_size,
-                                      stop_token_ids=list(stop_token_ids) or None,
-                                      add_prefix_space=metadata["add_prefix_space"])
+        self.tokenizer = tokenizer
         self.vocab_size = vocab_size
-        self._compiler = xgr.GrammarCompiler(self.info, max_threads=max_threads, cache_enabled=True)
-        self._cache: dict[StructuredOutput, xgr.CompiledGrammar] = {}
+        self.stop_token_ids = list(stop_token_ids)
+        self._max_threads = max_threads
+        self._compiler: Any = None  # xgr.GrammarCompiler, built by the first compile (`load`)
+        self._cache: dict[StructuredOutput, Any] = {}  # spec -> xgr.CompiledGrammar
         self._cache_size = cache_size
         self._lock = threading.Lock()
+        self._load_lock = threading.Lock()
         self.num_compiled = 0
+
+    @property
+    def ready(self) -> bool:
+        """xgrammar and the vocabulary are loaded: a compile costs milliseconds, not the first load's ~1.4 s."""
+        return self._compiler is not None
+
+    def load(self) -> Any:
+        """The grammar compiler over this tokenizer's vocabulary, built once (thread-safe; blocks while another
+        thread builds it)."""
+        with self._load_lock:
+            if self._compiler is None:
+                import xgrammar as xgr
+
+                backend = self.tokenizer.backend
+                encoded = [""] * self.vocab_size
+                for token, index in backend.get_vocab(with_added_tokens=True).items():
+                    if index < self.vocab_size:
+                        encoded[index] = token
+                metadata = xgr.TokenizerInfo._detect_metadata_from_hf(backend.to_str())
+                info = xgr.TokenizerInfo(encoded, vocab_type=metadata["vocab_type"], vocab_size=self.vocab_size,
+                                         stop_token_ids=self.stop_token_ids or None,
+                                         add_prefix_space=metadata["add_prefix_space"])
+                self._compiler = xgr.GrammarCompiler(info, max_threads=self._max_threads, cache_enabled=True)
+            return self._compiler
 
     def compile(self, spec: StructuredOutput) -> xgr.CompiledGrammar:
         """Thread-safe; a spec seen before costs a dict lookup (a JSON schema's first compile: ~8 ms on CPU)."""
@@ -76,10 +102,12 @@ class GrammarBackend:
         return compiled
 
     def matcher(self, spec: StructuredOutput) -> Matcher:
+        import xgrammar as xgr
+
         return xgr.GrammarMatcher(self.compile(spec))
 
     def _compile(self, spec: StructuredOutput) -> xgr.CompiledGrammar:
-        compiler = self._compiler
+        compiler = self.load()
         if spec.kind == "json":
             return compiler.compile_json_schema(spec.spec, any_whitespace=False, strict_mode=spec.strict)
         if spec.kind == "json_object":
@@ -104,6 +132,8 @@ class TokenBitmasks:
         self._turn = 0
 
     def _allocate(self, rows: int) -> torch.Tensor:
+        import xgrammar as xgr
+
         mask = xgr.allocate_token_bitmask(rows, self.vocab_size)
         return mask.pin_memory() if self.device.type == "cuda" else mask
 
@@ -126,6 +156,8 @@ class TokenBitmasks:
 
 def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
     """Masked copy of fp32 logits [B, V]: tokens whose bit is 0 get -inf (xgrammar's kernel on the device)."""
+    import xgrammar as xgr
+
     masked = logits.clone()
     xgr.apply_token_bitmask_inplace(masked, bitmask)
     return masked

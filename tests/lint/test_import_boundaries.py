@@ -153,3 +153,16 @@ def test_importing_the_protocol_loads_no_torch_and_nothing_above_it() -> None:
     loaded = _loaded_after_importing(modules_in("pdserve.protocol"))
     assert not [m for m in loaded if m.split(".")[0] in TENSOR_LIBRARIES]
     assert {m for m in loaded if m.split(".")[0] == "pdserve"} - set(modules_in("pdserve.protocol")) == {"pdserve"}
+
+
+def test_a_worker_loads_xgrammar_only_for_its_first_constrained_request(default_model_dir: Path) -> None:
+    """xgrammar (and the transformers it imports) cost every worker ~1.4 s of CPU at start; a worker loads them
+    when a request first asks for structured output (engine/grammar.py)."""
+    modules = [*modules_in("pdserve.worker"), *NODES]
+    code = (f"import importlib\nfor name in {modules!r}: importlib.import_module(name)\n"
+            "from pdserve.engine.grammar import GrammarBackend\nfrom pdserve.engine.tokenizer import Tokenizer\n"
+            f"backend = GrammarBackend(Tokenizer.from_dir({str(default_model_dir)!r}), 49152, [2])\n"
+            "assert not backend.ready")
+    loaded = _loaded_after_running(code)
+    assert "pdserve.worker.assembly" in loaded
+    assert not [m for m in loaded if m.split(".")[0] in ("xgrammar", "transformers")]
