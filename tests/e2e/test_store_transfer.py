@@ -47,7 +47,11 @@ def long_prompt(sentences: int) -> str:
 
 
 LONG = long_prompt(45)  # 858 tokens: prefilled in two chunks, 504 + 354
-KILLED = long_prompt(30)  # 569 tokens, LONG's prefix: the window to stop D in is P's prefill and send
+# 569 tokens, LONG's prefix: the window to stop D in is P's prefill and send. It is sent with a cache salt of its
+# own: after LONG, P's and D's prefix caches hold all but its last 9 tokens, and a 9-token prefill left the test
+# too short a window to stop D in (the first token could come first: the test reran in two fresh-clone runs).
+KILLED = long_prompt(30)
+KILLED_SALT = "prefill-kill"
 
 
 STORES = ("shm", "redis")
@@ -162,7 +166,8 @@ def test_a_prefill_worker_killed_after_its_kv_landed_does_not_fail_the_request(
         try:
             with openai.OpenAI(base_url=f"{deployment.url}/v1", api_key="unused", max_retries=0, timeout=300) as api:
                 for chunk in api.completions.create(model=MODEL, prompt=KILLED, max_tokens=MAX_TOKENS,
-                                                    temperature=0.0, stream=True):
+                                                    temperature=0.0, stream=True,
+                                                    extra_body={"cache_salt": KILLED_SALT}):
                     if chunk.choices and chunk.choices[0].text:
                         chunks.append((time.monotonic(), chunk.choices[0].text))
         except (openai.OpenAIError, OSError) as exc:  # the assertion below names it
