@@ -181,3 +181,55 @@ def test_fp8_skinny_configs_come_from_the_device_table() -> None:
     assert config_key("NVIDIA H200", 4096, 14336, 33) == config_key("NVIDIA H200", 4096, 14336, 64)
     cpu = skinny_config(1, 4096, 14336, torch.device("cpu"))
     assert cpu == Fp8SkinnyConfig(block_n=64, block_k=256, split_k=8)  # 64 tiles: 8 splits make 512 programs
+
+
+@pytest.mark.parametrize("m,n,k,split_k", [(1, 96, 512, 3), (17, 130, 256, 4), (64, 64, 384, 2)])
+def test_fp8_skinny_split_k_fixup_gives_the_reduce_kernels_bits(m: int, n: int, k: int, split_k: int,
+                                                                 dtype: torch.dtype, randn: Callable,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """One launch (the tile's last program sums the partials) against partials + the reduce kernel: the same
+    bits, launch after launch, with every ticket back at 0."""
+    from pdserve.kernels import linear_triton
+    from pdserve.kernels.linear_fp8_skinny_triton import Fp8SkinnyConfig, fp8_skinny_triton
+
+    w, bias = _fp8_weight(randn, n, k), randn(n, dtype=dtype)
+    xq, sx = quantize_rows_fp8_ref(randn(m, k, dtype=dtype) * 3)
+    cfg = Fp8SkinnyConfig(block_n=32, block_k=64, split_k=split_k, num_warps=4, num_stages=2)
+    monkeypatch.setattr(linear_triton, "SPLIT_K_FIXUP", False)
+    reduced = [fp8_skinny_triton(xq, sx, w, b, dtype, cfg) for b in (bias, None)]
+    monkeypatch.setattr(linear_triton, "SPLIT_K_FIXUP", True)
+    for _ in range(3):
+        fixed = [fp8_skinny_triton(xq, sx, w, b, dtype, cfg) for b in (bias, None)]
+        assert [torch.equal(f, r) for f, r in zip(fixed, reduced)] == [True, True]
+    assert not linear_triton.split_k_locks(xq.device, 1).any()
+
+
+@pytest.mark.skipif(not CUDA, reason="the programs' order is the GPU's: the interpreter runs them one by one")
+@pytest.mark.parametrize("m", [1, 16, 64])
+def test_fp8_skinny_split_k_fixup_under_the_gpus_scheduling(m: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """llama3-8b's down shape with 16 splits of 64-wide tiles (1,024 programs racing for 64 tickets), 50 launches
+    back to back on one stream and inside a CUDA graph: every output equals the reduce kernel's bits."""
+    from pdserve.kernels import linear_triton
+    from pdserve.kernels.linear_fp8_skinny_triton import Fp8SkinnyConfig, fp8_skinny_triton
+    from pdserve.kernels.linear_fp8_triton import quantize_rows_fp8_triton
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    w = quantize_weight_fp8(torch.randn(4096, 14336, device="cuda", generator=gen) / 14336**0.5)
+    xq, sx = quantize_rows_fp8_triton(torch.randn(m, 14336, device="cuda", generator=gen).to(torch.bfloat16))
+    cfg = Fp8SkinnyConfig(block_n=64, block_k=128, split_k=16, num_warps=4, num_stages=3)
+    monkeypatch.setattr(linear_triton, "SPLIT_K_FIXUP", False)
+    reduced = fp8_skinny_triton(xq, sx, w, None, torch.bfloat16, cfg)
+    monkeypatch.setattr(linear_triton, "SPLIT_K_FIXUP", True)
+    eager = [fp8_skinny_triton(xq, sx, w, None, torch.bfloat16, cfg) for _ in range(50)]
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        fp8_skinny_triton(xq, sx, w, None, torch.bfloat16, cfg)  # the capture stream's tickets, outside the capture
+    stream.synchronize()
+    with torch.cuda.graph(graph, stream=stream):
+        captured = [fp8_skinny_triton(xq, sx, w, None, torch.bfloat16, cfg) for _ in range(10)]
+    replayed = []
+    for _ in range(5):
+        graph.replay()
+        replayed += [out.clone() for out in captured]
+    assert all(torch.equal(out, reduced) for out in eager + replayed)
