@@ -3,7 +3,7 @@
 # facts, the calloc'd CPU pool, the padded cuDNN dispatch): every GPU test file in parallel processes, then the
 # engine rows for bf16 and fp8 weights, then a small ShareGPT serving run through `pdserve serve`'s launcher.
 #   OUT=dir bash benchmarks/gpu_check_h200.sh      (carry .whl and .bench_data; under ~540 s)
-# QUANTIZATION=... picks engine_gpu.py's runs (default none,fp8; e.g. fp8-reduce,fp8,none-reduce,none for an A/B).
+# QUANTIZATION=... picks engine_gpu.py's runs (default none,fp8; e.g. none,fp8,fp8-unfused).
 set -uo pipefail
 source benchmarks/device_env.sh
 left() { echo $((540 - (SECONDS - t0))); }

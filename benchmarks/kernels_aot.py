@@ -114,22 +114,19 @@ def attention_variants(bf: str):
 
 
 def gemv_variants(bf: str):
-    base = dict(x_ptr=bf, w_ptr=bf, scale_ptr=bf, bias_ptr=bf, out_ptr=bf, part_ptr="*fp32", lock_ptr="*i32", M=4,
-                N=4096, K=14336, k_per_split=3584, n_splits=4, stride_xm=14336, stride_wn=14336, stride_om=4096,
-                stride_ps=16384, HAS_BIAS=C(False), SCALED=C(False), SPLIT=C(True), FIXUP=C(True), EVEN=C(True),
-                PRECISION=C("tf32"))
+    base = dict(x_ptr=bf, w_ptr=bf, scale_ptr=bf, bias_ptr=bf, out_ptr=bf, part_ptr="*fp32", M=4, N=4096, K=14336,
+                k_per_split=3584, stride_xm=14336, stride_wn=14336, stride_om=4096, stride_ps=16384,
+                HAS_BIAS=C(False), SCALED=C(False), SPLIT=C(True), EVEN=C(True), PRECISION=C("tf32"))
     for dot, bm, bn, bk, warps, stages in ((True, 16, 16, 512, 4, 4), (True, 16, 32, 256, 4, 4),
                                            (True, 16, 64, 128, 4, 3), (False, 1, 16, 512, 4, 4),
                                            (False, 4, 16, 128, 4, 4)):
         yield (f"gemv dot={dot} m{bm} n{bn} k{bk} w{warps} s{stages}", _gemv_kernel,
                {**base, "USE_DOT": C(dot), "BLOCK_M": C(bm), "BLOCK_N": C(bn), "BLOCK_K": C(bk)}, warps, stages)
     skinny = dict(x_ptr="*fp8e4nv", x_scale_ptr="*fp32", w_ptr="*fp8e4nv", w_scale_ptr="*fp32", bias_ptr=bf,
-                  out_ptr=bf, part_ptr="*fp32", lock_ptr="*i32", M=1, N=4096, K=14336, k_per_split=3584, n_splits=4,
-                  stride_xm=14336, stride_wn=14336, stride_om=4096, stride_ps=4096, HAS_BIAS=C(False), EVEN=C(True),
+                  out_ptr=bf, part_ptr="*fp32", M=1, N=4096, K=14336, k_per_split=3584, stride_xm=14336,
+                  stride_wn=14336, stride_om=4096, stride_ps=4096, HAS_BIAS=C(False), SPLIT=C(True), EVEN=C(True),
                   BLOCK_M=C(16), BLOCK_N=C(64), BLOCK_K=C(256))
-    for fixup in (True, False):
-        yield (f"fp8 skinny down split4 fixup={fixup}", _fp8_skinny_kernel,
-               {**skinny, "SPLIT": C(True), "FIXUP": C(fixup)}, 4, 3)
+    yield "fp8 skinny down split4", _fp8_skinny_kernel, skinny, 4, 3
 
 
 def main() -> None:

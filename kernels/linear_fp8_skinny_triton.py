@@ -4,8 +4,8 @@ swapped, split along K.
     xq, sx = quantize_rows_fp8_triton(x)          (kernels/linear_fp8_triton.py: e4m3 codes, one scale a row)
     grid (cdiv(N, BLOCK_N), SPLIT_K): program (n, s) over its K range
       acc[BLOCK_N, BLOCK_M] += W[n-tile, k-tile] (e4m3) . xq[:, k-tile]^T (e4m3)
-      acc * s[n] * sx[m] -> y[m, n] (SPLIT_K == 1, + bias) or fp32 partials [SPLIT_K, M, N], summed (+ bias) by
-      the tile's last program (linear_triton.split_k_fixup; with SPLIT_K_FIXUP off, by the reduce kernel)
+      acc * s[n] * sx[m] -> y[m, n] (SPLIT_K == 1, + bias) or fp32 partials [SPLIT_K, M, N] (summed, + bias, by
+      linear_triton's split-K reduce kernel)
 
 Why swapped: at M = 1-64 the product is a pass over W (1 byte a weight). With W as the dot's M side, a program
 streams a [BLOCK_N, BLOCK_K] tile of W per step and the batch (padded to BLOCK_M = 16, 32 or 64) is the dot's
@@ -37,9 +37,8 @@ import torch
 import triton
 import triton.language as tl
 
-from pdserve.kernels import linear_triton
 from pdserve.kernels.fp8_weight import Fp8Weight
-from pdserve.kernels.linear_triton import reduce_split_k, split_k_fixup, split_k_layout, split_k_locks
+from pdserve.kernels.linear_triton import reduce_split_k, split_k_layout
 from pdserve.kernels.tuning import TuningTable, device_name
 
 SKINNY_MAX_ROWS = 64
@@ -56,9 +55,9 @@ class Fp8SkinnyConfig:
 
 @triton.jit(do_not_specialize=["M", "stride_ps"])
 def _fp8_skinny_kernel(
-    x_ptr, x_scale_ptr, w_ptr, w_scale_ptr, bias_ptr, out_ptr, part_ptr, lock_ptr, M, N, K, k_per_split, n_splits,
+    x_ptr, x_scale_ptr, w_ptr, w_scale_ptr, bias_ptr, out_ptr, part_ptr, M, N, K, k_per_split,
     stride_xm, stride_wn, stride_om, stride_ps,
-    HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, FIXUP: tl.constexpr, EVEN: tl.constexpr,
+    HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, EVEN: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     # x: [M, K] e4m3, x_scale: [M]; w: [N, K] e4m3, w_scale: [N]; out: [M, N]; grid: (cdiv(N, BLOCK_N), SPLIT_K)
@@ -86,18 +85,13 @@ def _fp8_skinny_kernel(
         x_ptrs += BLOCK_K
     acc *= tl.load(w_scale_ptr + rn)[:, None] * sx[None, :]  # per row and column: commutes with the split sum
     mask = (offs_n < N)[:, None] & m_ok[None, :]
-    p_offs = offs_m[None, :] * N + offs_n[:, None]
-    if SPLIT and not FIXUP:
-        tl.store(part_ptr + pid_k * stride_ps + p_offs, acc, mask=mask)
+    if SPLIT:
+        tl.store(part_ptr + pid_k * stride_ps + offs_m[None, :] * N + offs_n[:, None], acc, mask=mask)
     else:
-        last = True
-        if SPLIT:
-            last, acc = split_k_fixup(acc, part_ptr, p_offs, mask, pid_k, stride_ps, n_splits, lock_ptr + pid_n)
-        if last:
-            if HAS_BIAS:
-                acc += tl.load(bias_ptr + rn).to(tl.float32)[:, None]
-            tl.store(out_ptr + offs_m[None, :] * stride_om + offs_n[:, None], acc.to(out_ptr.dtype.element_ty),
-                     mask=mask)
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + rn).to(tl.float32)[:, None]
+        tl.store(out_ptr + offs_m[None, :] * stride_om + offs_n[:, None], acc.to(out_ptr.dtype.element_ty),
+                 mask=mask)
 
 
 def block_m_for(m: int) -> int:
@@ -120,15 +114,13 @@ def fp8_skinny_triton(xq: torch.Tensor, x_scale: torch.Tensor, weight: Fp8Weight
     even = k_per_split * split_k == k
     part = torch.empty((split_k, m, n), dtype=torch.float32, device=xq.device) if split_k > 1 else out
     bias_arg = bias if bias is not None else out
-    tiles = triton.cdiv(n, cfg.block_n)
-    fixup = split_k > 1 and linear_triton.SPLIT_K_FIXUP
-    _fp8_skinny_kernel[(tiles, split_k)](
-        xq, x_scale, weight.weight, weight.scale, bias_arg, out, part, split_k_locks(xq.device, tiles) if fixup else out,
-        m, n, k, k_per_split, split_k, xq.stride(0), weight.weight.stride(0), out.stride(0), part.stride(0),
-        HAS_BIAS=bias is not None, SPLIT=split_k > 1, FIXUP=fixup, EVEN=even, BLOCK_M=block_m, BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    _fp8_skinny_kernel[(triton.cdiv(n, cfg.block_n), split_k)](
+        xq, x_scale, weight.weight, weight.scale, bias_arg, out, part,
+        m, n, k, k_per_split, xq.stride(0), weight.weight.stride(0), out.stride(0), part.stride(0),
+        HAS_BIAS=bias is not None, SPLIT=split_k > 1, EVEN=even, BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
     )
-    if split_k > 1 and not fixup:
+    if split_k > 1:
         reduce_split_k(part, bias, out)
     return out
 

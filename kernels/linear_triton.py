@@ -2,8 +2,14 @@
 
     y[M, N] = x[M, K] @ W[N, K]^T (+ bias), M <= 16
     grid (cdiv(N, BLOCK_N), SPLIT_K): program (n, s) streams W[n*BLOCK_N : +BLOCK_N, s*k_per_split : +k_per_split]
-    SPLIT_K == 1: writes y directly;  SPLIT_K > 1: fp32 partials [SPLIT_K, M, N], summed by the tile's last
-    program (split_k_fixup: a ticket per tile, one launch) or, with SPLIT_K_FIXUP off, by a second kernel
+    SPLIT_K == 1: writes y directly;  SPLIT_K > 1: fp32 partials [SPLIT_K, M, N], summed by a second kernel
+
+Why a second kernel: summing the partials in each tile's last program instead (an int32 ticket per tile taken
+with an acq_rel atomic after a barrier, the last program reading the partials back and resetting its ticket: one
+launch) was built and measured on the H200 (commit feb5a85, benchmarks/results/split_k_fixup_ab_h200.json, the
+engine's decode rows with and without it in one run): fp8 linears b1 ctx512 3.27 -> 3.24 ms, b8 3.54 -> 3.58,
+b64 4.97 -> 5.22; bf16 linears 4.59 -> 4.60, 6.59 -> 6.59. A reduce launch inside a CUDA graph costs less than
+the serial tail it moves into the product (the last program's reads of every split), so the reduce kernel stays.
 
 At these batch sizes the product is a pass over W (2 bytes a weight, ~0.03 FLOP a byte at M = 1): the job is
 to keep enough of W in flight (cp.async, 4-6 stages). Where a tuned Triton config beats cuBLAS for a
@@ -41,39 +47,12 @@ class GemvConfig:
     num_stages: int = 4
 
 
-SPLIT_K_FIXUP = True  # split-K partials summed by each tile's last program; False: by the reduce kernel (the A/B)
-
-
-@triton.jit
-def split_k_fixup(acc, part_ptr, offs, mask, pid_k, stride_ps, n_splits, lock_ptr):
-    """Stores this program's fp32 partial of its output tile (offs, mask: its elements in one split's [M, N]) and
-    takes the tile's ticket (lock_ptr: an int32 that is 0 between launches). Returns (last, total): the program
-    that takes the last ticket sums the n_splits partials in split order, as the reduce kernel does (the same
-    bits whichever program comes last), and puts the ticket back to 0 for the next launch."""
-    tl.store(part_ptr + pid_k * stride_ps + offs, acc, mask=mask)
-    tl.debug_barrier()  # every thread's stores before the ticket: the release below covers them
-    last = tl.atomic_add(lock_ptr, 1, sem="acq_rel", scope="gpu") == n_splits - 1
-    total = tl.zeros_like(acc)
-    if last:
-        for s in range(n_splits):
-            total += tl.load(part_ptr + s * stride_ps + offs, mask=mask, other=0.0, cache_modifier=".cg")
-        tl.atomic_xchg(lock_ptr, 0, sem="relaxed", scope="gpu")
-    return last, total
-
-
-@triton.jit
-def _gemv_store(acc, bias_ptr, out_ptr, offs_m, offs_n, mn_mask, N, stride_om, HAS_BIAS: tl.constexpr):
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
-    tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], acc.to(out_ptr.dtype.element_ty), mask=mn_mask)
-
-
 @triton.jit(do_not_specialize=["M", "stride_ps"])  # per-batch values (stride_ps = M * N): one kernel per bucket
 def _gemv_kernel(
-    x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, part_ptr, lock_ptr, M, N, K, k_per_split, n_splits,
+    x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, part_ptr, M, N, K, k_per_split,
     stride_xm, stride_wn, stride_om, stride_ps,
-    HAS_BIAS: tl.constexpr, SCALED: tl.constexpr, SPLIT: tl.constexpr, FIXUP: tl.constexpr, USE_DOT: tl.constexpr,
-    EVEN: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    HAS_BIAS: tl.constexpr, SCALED: tl.constexpr, SPLIT: tl.constexpr, USE_DOT: tl.constexpr, EVEN: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     # x: [M, K]; w: [N, K]; out: [M, N]; part: [SPLIT_K, M, N] fp32; grid: (cdiv(N, BLOCK_N), SPLIT_K)
     # SCALED: w is fp8 with scale [N] fp32 (kernels/fp8_weight.py), upcast to x's dtype in registers
@@ -109,15 +88,13 @@ def _gemv_kernel(
     if SCALED:  # per output channel, so it commutes with the split-K sum
         acc *= tl.load(scale_ptr + offs_n, mask=offs_n < N, other=0.0)[None, :]
     mn_mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
-    p_offs = offs_m[:, None] * N + offs_n[None, :]
-    if SPLIT and not FIXUP:
-        tl.store(part_ptr + pid_k * stride_ps + p_offs, acc, mask=mn_mask)
+    if SPLIT:
+        tl.store(part_ptr + pid_k * stride_ps + offs_m[:, None] * N + offs_n[None, :], acc, mask=mn_mask)
     else:
-        last = True
-        if SPLIT:
-            last, acc = split_k_fixup(acc, part_ptr, p_offs, mn_mask, pid_k, stride_ps, n_splits, lock_ptr + pid_n)
-        if last:
-            _gemv_store(acc, bias_ptr, out_ptr, offs_m, offs_n, mn_mask, N, stride_om, HAS_BIAS)
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+        o_ptrs = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :]
+        tl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mn_mask)
 
 
 @triton.jit(do_not_specialize=["stride_ps"])  # M * N
@@ -153,38 +130,17 @@ def gemv_triton(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     part = torch.empty((split_k, m, n), dtype=torch.float32, device=x2.device) if split_k > 1 else out
     block_m = max(16, triton.next_power_of_2(m)) if cfg.use_dot else triton.next_power_of_2(m)
     bias_arg = bias if bias is not None else out
-    tiles = triton.cdiv(n, cfg.block_n)
-    fixup = split_k > 1 and SPLIT_K_FIXUP
-    _gemv_kernel[(tiles, split_k)](
-        x2, weight, scale if scale is not None else out, bias_arg, out, part,
-        split_k_locks(x2.device, tiles) if fixup else out, m, n, k, k_per_split, split_k,
+    _gemv_kernel[(triton.cdiv(n, cfg.block_n), split_k)](
+        x2, weight, scale if scale is not None else out, bias_arg, out, part, m, n, k, k_per_split,
         x2.stride(0), weight.stride(0), out.stride(0), part.stride(0),
-        HAS_BIAS=bias is not None, SCALED=scale is not None, SPLIT=split_k > 1, FIXUP=fixup, USE_DOT=cfg.use_dot,
-        EVEN=even, PRECISION="ieee" if x2.dtype == torch.float32 else "tf32",
+        HAS_BIAS=bias is not None, SCALED=scale is not None, SPLIT=split_k > 1, USE_DOT=cfg.use_dot, EVEN=even,
+        PRECISION="ieee" if x2.dtype == torch.float32 else "tf32",
         BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
-    if split_k > 1 and not fixup:
+    if split_k > 1:
         reduce_split_k(part, bias, out)
     return out
-
-
-_LOCKS: dict[tuple[str, int], torch.Tensor] = {}
-_LOCKS_OUTGROWN: list[torch.Tensor] = []  # kept alive: a captured CUDA graph may still point at one
-_LOCKS_MIN = 8192  # tickets: more than any served linear's output tiles (a 128,256-row lm_head in 16-wide tiles)
-
-
-def split_k_locks(device: torch.device, tiles: int) -> torch.Tensor:
-    """The int32 tickets of split_k_fixup, all 0 between launches (each launch's last programs put theirs back),
-    one buffer per device and stream: launches on one stream run one after another, so they can share it."""
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-    key = (str(device), stream)
-    locks = _LOCKS.get(key)
-    if locks is None or locks.numel() < tiles:
-        if locks is not None:
-            _LOCKS_OUTGROWN.append(locks)
-        locks = _LOCKS[key] = torch.zeros(max(tiles, _LOCKS_MIN), dtype=torch.int32, device=device)
-    return locks
 
 
 def split_k_layout(k: int, split_k: int, block_k: int) -> tuple[int, int]:

@@ -62,22 +62,3 @@ def test_shipped_table_configs_are_valid() -> None:
         assert entry["backend"] in ("torch", "triton"), key
         if entry["backend"] == "triton":
             GemvConfig(**entry["config"])
-
-
-@pytest.mark.parametrize("m,n,k,split_k", [(1, 64, 256, 3), (5, 100, 96, 2), (16, 48, 512, 8)])
-def test_gemv_split_k_fixup_gives_the_reduce_kernels_bits(m: int, n: int, k: int, split_k: int, dtype: torch.dtype,
-                                                           randn: Callable, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The tile's last program sums the partials in split order, as the reduce kernel does: the same bits, launch
-    after launch (each launch puts its tickets back to 0; a ticket left behind would make the next launch's
-    "last" program come early and read partials not yet written)."""
-    from pdserve.kernels import linear_triton
-    from pdserve.kernels.linear_triton import GemvConfig, gemv_triton, split_k_locks
-
-    x, w, bias = randn(m, k, dtype=dtype), randn(n, k, dtype=dtype) / k**0.5, randn(n, dtype=dtype)
-    cfg = GemvConfig(block_n=16, block_k=32, split_k=split_k, num_warps=4, num_stages=2)
-    monkeypatch.setattr(linear_triton, "SPLIT_K_FIXUP", False)
-    reduced = [gemv_triton(x, w, b, cfg) for b in (bias, None)]
-    monkeypatch.setattr(linear_triton, "SPLIT_K_FIXUP", True)
-    for _ in range(3):
-        assert [torch.equal(gemv_triton(x, w, b, cfg), r) for b, r in zip((bias, None), reduced)] == [True, True]
-    assert not split_k_locks(x.device, 1).any()
