@@ -9,7 +9,9 @@ Model: `--load-format dummy --model-preset llama3-8b` in bf16 (engine/presets.py
 second time with fp8 linears (`--quantization fp8`: rows named `<workload>_fp8_w`, e.g. decode_b1_ctx512_fp8_w;
 `fp8_w_ms` holds them as `decode_b1_ctx512_fp8_w_ms`), HF only beside bf16. `fp8-unfused` runs the fp8 linears
 with the norms and silu_and_mul not quantizing for them (engine/model.py FUSE_FP8_ACTIVATIONS off: each fp8 linear
-runs its own quantization kernel), rows `<workload>_fp8_w_unfused`: the A/B of that fusion.
+runs its own quantization kernel), rows `<workload>_fp8_w_unfused`: the A/B of that fusion. `-nopdl` runs without
+programmatic dependent launch and `-noprefetch` with it but without the weight kernels' L2 prefetch before the
+wait (kernels/pdl.py), e.g. `none,none-nopdl,fp8,fp8-nopdl,fp8-noprefetch`: rows `<workload>_fp8_w_nopdl`.
 Checks: graph-replayed logits = the eager forward's at batch 1, 3, 8 (on CUDA); --parity: the default model's
 first 16 greedy tokens in bf16 on the GPU = fp32 on the CPU for >= 90 % of 20 prompts. Times: median of --repeat after warm-ups, CUDA events. Every decode step streams the 16 GB of
 weights, so L2 (60 MB) holds nothing from one step to the next and inputs need no rotation; the transfer
@@ -40,6 +42,7 @@ from pdserve.engine.config import CacheConfig, ModelConfig
 from pdserve.engine.presets import get_preset
 from pdserve.engine.runner import ModelRunner
 from pdserve.engine.weights.dummy import dummy_weights
+from pdserve.kernels import pdl
 
 DECODE_SHAPES = ((1, 512), (8, 512), (64, 512), (1, 4096))  # (batch, context)
 PREFILL_TOKENS = 4096
@@ -49,7 +52,16 @@ TARGETS_MS = {"decode_b1_ctx512": 4.4, "decode_b8_ctx512": 4.6, "decode_b64_ctx5
               "prefill_4096": 100.0,
               # issue 19, fp8 linears (W8A8): halving the 16 GB a decode step reads
               "decode_b1_ctx512_fp8_w": 2.6, "decode_b64_ctx512_fp8_w": 4.0, "prefill_4096_fp8_w": 65.0}
-SUFFIX = {"none": "", "fp8": "_fp8_w", "fp8-unfused": "_fp8_w_unfused"}  # row-name suffix per --quantization
+SUFFIX = {"none": "", "fp8": "_fp8_w"}  # row-name suffix per --quantization; each modifier adds "_<modifier>"
+MODIFIERS = ("unfused", "nopdl", "noprefetch")
+
+
+def run_suffix(quantization: str) -> str:
+    """'fp8-nopdl' -> '_fp8_w_nopdl'."""
+    base, *mods = quantization.split("-")
+    if base not in SUFFIX or any(m not in MODIFIERS for m in mods):
+        raise ValueError(f"--quantization run {quantization!r}: none|fp8, then any of -{'/-'.join(MODIFIERS)}")
+    return SUFFIX[base] + "".join(f"_{m}" for m in mods)
 HF_ANCHORS_MS = {"decode_b1_ctx512": 7.14, "decode_b8_ctx512": 8.49, "decode_b64_ctx512": 20.0, "prefill_4096": 133.0}
 TINY = ModelConfig(name="tiny-llama", vocab_size=1024, hidden_size=128, intermediate_size=256, num_layers=2,
                    num_heads=4, num_kv_heads=2, head_dim=32, max_model_len=8192)
@@ -154,15 +166,17 @@ def run(args: argparse.Namespace) -> Report:
         report.notes.append("parity skipped: it compares a GPU's bf16 run with the CPU's fp32 one")
     ours: dict[str, float] = {}
     for quantization in args.quantization.split(","):
-        engine_model.FUSE_FP8_ACTIVATIONS = quantization != "fp8-unfused"  # read at every forward and capture
-        runner = build_runner(config, device, quantization.removesuffix("-unfused"))
+        suffix, mods = run_suffix(quantization), quantization.split("-")[1:]
+        engine_model.FUSE_FP8_ACTIVATIONS = "unfused" not in mods  # read at every forward and capture
+        pdl.ENABLED, pdl.PREFETCH_WEIGHTS = "nopdl" not in mods, "noprefetch" not in mods  # read at every launch
+        runner = build_runner(config, device, quantization.split("-")[0])
         check_graphs(runner, report)
         times, passes = time_ours(runner, args.repeat)
-        ours.update({k + SUFFIX[quantization]: v for k, v in times.items()})
-        report.checks[f"decode_pass_medians_ms{SUFFIX[quantization]}"] = passes
+        ours.update({k + suffix: v for k, v in times.items()})
+        report.checks[f"decode_pass_medians_ms{suffix}"] = passes
         del runner
         free(device)
-    engine_model.FUSE_FP8_ACTIVATIONS = True
+    engine_model.FUSE_FP8_ACTIVATIONS, pdl.ENABLED, pdl.PREFETCH_WEIGHTS = True, True, True
     report.fp8_w_ms = {f"{k}_ms": v for k, v in ours.items() if k.endswith(SUFFIX["fp8"])}
     hf: dict[str, float] = {}
     if device.type == "cuda" and not args.skip_hf:
@@ -213,7 +227,9 @@ def main() -> None:
     parser.add_argument("--skip-transfer", action="store_true", help="no cuda_ipc transfer benchmark")
     parser.add_argument("--quantization", default="none,fp8",
                         help="comma-separated runs of the same workloads: none (bf16 linears), fp8 (fp8 linears), "
-                             "fp8-unfused (fp8 linears quantizing their own inputs: the fusion's A/B)")
+                             "and modifiers: -unfused (fp8 linears quantizing their own inputs: the fusion's A/B), "
+                             "-nopdl (no programmatic dependent launch, kernels/pdl.py), -noprefetch (PDL without "
+                             "the weight kernels' L2 prefetch), e.g. none,none-nopdl,fp8,fp8-nopdl")
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/engine_gpu_h200.json"))
     parser.add_argument("--parity-only", action="store_true",

@@ -3,12 +3,14 @@
 variant's registers, spills and shared memory: errors and spills show up here at no device time.
 
     .venv/bin/python benchmarks/kernels_aot.py
+    .venv/bin/python benchmarks/kernels_aot.py --pdl     (every PDL kernel: the wait before any global access)
 """
 
 from __future__ import annotations
 
 import re
 import subprocess
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +22,8 @@ from triton.compiler import ASTSource
 from pdserve.kernels.activation_triton import _silu_and_mul_fp8_kernel, _silu_and_mul_kernel
 from pdserve.kernels.decode_attention_triton import _decode_reduce_kernel, _decode_split_kernel
 from pdserve.kernels.linear_fp8_skinny_triton import _fp8_skinny_kernel
-from pdserve.kernels.linear_triton import _gemv_kernel
+from pdserve.kernels.linear_fp8_triton import _quantize_rows_kernel
+from pdserve.kernels.linear_triton import _gemv_kernel, _split_k_reduce_kernel
 from pdserve.kernels.prefill_attention_triton import _prefill_attention_kernel
 from pdserve.kernels.rms_norm_triton import _rms_norm_kernel
 from pdserve.kernels.rope_triton import _rope_kv_write_kernel
@@ -41,7 +44,7 @@ def compile_variant(fn, args: dict, num_warps: int, num_stages: int = 3):
     marks it do_not_specialize) | float."""
     sig, consts, attrs = {}, {}, {}
     for i, (name, param) in enumerate(zip(fn.arg_names, fn.params, strict=True)):
-        v = args[name]
+        v = args[name] if name in args else C(param.default)  # a defaulted constexpr (PDL) left out
         if isinstance(v, C) or (type(v) is int and v == 1 and not param.do_not_specialize):
             sig[name], consts[name] = "constexpr", v.value if isinstance(v, C) else 1
         elif isinstance(v, str):
@@ -83,7 +86,7 @@ def variants():
     yield "silu_and_mul fp8 two passes w16", _silu_and_mul_fp8_kernel, {**silu_fp8, "BLOCK": C(4096),
                                                                         "ONE_PASS": C(False)}, 16, 1
     rope = dict(q_ptr=bf, k_ptr=bf, v_ptr=bf, pos_ptr="*i64", cos_sin_ptr="*fp32", cache_ptr=bf, slot_ptr="*i64",
-                stride_qt=6144, stride_qh=128, stride_kt=6144, stride_kh=128, stride_vt=6144, stride_vh=128,
+                inv_k_scale=1.0, inv_v_scale=1.0, FP8=C(False), stride_qt=6144, stride_qh=128, stride_kt=6144, stride_kh=128, stride_vt=6144, stride_vh=128,
                 stride_cs=128, stride_ckv=1 << 28, stride_cblk=16384, stride_ctok=1024, stride_ch=128,
                 NUM_Q_HEADS=C(32), NUM_KV_HEADS=C(8), HALF=C(64), PAGE=C(16), BLOCK_HQ=C(32), BLOCK_HKV=C(8),
                 BLOCK_HALF=C(64))
@@ -92,13 +95,52 @@ def variants():
     yield from gemv_variants(bf)
 
 
+def pdl_variants():
+    """Every kernel launched with kernels/pdl.py's options (one variant of each, and the fp8 forms of the norm and
+    silu_and_mul), compiled as it is then (PDL, and the weight kernels' L2 prefetch): `pdl_order` checks its PTX."""
+    seen = set()
+    for name, fn, args, warps, stages in variants():
+        if "PDL" in fn.arg_names and ((fn, "fp8" in name) not in seen or "two passes" in name):
+            seen.add((fn, "fp8" in name))
+            extra = {"PDL": C(True)}
+            if "PREFETCH" in fn.arg_names:
+                extra["PREFETCH"] = C(1024)
+            yield name + " pdl", fn, {**args, **extra}, warps, stages
+    red = dict(part_ptr="*fp32", bias_ptr="*bf16", out_ptr="*bf16", N=4096, split_k=4, stride_ps=4096, stride_om=4096,
+               HAS_BIAS=C(False), BLOCK=C(1024))
+    yield "split-k reduce pdl", _split_k_reduce_kernel, {**red, "PDL": C(True)}, 4, 1
+    quant = dict(x_ptr="*bf16", q_ptr="*fp8e4nv", s_ptr="*fp32", M=1, K=4096, stride_xm=4096, stride_qm=4096,
+                 FP8_MAX=C(448.0), BLOCK_K=C(4096), ONE_PASS=C(True), ROUND=C(False))
+    yield "quantize rows pdl", _quantize_rows_kernel, {**quant, "PDL": C(True)}, 8, 1
+
+
+_GLOBAL_ACCESS = re.compile(r"\b(ld|st|atom|red)\.global|\bcp\.async\.(ca|cg)\b|\bcp\.async\.bulk\.tensor")
+
+
+def pdl_order(ptx: str) -> str | None:
+    """None if the kernel's PTX waits (griddepcontrol.wait) before its first global load, store or atomic and
+    lets dependents launch only after the wait; else what is wrong. The L2 prefetch may come first."""
+    lines = [line.strip() for line in ptx.splitlines()]
+    wait = next((i for i, line in enumerate(lines) if line.startswith("griddepcontrol.wait")), None)
+    if wait is None:
+        return "no griddepcontrol.wait"
+    early = [line for line in lines[:wait] if _GLOBAL_ACCESS.search(line)]
+    if early:
+        return f"{len(early)} global accesses before the wait, the first: {early[0]}"
+    launch = next((i for i, line in enumerate(lines) if line.startswith("griddepcontrol.launch_dependents")), None)
+    if launch is not None and launch < wait:
+        return "launch_dependents before the wait"
+    return None
+
+
 def attention_variants(bf: str):
     cache = dict(stride_ckv=1 << 28, stride_cblk=16384, stride_ctok=1024, stride_ch=128)
     dec = dict(q_ptr=bf, cache_ptr=bf, seq_lens_ptr="*i32", block_tables_ptr="*i32", out_ptr=bf,
-               part_out_ptr="*fp32", part_lse_ptr="*fp32", qk_scale=0.127, num_splits=2, stride_qb=4096,
+               part_out_ptr="*fp32", part_lse_ptr="*fp32", qk_scale=0.127, v_scale=1.0, num_splits=2, stride_qb=4096,
                stride_qh=128, stride_ob=4096, stride_oh=128, stride_bt=256, **cache, stride_pb=8192,
                stride_ph=256, stride_ps=128, stride_lb=64, stride_lh=2, GROUP=C(4), HEAD_DIM=C(128), PAGE=C(16),
-               SINGLE=C(False), PRECISION=C("tf32"), BLOCK_G=C(16), BLOCK_D=C(128))
+               SINGLE=C(False), PRECISION=C("tf32"), BLOCK_G=C(16), BLOCK_D=C(128), F16_DOT=C(False), FMA=C(False),
+               K_T=C(False), PAGE_ROWS=C(False), BITS=C(False))
     for block_n, warps, stages in ((64, 4, 2), (64, 4, 3), (128, 4, 2), (32, 4, 3), (64, 8, 3)):
         yield f"decode split n{block_n} w{warps} s{stages}", _decode_split_kernel, {**dec, "BLOCK_N": C(block_n)}, warps, stages
     red = dict(part_out_ptr="*fp32", part_lse_ptr="*fp32", out_ptr=bf, num_splits=2, stride_pb=8192, stride_ph=256,
@@ -106,7 +148,7 @@ def attention_variants(bf: str):
                BLOCK_S=C(2), BLOCK_D=C(128))
     yield "decode reduce", _decode_reduce_kernel, red, 4, 1
     pre = dict(q_ptr=bf, cache_ptr=bf, cu_q_ptr="*i32", seq_lens_ptr="*i32", block_tables_ptr="*i32", out_ptr=bf,
-               qk_scale=0.127, num_seqs=1, stride_qt=4096, stride_qh=128, stride_ot=4096, stride_oh=128,
+               qk_scale=0.127, v_scale=1.0, num_seqs=1, stride_qt=4096, stride_qh=128, stride_ot=4096, stride_oh=128,
                stride_bt=256, **cache, GROUP=C(4), HEAD_DIM=C(128), PAGE=C(16), PRECISION=C("tf32"), SEARCH=C(128), BLOCK_D=C(128))
     for bm, bn, warps, stages in ((128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 3), (128, 64, 4, 3)):
         yield (f"prefill m{bm} n{bn} w{warps} s{stages}", _prefill_attention_kernel,
@@ -130,6 +172,13 @@ def gemv_variants(bf: str):
 
 
 def main() -> None:
+    if sys.argv[1:] == ["--pdl"]:  # tests/kernels/test_pdl.py runs this
+        bad = 0
+        for name, fn, args, warps, stages in pdl_variants():
+            problem = pdl_order(compile_variant(fn, args, warps, stages).asm["ptx"])
+            bad += problem is not None
+            print(f"{name:40s} {problem or 'ok'}", flush=True)
+        sys.exit(1 if bad else 0)
     for name, fn, args, warps, stages in variants():
         try:
             print(f"{name:40s} {resources(compile_variant(fn, args, warps, stages))}", flush=True)

@@ -19,14 +19,18 @@ import triton.language as tl
 from pdserve.kernels.fp8_activation import Fp8Activation
 from pdserve.kernels.fp8_weight import FP8_DTYPE, FP8_MAX
 from pdserve.kernels.linear_fp8_triton import ONE_PASS_MAX_K, _round_to_e4m3
+from pdserve.kernels.pdl import launch_options
 
 
 @triton.jit
 def _silu_and_mul_kernel(
     x_ptr, out_ptr, inter, stride_x, stride_out,
-    BLOCK: tl.constexpr, EVEN: tl.constexpr,
+    BLOCK: tl.constexpr, EVEN: tl.constexpr, PDL: tl.constexpr = False,
 ):
     # x: [num_tokens, 2 * inter] (gate | up); out: [num_tokens, inter]; grid: (num_tokens, cdiv(inter, BLOCK))
+    if PDL:  # kernels/pdl.py
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     gate_ptrs = x_ptr + row * stride_x + cols
@@ -66,9 +70,13 @@ def _store_codes(q_ptr, row, cols, inter, stride_q, v, scale, FP8_MAX: tl.conste
 def _silu_and_mul_fp8_kernel(
     x_ptr, q_ptr, s_ptr, inter, stride_x, stride_q,
     BLOCK: tl.constexpr, ONE_PASS: tl.constexpr, FP8_MAX: tl.constexpr, ROUND: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     # x: [num_tokens, 2 * inter] (gate | up); q: [num_tokens, inter] e4m3; s: [num_tokens] fp32; grid: (num_tokens,)
     # ONE_PASS: BLOCK >= inter, the row is computed once and held; else an amax pass and a cast pass
+    if PDL:  # kernels/pdl.py
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     if ONE_PASS:
         cols = tl.arange(0, BLOCK)
@@ -105,7 +113,8 @@ def _launch(x, config=None):
     if x2.shape[0] and inter:
         grid = (x2.shape[0], triton.cdiv(inter, block))
         _silu_and_mul_kernel[grid](
-            x2, out, inter, x2.stride(0), out.stride(0), BLOCK=block, EVEN=inter % block == 0, num_warps=num_warps
+            x2, out, inter, x2.stride(0), out.stride(0), BLOCK=block, EVEN=inter % block == 0, num_warps=num_warps,
+            **launch_options(x.device),
         )
     return out.view(*x.shape[:-1], inter)
 
@@ -126,5 +135,6 @@ def silu_and_mul_fp8_triton(x: torch.Tensor) -> Fp8Activation:
         _silu_and_mul_fp8_kernel[(m,)](
             x2, q, scale, inter, x2.stride(0), q.stride(0), BLOCK=width if one_pass else 4096, ONE_PASS=one_pass,
             FP8_MAX=FP8_MAX, ROUND=x.device.type != "cuda", num_warps=8 if width <= 4096 else 16,
+            **launch_options(x.device),
         )
     return Fp8Activation(q, scale, x.dtype)

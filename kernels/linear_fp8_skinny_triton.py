@@ -39,6 +39,7 @@ import triton.language as tl
 
 from pdserve.kernels.fp8_weight import Fp8Weight
 from pdserve.kernels.linear_triton import reduce_split_k, split_k_layout
+from pdserve.kernels.pdl import launch_options, prefetch_l2, weight_prefetch_bytes
 from pdserve.kernels.tuning import TuningTable, device_name
 
 SKINNY_MAX_ROWS = 64
@@ -58,14 +59,22 @@ def _fp8_skinny_kernel(
     x_ptr, x_scale_ptr, w_ptr, w_scale_ptr, bias_ptr, out_ptr, part_ptr, M, N, K, k_per_split,
     stride_xm, stride_wn, stride_om, stride_ps,
     HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, EVEN: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False,
+    PREFETCH: tl.constexpr = 0,
 ):
     # x: [M, K] e4m3, x_scale: [M]; w: [N, K] e4m3, w_scale: [N]; out: [M, N]; grid: (cdiv(N, BLOCK_N), SPLIT_K)
+    # PREFETCH: bytes of each of the program's W rows fetched into L2 before the PDL wait (kernels/pdl.py)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
-    offs_m = tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rn = tl.max_contiguous(tl.multiple_of(offs_n % N, BLOCK_N), BLOCK_N)  # columns past N read row N mod N
+    if PREFETCH > 0:
+        prefetch_l2(w_ptr + rn.to(tl.int64) * stride_wn + pid_k * k_per_split,
+                    tl.minimum(PREFETCH, K - pid_k * k_per_split))
+    if PDL:  # kernels/pdl.py
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    offs_m = tl.arange(0, BLOCK_M)
     m_ok = offs_m < M
     sx = tl.load(x_scale_ptr + offs_m, mask=m_ok, other=1.0)
     offs_k = pid_k * k_per_split + tl.arange(0, BLOCK_K)
@@ -118,7 +127,8 @@ def fp8_skinny_triton(xq: torch.Tensor, x_scale: torch.Tensor, weight: Fp8Weight
         xq, x_scale, weight.weight, weight.scale, bias_arg, out, part,
         m, n, k, k_per_split, xq.stride(0), weight.weight.stride(0), out.stride(0), part.stride(0),
         HAS_BIAS=bias is not None, SPLIT=split_k > 1, EVEN=even, BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
+        num_stages=cfg.num_stages, **launch_options(xq.device),
+        PREFETCH=weight_prefetch_bytes(xq.device, weight.weight, k, k_per_split, cfg.block_k * cfg.num_stages),
     )
     if split_k > 1:
         reduce_split_k(part, bias, out)

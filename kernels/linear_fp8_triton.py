@@ -30,6 +30,7 @@ from pdserve.kernels.fp8_weight import FP8_DTYPE, FP8_MAX, Fp8Weight
 from pdserve.kernels.linear_fp8 import check_quantized_rows, quantizes_activations
 from pdserve.kernels.linear_fp8_skinny_triton import SKINNY_MAX_ROWS, fp8_skinny_triton, skinny_config
 from pdserve.kernels.linear_triton import GemvConfig, gemv_triton
+from pdserve.kernels.pdl import launch_options
 
 
 @dataclass(frozen=True)
@@ -62,10 +63,14 @@ def _round_to_e4m3(v):
 
 @triton.jit(do_not_specialize=["M"])
 def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, M, K, stride_xm, stride_qm, FP8_MAX: tl.constexpr,
-                          BLOCK_K: tl.constexpr, ONE_PASS: tl.constexpr, ROUND: tl.constexpr):
+                          BLOCK_K: tl.constexpr, ONE_PASS: tl.constexpr, ROUND: tl.constexpr,
+                          PDL: tl.constexpr = False):
     # x: [M, K] -> q: [M, K] e4m3, s: [M] fp32; grid: (M,). ONE_PASS: the row fits one block (BLOCK_K >= K) and
     # is read once; else an amax pass and a scale-and-cast pass. ROUND: round in fp32 before the cast (the
     # interpreter's cast rounds wrongly; a GPU's cvt rounds to nearest even itself)
+    if PDL:  # kernels/pdl.py
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     if ONE_PASS:
         offs = tl.arange(0, BLOCK_K)
@@ -146,7 +151,8 @@ def quantize_rows_fp8_triton(x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
         one_pass = width <= ONE_PASS_MAX_K
         _quantize_rows_kernel[(m,)](x2, q, scale, m, k, x2.stride(0), q.stride(0), FP8_MAX=FP8_MAX,
                                     BLOCK_K=width if one_pass else 4096, ONE_PASS=one_pass,
-                                    ROUND=x2.device.type != "cuda", num_warps=8 if width <= 4096 else 16)
+                                    ROUND=x2.device.type != "cuda", num_warps=8 if width <= 4096 else 16,
+                                    **launch_options(x2.device))
     return q, scale
 
 

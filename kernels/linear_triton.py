@@ -32,6 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
+from pdserve.kernels.pdl import launch_options, prefetch_l2, weight_prefetch_bytes
 from pdserve.kernels.tuning import default_table, device_name
 
 MAX_TRITON_BATCH = 16
@@ -52,14 +53,22 @@ def _gemv_kernel(
     x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, part_ptr, M, N, K, k_per_split,
     stride_xm, stride_wn, stride_om, stride_ps,
     HAS_BIAS: tl.constexpr, SCALED: tl.constexpr, SPLIT: tl.constexpr, USE_DOT: tl.constexpr, EVEN: tl.constexpr, PRECISION: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False,
+    PREFETCH: tl.constexpr = 0,
 ):
     # x: [M, K]; w: [N, K]; out: [M, N]; part: [SPLIT_K, M, N] fp32; grid: (cdiv(N, BLOCK_N), SPLIT_K)
     # SCALED: w is fp8 with scale [N] fp32 (kernels/fp8_weight.py), upcast to x's dtype in registers
+    # PREFETCH: bytes of each of the program's W rows fetched into L2 before the PDL wait (kernels/pdl.py)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
-    offs_m = tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    if PREFETCH > 0:
+        rows = w_ptr + (offs_n % N).to(tl.int64) * stride_wn + pid_k * k_per_split
+        prefetch_l2(rows, tl.minimum(PREFETCH, (K - pid_k * k_per_split) * w_ptr.dtype.element_ty.primitive_bitwidth // 8))
+    if PDL:  # kernels/pdl.py
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    offs_m = tl.arange(0, BLOCK_M)
     offs_k = pid_k * k_per_split + tl.arange(0, BLOCK_K)
     w_ptrs = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn + offs_k[None, :]  # [BLOCK_N, BLOCK_K]
     x_ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :]  # [BLOCK_M, BLOCK_K]
@@ -100,9 +109,12 @@ def _gemv_kernel(
 @triton.jit(do_not_specialize=["stride_ps"])  # M * N
 def _split_k_reduce_kernel(
     part_ptr, bias_ptr, out_ptr, N, split_k, stride_ps, stride_om,
-    HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr,
+    HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False,
 ):
     # part: [SPLIT_K, M, N] fp32 -> out: [M, N]; grid: (M, cdiv(N, BLOCK))
+    if PDL:  # kernels/pdl.py
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     m = tl.program_id(0)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < N
@@ -136,7 +148,9 @@ def gemv_triton(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
         HAS_BIAS=bias is not None, SCALED=scale is not None, SPLIT=split_k > 1, USE_DOT=cfg.use_dot, EVEN=even,
         PRECISION="ieee" if x2.dtype == torch.float32 else "tf32",
         BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_options(x2.device),
+        PREFETCH=weight_prefetch_bytes(x2.device, weight, k, k_per_split,
+                                       cfg.block_k * cfg.num_stages * weight.element_size()),
     )
     if split_k > 1:
         reduce_split_k(part, bias, out)
@@ -155,7 +169,7 @@ def reduce_split_k(part: torch.Tensor, bias: torch.Tensor | None, out: torch.Ten
     block = min(1024, triton.next_power_of_2(n))
     _split_k_reduce_kernel[(m, triton.cdiv(n, block))](
         part, bias if bias is not None else out, out, n, part.shape[0], part.stride(0), out.stride(0),
-        HAS_BIAS=bias is not None, BLOCK=block, num_warps=4,
+        HAS_BIAS=bias is not None, BLOCK=block, num_warps=4, **launch_options(out.device),
     )
 
 

@@ -22,6 +22,7 @@ import triton.language as tl
 from pdserve.kernels.fp8_activation import Fp8Activation
 from pdserve.kernels.fp8_weight import FP8_DTYPE, FP8_MAX
 from pdserve.kernels.linear_fp8_triton import _round_to_e4m3
+from pdserve.kernels.pdl import launch_options
 
 
 @triton.jit(do_not_specialize=["num_rows"])  # the token count: one kernel for every batch
@@ -29,11 +30,14 @@ def _rms_norm_kernel(
     x_ptr, res_ptr, w_ptr, out_ptr, h_ptr, s_ptr,
     num_rows, hidden, stride_x, stride_res, stride_out, stride_h, eps,
     HAS_RESIDUAL: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_H: tl.constexpr,
-    QUANT: tl.constexpr, FP8_MAX: tl.constexpr, ROUND: tl.constexpr,
+    QUANT: tl.constexpr, FP8_MAX: tl.constexpr, ROUND: tl.constexpr, PDL: tl.constexpr = False,
 ):
     # x, residual, out, h: [num_rows, hidden] (unit stride along hidden); weight: [hidden]. QUANT: out is e4m3,
     # s [num_rows] fp32 its row scales; ROUND: round to e4m3 in fp32 before the cast (the interpreter's cast
     # rounds wrongly, kernels/linear_fp8_triton.py says how)
+    if PDL:  # kernels/pdl.py
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
     cols = tl.arange(0, BLOCK_H)
     mask = (rows[:, None] < num_rows) & (cols[None, :] < hidden)
@@ -98,6 +102,7 @@ def _launch(x, residual, weight, eps, config=None, quant=False):
             num_rows, hidden, x2.stride(0), res2.stride(0), out.stride(0), h.stride(0), eps,
             HAS_RESIDUAL=residual is not None, BLOCK_ROWS=block_rows, BLOCK_H=block_h,
             QUANT=quant, FP8_MAX=FP8_MAX, ROUND=quant and x.device.type != "cuda", num_warps=num_warps,
+            **launch_options(x.device),
         )
     if quant:
         return Fp8Activation(out, scale, x.dtype), h.view(x.shape)

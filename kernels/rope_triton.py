@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 
 from pdserve.kernels.fp8 import is_fp8
+from pdserve.kernels.pdl import launch_options
 
 
 @triton.jit
@@ -26,9 +27,13 @@ def _rope_kv_write_kernel(
     stride_ckv, stride_cblk, stride_ctok, stride_ch,
     NUM_Q_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HALF: tl.constexpr, PAGE: tl.constexpr,
     FP8: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HKV: tl.constexpr, BLOCK_HALF: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     # q, k: [T, Hq|Hkv, D] (rotated in place); v: [T, Hkv, D]; positions, slot_mapping: [T]; cos_sin: [max_pos, D]
     # cache: [2, num_blocks, PAGE, Hkv, D]; grid: (T,)
+    if PDL:  # kernels/pdl.py
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     t = tl.program_id(0).to(tl.int64)
     d = tl.arange(0, BLOCK_HALF)
     d_mask = d < HALF
@@ -116,6 +121,6 @@ def rope_kv_write_triton(
         kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),
         NUM_Q_HEADS=num_q_heads, NUM_KV_HEADS=num_kv_heads, HALF=dim // 2, PAGE=kv_cache.shape[2],
         FP8=is_fp8(kv_cache.dtype), BLOCK_HQ=triton.next_power_of_2(num_q_heads), BLOCK_HKV=triton.next_power_of_2(num_kv_heads),
-        BLOCK_HALF=triton.next_power_of_2(dim // 2), num_warps=4,
+        BLOCK_HALF=triton.next_power_of_2(dim // 2), num_warps=4, **launch_options(q.device),
     )
     return q
