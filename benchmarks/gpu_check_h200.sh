@@ -13,7 +13,7 @@ for f in tests/kv_transfer/test_cuda_ipc.py tests/kv_transfer/test_tcp_cuda.py t
          tests/engine/test_model_forward.py tests/engine/test_sampling.py tests/engine/test_weights_fp8.py \
          tests/engine/test_prefill_warm_up.py tests/engine/test_cuda_graphs.py tests/engine/test_prefill_batch.py \
          tests/engine/test_fp8_kv_cuda.py tests/kernels/test_fp8_activation.py tests/kernels/test_linear_fp8.py tests/kernels/test_linear.py \
-         tests/kernels/test_prefill_attention.py tests/kernels/test_fp8_kv.py tests/kernels/test_rope.py \
+         tests/kernels/test_prefill_attention.py tests/kernels/test_fp8_kv.py tests/kernels/test_rope.py tests/kernels/test_pdl.py \
          tests/decode_node/test_decode_engine_cuda.py; do
   (timeout 280 python3 -m pytest -q -p no:cacheprovider -o addopts="" -rs "$f" >"$logs/$(basename "$f" .py).log" 2>&1
    echo "exit $?" >>"$logs/$(basename "$f" .py).log") &
