@@ -21,6 +21,7 @@ done
 wait
 grep -H -E "passed|failed|error|^exit" "$logs"/*.log | grep -v "^.*: *$"
 echo "tests: $((SECONDS - t0)) s"
+[ -n "${SKIP_ENGINE_AND_SERVING:-}" ] && return 0  # sourced by a script that times its own rows (pdl_h200.sh)
 (cd benchmarks && timeout "$(($(left) - 200))" python3 engine_gpu.py --skip-hf --skip-transfer --quantization "${QUANTIZATION:-none,fp8}" \
    --out "$OUT/engine_gpu_check_h200.json") >"$OUT/engine_gpu.log" 2>&1
 echo "engine rows: exit $? ($((SECONDS - t0)) s)"; grep -E "prefill_4096|decode_b" "$OUT/engine_gpu.log" | tail -24
