@@ -84,6 +84,7 @@ def main() -> None:
     device = torch.device("cuda")
     report = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "device": torch.cuda.get_device_name(device),
               "model": "llama3-8b (dummy weights)", "runs": {}}
+    default = pdl.ENABLED, pdl.PREFETCH_WEIGHTS
     for run in args.runs.split(","):
         mods = run.split("-")[1:]
         pdl.ENABLED, pdl.PREFETCH_WEIGHTS = "nopdl" not in mods, "noprefetch" not in mods
@@ -98,7 +99,7 @@ def main() -> None:
                   f"{r['busy_us']:.0f}, idle {r['idle_us']:.0f}; {top}", flush=True)
         del runner
         torch.cuda.empty_cache()
-    pdl.ENABLED, pdl.PREFETCH_WEIGHTS = True, True
+    pdl.ENABLED, pdl.PREFETCH_WEIGHTS = default
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1) + "\n")
 

@@ -165,6 +165,7 @@ def run(args: argparse.Namespace) -> Report:
     elif args.parity:
         report.notes.append("parity skipped: it compares a GPU's bf16 run with the CPU's fp32 one")
     ours: dict[str, float] = {}
+    pdl_default = pdl.ENABLED, pdl.PREFETCH_WEIGHTS
     for quantization in args.quantization.split(","):
         suffix, mods = run_suffix(quantization), quantization.split("-")[1:]
         engine_model.FUSE_FP8_ACTIVATIONS = "unfused" not in mods  # read at every forward and capture
@@ -176,7 +177,7 @@ def run(args: argparse.Namespace) -> Report:
         report.checks[f"decode_pass_medians_ms{suffix}"] = passes
         del runner
         free(device)
-    engine_model.FUSE_FP8_ACTIVATIONS, pdl.ENABLED, pdl.PREFETCH_WEIGHTS = True, True, True
+    engine_model.FUSE_FP8_ACTIVATIONS, (pdl.ENABLED, pdl.PREFETCH_WEIGHTS) = True, pdl_default
     report.fp8_w_ms = {f"{k}_ms": v for k, v in ours.items() if k.endswith(SUFFIX["fp8"])}
     hf: dict[str, float] = {}
     if device.type == "cuda" and not args.skip_hf:

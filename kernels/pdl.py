@@ -19,7 +19,9 @@ everything before it as usual, and one launched with it after such a kernel star
 Inside a CUDA graph the capture keeps the programmatic edges (CUDA 12.3+).
 
 ENABLED is the A/B switch (benchmarks/engine_gpu.py `--quantization ...-nopdl`), not a user setting; it is
-read at every launch, so it must not change between a decode graph's capture and its replays.
+read at every launch, so it must not change between a decode graph's capture and its replays. It is off until
+the first H200 run (benchmarks/pdl_h200.sh: the GPU tests with it, then the A/B) has shown it correct and
+faster: written and checked on the CPU only (the PTX order, tests/kernels/test_pdl.py), no GPU was lent.
 """
 
 import functools
@@ -29,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-ENABLED = True
+ENABLED = False  # see above: not yet run on a GPU
 PREFETCH_WEIGHTS = True  # the second A/B switch: weight kernels prefetch their first tiles before the wait
 
 

@@ -107,20 +107,17 @@ def test_graph_replay_equals_eager_forward(dtype: torch.dtype) -> None:
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
                     reason="programmatic dependent launch needs sm_90")
 @pytest.mark.parametrize("quantization", ["none", "fp8"])
-def test_graphs_captured_with_pdl_give_the_logits_of_graphs_without_it(quantization: str) -> None:
+def test_graphs_captured_with_pdl_give_the_logits_of_graphs_without_it(quantization: str, monkeypatch) -> None:
     from pdserve.kernels import pdl
 
     logits = []
     for enabled in (False, True):  # read at each launch: each runner's graphs are captured under its value
-        pdl.ENABLED = enabled
-        try:
-            weights = dummy_weights(TINY, torch.bfloat16, "cuda", seed=2)
-            runner = ModelRunner(TINY, CacheConfig(num_blocks=64, block_size=BLOCK), weights, "cuda",
-                                 torch.bfloat16, max_num_seqs=8, quantization=quantization)
-            table = list(range(8))
-            runner.prefill([PrefillChunk(list(range(1, 70)), 0, table)])
-            items = [DecodeInput(7, 69, table)] + [DecodeInput(3 + i, 0, [8 + i]) for i in range(4)]
-            logits.append(torch.stack([runner.decode(items[:n])[0].clone() for n in (1, 5)]))
-        finally:
-            pdl.ENABLED = True
+        monkeypatch.setattr(pdl, "ENABLED", enabled)  # restored after the test
+        weights = dummy_weights(TINY, torch.bfloat16, "cuda", seed=2)
+        runner = ModelRunner(TINY, CacheConfig(num_blocks=64, block_size=BLOCK), weights, "cuda",
+                             torch.bfloat16, max_num_seqs=8, quantization=quantization)
+        table = list(range(8))
+        runner.prefill([PrefillChunk(list(range(1, 70)), 0, table)])
+        items = [DecodeInput(7, 69, table)] + [DecodeInput(3 + i, 0, [8 + i]) for i in range(4)]
+        logits.append(torch.stack([runner.decode(items[:n])[0].clone() for n in (1, 5)]))
     assert logits[0].equal(logits[1])

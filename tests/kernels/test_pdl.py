@@ -112,8 +112,11 @@ def _chain(layers: list, x: torch.Tensor, res: torch.Tensor) -> torch.Tensor:
                     reason="PDL needs sm_90")
 @pytest.mark.parametrize("fp8", [False, True])
 @pytest.mark.parametrize("rows", [1, 8])
-def test_a_cuda_graph_launched_with_pdl_gives_the_bits_of_the_chain_without_it(fp8: bool, rows: int) -> None:
+def test_a_cuda_graph_launched_with_pdl_gives_the_bits_of_the_chain_without_it(fp8: bool, rows: int,
+                                                                              monkeypatch) -> None:
     from pdserve.kernels.fp8_weight import quantize_weight_fp8
+
+    monkeypatch.setattr(pdl, "ENABLED", True)  # whatever its default: restored after the test
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     hidden, inter = 4096, 14336
