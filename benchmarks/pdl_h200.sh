@@ -4,6 +4,7 @@
 # kernel trace with and without it, then the ShareGPT serving check through `pdserve serve`'s launcher.
 #   OUT=dir bash benchmarks/pdl_h200.sh      (carry .whl and .bench_data; under ~580 s)
 set -uo pipefail
+export PDSERVE_PDL=1  # kernels/pdl.py: every GPU test file and the served workers with PDL
 SKIP_ENGINE_AND_SERVING=1 source benchmarks/gpu_check_h200.sh
 (cd benchmarks && timeout 240 python3 engine_gpu.py --skip-hf --skip-transfer --repeat 10 \
    --quantization fp8-nopdl,fp8,fp8-noprefetch,none-nopdl,none --out "$OUT/engine_gpu_pdl_h200.json") >"$OUT/engine_gpu.log" 2>&1

@@ -22,6 +22,8 @@ ENABLED is the A/B switch (benchmarks/engine_gpu.py `--quantization ...-nopdl`),
 read at every launch, so it must not change between a decode graph's capture and its replays. It is off until
 the first H200 run (benchmarks/pdl_h200.sh: the GPU tests with it, then the A/B) has shown it correct and
 faster: written and checked on the CPU only (the PTX order, tests/kernels/test_pdl.py), no GPU was lent.
+PDSERVE_PDL=1 in a process's environment turns it on there (pdl_h200.sh runs every GPU test and the serving
+check so).
 """
 
 import functools
@@ -31,7 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
-ENABLED = False  # see above: not yet run on a GPU
+ENABLED = os.environ.get("PDSERVE_PDL") == "1"  # see above: off unless PDSERVE_PDL=1, not yet run on a GPU
 PREFETCH_WEIGHTS = True  # the second A/B switch: weight kernels prefetch their first tiles before the wait
 
 
