@@ -36,8 +36,16 @@ BF16_TILES = ((64, 4, 3), (128, 4, 3))
 L2_COPIES_BYTES = 256 << 20
 
 
+SWAP_TILES = ((128, 4, 2), (128, 4, 3), (128, 8, 2), (64, 4, 3), (64, 4, 2), (256, 4, 2), (256, 8, 2))
+SWEPT = list(VARIANTS)  # --variants narrows it
+
+
+def tiles_of(variant: str) -> tuple[tuple[int, int, int], ...]:
+    return FMA_TILES if variant.startswith("fma") else SWAP_TILES if "swap" in variant else DOT_TILES
+
+
 def candidates() -> list[tuple[str, tuple[int, int, int]]]:
-    return [(v, t) for v in VARIANTS for t in (FMA_TILES if v.startswith("fma") else DOT_TILES)]
+    return [(v, t) for v in SWEPT for t in tiles_of(v)]
 
 
 def make_shape(batch: int, context: int, device: torch.device, copies: int | None = None) -> dict:
@@ -130,7 +138,13 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/decode_attention_fp8_h200.json"))
     parser.add_argument("--warm", default=None, help="I/N: compile part I of N and exit")
     parser.add_argument("--budget-s", type=float, default=170.0, help="stop timing new rows after this")
+    parser.add_argument("--variants", default="", help="comma-separated: only these of VARIANTS (default all)")
     args = parser.parse_args()
+    if args.variants:
+        bad = set(args.variants.split(",")) - set(VARIANTS)
+        if bad:
+            parser.error(f"--variants {sorted(bad)} not in {VARIANTS}")
+        SWEPT[:] = args.variants.split(",")
     if args.warm:
         part, parts = map(int, args.warm.split("/"))
         warm(part, parts)
@@ -165,7 +179,7 @@ def summarize(name: str, rows: list[dict]) -> dict:
     fp8 = min((r for r in timed if r["kind"] == "fp8"), key=lambda r: r["ms"], default=None)
     base = bf16["ms"] if bf16 else float("nan")
     print(f"== {name}: bf16 best {base * 1e3:.1f} us ({bf16 and bf16['tile']}); fp8 best tile per variant:")
-    for variant in VARIANTS:
+    for variant in SWEPT:
         mine = [r for r in timed if r["kind"] == "fp8" and r["variant"] == variant]
         bad = sum(1 for r in rows if r["kind"] == "fp8" and r["variant"] == variant and not r.get("ok"))
         if not mine:

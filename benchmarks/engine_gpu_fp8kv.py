@@ -50,13 +50,34 @@ def _decode_ms(config: ModelConfig, device: torch.device, dtype: torch.dtype, kv
     return ms
 
 
-def fp8_kv_rows(config: ModelConfig, device: torch.device, repeat: int) -> dict[str, object]:
-    """The rows (ms), the speed-up, sequences per GiB and the transfer's bytes, bf16 (or the CPU's fp32) vs fp8."""
+def _variant_rows(config: ModelConfig, device: torch.device, dtype: torch.dtype, repeat: int,
+                  variants: list[str]) -> dict[str, float]:
+    """fp8 KV (bf16 and fp8 linears) with each other decode attention variant as the fp8 cache's default
+    (kernels/decode_attention_triton.py VARIANTS): its A/B against the default in the same run."""
+    from pdserve.kernels import decode_attention_triton as attention
+
+    rows, default = {}, attention._FP8_VARIANT
+    try:
+        for variant in variants:
+            attention._FP8_VARIANT = variant  # read at every launch: the new runner's graphs capture it
+            key = f"decode_b{BATCH}_ctx{CONTEXT}_fp8kv_{variant.replace('+', '_')}"
+            rows[f"{key}_ms"] = _decode_ms(config, device, dtype, "fp8", repeat)
+            rows[f"{key}_fp8_w_ms"] = _decode_ms(config, device, dtype, "fp8", repeat, quantization="fp8")
+    finally:
+        attention._FP8_VARIANT = default
+    return rows
+
+
+def fp8_kv_rows(config: ModelConfig, device: torch.device, repeat: int,
+                variants: list[str] | None = None) -> dict[str, object]:
+    """The rows (ms), the speed-up, sequences per GiB and the transfer's bytes, bf16 (or the CPU's fp32) vs fp8;
+    `variants`: the same fp8 rows with other decode attention variants (_variant_rows)."""
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     name = str(dtype).removeprefix("torch.")
     base = _decode_ms(config, device, dtype, "auto", repeat)
     fp8 = _decode_ms(config, device, dtype, "fp8", repeat)
     both = _decode_ms(config, device, dtype, "fp8", repeat, quantization="fp8")  # fp8 KV and fp8 linears
+    others = _variant_rows(config, device, dtype, repeat, variants or [])
     per_seq_blocks = -(-(CONTEXT + 1) // BLOCK)
     seqs = {kv: blocks_for_bytes(config, BLOCK, d, 1 << 30) // per_seq_blocks
             for kv, d in ((name, dtype), ("fp8", torch.float8_e4m3fn))}
@@ -64,6 +85,8 @@ def fp8_kv_rows(config: ModelConfig, device: torch.device, repeat: int) -> dict[
                 for kv, d in ((name, dtype), ("fp8", torch.float8_e4m3fn))}
     return {f"decode_b{BATCH}_ctx{CONTEXT}_{name}kv_ms": base, f"decode_b{BATCH}_ctx{CONTEXT}_fp8kv_ms": fp8,
             f"decode_b{BATCH}_ctx{CONTEXT}_fp8kv_fp8_w_ms": both,
-            "fp8kv_speedup": base / fp8, "target_speedup": 1.4,
+            "fp8kv_speedup": base / fp8, "target_speedup": 1.4, **others,
+            **{f"fp8kv_speedup_{k.removeprefix(f'decode_b{BATCH}_ctx{CONTEXT}_fp8kv_').removesuffix('_ms')}": base / v
+               for k, v in others.items() if not k.endswith("_fp8_w_ms")},
             f"seqs_per_gib_ctx{CONTEXT}": seqs, f"transfer_{TRANSFER_TOKENS}_tokens_bytes": transfer,
             "transfer_times": "benchmarks/transfer_backends.py --presets llama3-8b:bfloat16 llama3-8b:float8_e4m3fn"}
