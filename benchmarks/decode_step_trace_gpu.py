@@ -4,7 +4,7 @@ with and without programmatic dependent launch (kernels/pdl.py), for bf16 and fp
     python benchmarks/decode_step_trace_gpu.py --out benchmarks/results/decode_step_trace_h200.json   (H200)
 
 Model: `--load-format dummy` llama3-8b (benchmarks/engine_gpu.py's runner and decode inputs). For each run
-(`--runs`, engine_gpu.py's --quantization names: none, fp8, with -nopdl / -noprefetch) and batch, the step is
+(`--runs`, engine_gpu.py's --quantization names: none, fp8, with -nopdl / -prefetch) and batch, the step is
 replayed under torch.profiler (CUPTI reports each kernel of a graph); of the last of `--replays` replays:
 its wall (first kernel's start to last kernel's end), the union of kernel intervals (busy), wall - busy
 (idle: launch gaps the GPU waits through), the kernel count, and per kernel name its count and summed time.
@@ -87,7 +87,7 @@ def main() -> None:
     default = pdl.ENABLED, pdl.PREFETCH_WEIGHTS
     for run in args.runs.split(","):
         mods = run.split("-")[1:]
-        pdl.ENABLED, pdl.PREFETCH_WEIGHTS = "nopdl" not in mods, "noprefetch" not in mods
+        pdl.ENABLED, pdl.PREFETCH_WEIGHTS = "nopdl" not in mods, "prefetch" in mods
         runner = build_runner(get_preset("llama3-8b"), device, run.split("-")[0])
         prompt = [(7 * j) % runner.config.vocab_size for j in range(PREFILL_TOKENS)]
         runner.prefill([PrefillChunk(prompt, 0, list(range(PREFILL_TOKENS // 16)))])

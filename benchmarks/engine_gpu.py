@@ -10,8 +10,9 @@ second time with fp8 linears (`--quantization fp8`: rows named `<workload>_fp8_w
 `fp8_w_ms` holds them as `decode_b1_ctx512_fp8_w_ms`), HF only beside bf16. `fp8-unfused` runs the fp8 linears
 with the norms and silu_and_mul not quantizing for them (engine/model.py FUSE_FP8_ACTIVATIONS off: each fp8 linear
 runs its own quantization kernel), rows `<workload>_fp8_w_unfused`: the A/B of that fusion. `-nopdl` runs without
-programmatic dependent launch and `-noprefetch` with it but without the weight kernels' L2 prefetch before the
-wait (kernels/pdl.py), e.g. `none,none-nopdl,fp8,fp8-nopdl,fp8-noprefetch`: rows `<workload>_fp8_w_nopdl`.
+programmatic dependent launch and `-prefetch` with it and the weight kernels' L2 prefetch before the wait (off by
+default; `-noprefetch` is the default, named), kernels/pdl.py, e.g. `none,none-nopdl,fp8,fp8-nopdl,fp8-prefetch`:
+rows `<workload>_fp8_w_nopdl`.
 Checks: graph-replayed logits = the eager forward's at batch 1, 3, 8 (on CUDA); --parity: the default model's
 first 16 greedy tokens in bf16 on the GPU = fp32 on the CPU for >= 90 % of 20 prompts. Times: median of --repeat after warm-ups, CUDA events. Every decode step streams the 16 GB of
 weights, so L2 (60 MB) holds nothing from one step to the next and inputs need no rotation; the transfer
@@ -53,7 +54,7 @@ TARGETS_MS = {"decode_b1_ctx512": 4.4, "decode_b8_ctx512": 4.6, "decode_b64_ctx5
               # issue 19, fp8 linears (W8A8): halving the 16 GB a decode step reads
               "decode_b1_ctx512_fp8_w": 2.6, "decode_b64_ctx512_fp8_w": 4.0, "prefill_4096_fp8_w": 65.0}
 SUFFIX = {"none": "", "fp8": "_fp8_w"}  # row-name suffix per --quantization; each modifier adds "_<modifier>"
-MODIFIERS = ("unfused", "nopdl", "noprefetch")
+MODIFIERS = ("unfused", "nopdl", "noprefetch", "prefetch")
 
 
 def run_suffix(quantization: str) -> str:
@@ -169,7 +170,7 @@ def run(args: argparse.Namespace) -> Report:
     for quantization in args.quantization.split(","):
         suffix, mods = run_suffix(quantization), quantization.split("-")[1:]
         engine_model.FUSE_FP8_ACTIVATIONS = "unfused" not in mods  # read at every forward and capture
-        pdl.ENABLED, pdl.PREFETCH_WEIGHTS = "nopdl" not in mods, "noprefetch" not in mods  # read at every launch
+        pdl.ENABLED, pdl.PREFETCH_WEIGHTS = "nopdl" not in mods, "prefetch" in mods  # read at every launch
         runner = build_runner(config, device, quantization.split("-")[0])
         check_graphs(runner, report)
         times, passes = time_ours(runner, args.repeat)
@@ -232,8 +233,9 @@ def main() -> None:
     parser.add_argument("--quantization", default="none,fp8",
                         help="comma-separated runs of the same workloads: none (bf16 linears), fp8 (fp8 linears), "
                              "and modifiers: -unfused (fp8 linears quantizing their own inputs: the fusion's A/B), "
-                             "-nopdl (no programmatic dependent launch, kernels/pdl.py), -noprefetch (PDL without "
-                             "the weight kernels' L2 prefetch), e.g. none,none-nopdl,fp8,fp8-nopdl")
+                             "-nopdl (no programmatic dependent launch, kernels/pdl.py), -prefetch (PDL with the "
+                             "weight kernels' L2 prefetch; -noprefetch: the default, named), e.g. "
+                             "none,none-nopdl,fp8,fp8-nopdl")
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/engine_gpu_h200.json"))
     parser.add_argument("--parity-only", action="store_true",

@@ -39,7 +39,6 @@ DecodeBuffers) may pick another S of the same 7.
 
 import functools
 import math
-import os
 
 import torch
 import triton
@@ -60,18 +59,6 @@ def _e4m3_bits_to_f16(x):
     return (((x & 0x80) << 8) | ((x & 0x7F) << 7)).to(tl.float16, bitcast=True)
 
 
-@triton.jit
-def _to_e4m3(x, dtype, EXACT: tl.constexpr):
-    """fp32 -> e4m3. EXACT (the interpreter only): rounded to e4m3's values first (nearest, ties to even; e4m3
-    subnormals to 2^-9), so the conversion is exact: Triton 3.8's interpreter rounds wrongly where rounding
-    carries into the exponent (7.86 -> 4, not 8); the GPU's cvt rounds right."""
-    if EXACT:
-        bits = x.to(tl.int32, bitcast=True)
-        bits = (bits + 0x7FFFF + ((bits >> 20) & 1)) & -0x100000
-        x = tl.where(tl.abs(x) >= 0.015625, bits.to(tl.float32, bitcast=True), tl.floor(x * 512.0 + 0.5) / 512.0)
-    return x.to(dtype)
-
-
 @triton.jit(do_not_specialize=["num_splits"])  # SINGLE and the part strides carry it
 def _decode_split_kernel(
     q_ptr, cache_ptr, seq_lens_ptr, block_tables_ptr, out_ptr, part_out_ptr, part_lse_ptr,
@@ -81,13 +68,10 @@ def _decode_split_kernel(
     stride_pb, stride_ph, stride_ps, stride_lb, stride_lh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, SINGLE: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, F16_DOT: tl.constexpr,
-    FMA: tl.constexpr, K_T: tl.constexpr, PAGE_ROWS: tl.constexpr, BITS: tl.constexpr, Q8: tl.constexpr = False,
-    PV8: tl.constexpr = False, SWAP: tl.constexpr = False, PVT: tl.constexpr = False, EXACT_E4M3: tl.constexpr = False, PDL: tl.constexpr = False,
+    FMA: tl.constexpr, K_T: tl.constexpr, PAGE_ROWS: tl.constexpr, BITS: tl.constexpr, PDL: tl.constexpr = False,
 ):
     # q: [B, Hq, D]; cache: [2, num_blocks, PAGE, Hkv, D]; block_tables: [B, max_blocks]
     # F16_DOT (an fp8 cache, bf16 queries): q and the fp8 K/V meet in fp16, e4m3's native widening on sm90
-    # Q8 (an fp8 cache): q quantized to e4m3 per head (amax / 448), q.K^T an fp8 x fp8 dot of the cache as loaded
-    # PV8 (an fp8 cache): p * 256 quantized to e4m3, p.V an fp8 x fp8 dot (the 256 is in v_scale: see _launch)
     # out: [B, Hq, D] (SINGLE) or part_out: [B, Hq, S, D] fp32 + part_lse: [B, Hq, S] fp32
     if PDL:  # kernels/pdl.py
         tl.extra.cuda.gdc_wait()
@@ -108,25 +92,13 @@ def _decode_split_kernel(
     qf = q.to(tl.float32)  # FMA: the query as loaded, in fp32
     if F16_DOT:
         q = q.to(tl.float16)
-    if Q8:  # rows past GROUP are zeros: scale 1
-        q_amax = tl.max(tl.abs(qf), axis=1)
-        q_scale = tl.where(q_amax > 0, q_amax / 448.0, 1.0)
-        q8 = _to_e4m3(qf / q_scale[:, None], cache_ptr.dtype.element_ty, EXACT_E4M3)
-        row_scale = qk_scale * q_scale  # [BLOCK_G]: the scores' scale per head
-    else:
-        row_scale = tl.full([BLOCK_G], qk_scale, tl.float32)
     k_base = cache_ptr + kv_head * stride_ch
     v_base = k_base + stride_ckv
     table = block_tables_ptr + b.to(tl.int64) * stride_bt
 
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
-    if PVT:
-        acc = tl.zeros([BLOCK_D, BLOCK_G], tl.float32)  # transposed: out^T = V^T p^T, D as the dot's M
-    else:
-        acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-    if SWAP:
-        q8t = tl.trans(q8)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
     for n0 in range(start, end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_mask = offs_n < end
@@ -144,8 +116,6 @@ def _decode_split_kernel(
                 kt = _e4m3_bits_to_f16(kt)
             if FMA:
                 s = tl.sum(qf[:, :, None] * kt.to(tl.float32)[None, :, :], axis=1)
-            elif Q8:
-                s = tl.dot(q8, kt)
             else:
                 s = tl.dot(q, kt.to(q.dtype), input_precision=PRECISION)
         else:
@@ -154,45 +124,23 @@ def _decode_split_kernel(
                 k = _e4m3_bits_to_f16(k)
             if FMA:
                 s = tl.sum(qf[:, None, :] * k.to(tl.float32)[None, :, :], axis=2)
-            elif SWAP:  # S^T = K q^T: the tile's tokens as the dot's M (a warpgroup MMA), both operands K-major
-                s = tl.dot(k, q8t)
-                if not PVT:
-                    s = tl.trans(s)
-            elif Q8:
-                s = tl.dot(q8, tl.trans(k))
             else:
                 s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=PRECISION)
-        if PVT:  # s^T [BLOCK_N, BLOCK_G]
-            s = tl.where(n_mask[:, None], s * row_scale[None, :], float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, axis=0))
-            alpha = tl.exp2(m_i - m_new)
-            pt = tl.exp2(s - m_new[None, :])
-            l_i = l_i * alpha + tl.sum(pt, axis=0)
-        else:
-            s = tl.where(n_mask[None, :], s * row_scale[:, None], float("-inf"))  # [BLOCK_G, BLOCK_N], log2 domain
-            m_new = tl.maximum(m_i, tl.max(s, axis=1))
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(s - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, axis=1)
+        s = tl.where(n_mask[None, :], s * qk_scale, float("-inf"))  # [BLOCK_G, BLOCK_N], log2 domain
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
         v = tl.load(v_base + rows[:, None] + d[None, :], mask=kv_mask, other=0.0)
         if BITS:
             v = _e4m3_bits_to_f16(v)
-        if PVT:
-            if PV8:
-                acc = tl.dot(tl.trans(v), _to_e4m3(pt * 256.0, v.dtype, EXACT_E4M3), acc * alpha[None, :])
-            else:
-                acc = tl.dot(tl.trans(v.to(tl.float16)), pt.to(tl.float16), acc * alpha[None, :])
-        elif FMA:
+        if FMA:
             acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
-        elif PV8:
-            acc = tl.dot(_to_e4m3(p * 256.0, v.dtype, EXACT_E4M3), v, acc * alpha[:, None])
         else:
             v = v.to(q.dtype)
             acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
         m_i = m_new
 
-    if PVT:
-        acc = tl.trans(acc)
     has_keys = l_i > 0
     acc = acc * (v_scale / tl.where(has_keys, l_i, 1.0))[:, None]
     if SINGLE:
@@ -266,25 +214,20 @@ def _check(q, kv_cache, seq_lens, block_tables):
 
 
 VARIANTS = ("dot", "kt", "pages", "kt+pages", "bits", "kt+bits", "bits+pages", "fma", "fma+kt", "fma+pages",
-            "fma+kt+pages", "fma+bits", "q8", "kt+q8", "q8+pv8", "kt+q8+pv8", "swap", "swap+pv8", "swap+pvt",
-            "swap+pvt+pv8")
+            "fma+kt+pages", "fma+bits")
 _FP8_VARIANT = "kt"  # an fp8 cache's default: the sweep's fastest (benchmarks/decode_attention_fp8_gpu.py)
 
 
-def _variant_flags(variant: str, page: int, block_n: int, fp8: bool) -> tuple[bool, ...]:
-    """FMA, K_T, PAGE_ROWS, BITS, Q8, PV8 of a variant name: "dot" (tl.dot for QK and PV, K transposed in
-    registers) plus any of "fma" (both products as fp32 broadcast-multiply-reduce, the group unpadded), "kt" (K
-    loaded as [D, BLOCK_N]), "pages" (one block-table load per page of the tile, not per token; needs
-    PAGE | BLOCK_N), "bits" (an fp8 cache read as uint8 and widened to fp16 / 256 by bit moves; the 256 goes
-    into the scales), "q8" (q quantized to e4m3 per head, q.K^T an fp8 dot of the cache as stored), "pv8" (with
-    q8: p * 256 in e4m3, p.V an fp8 dot too). bits, q8 and pv8 concern an fp8 cache only."""
+def _variant_flags(variant: str, page: int, block_n: int, fp8: bool) -> tuple[bool, bool, bool, bool]:
+    """FMA, K_T, PAGE_ROWS, BITS of a variant name: "dot" (tl.dot for QK and PV, K transposed in registers) plus
+    any of "fma" (both products as fp32 broadcast-multiply-reduce, the group unpadded), "kt" (K loaded as
+    [D, BLOCK_N]), "pages" (one block-table load per page of the tile, not per token; needs PAGE | BLOCK_N),
+    "bits" (an fp8 cache read as uint8 and widened to fp16 / 256 by bit moves; the 256 goes into the scales)."""
     parts = set(variant.split("+")) - {"dot"}
     if variant not in VARIANTS:
         raise ValueError(f"decode attention variant {variant!r} not in {VARIANTS}")
     pages = "pages" in parts and block_n % page == 0 and page & (page - 1) == 0
-    swap = "swap" in parts and fp8
-    return ("fma" in parts, "kt" in parts, pages, "bits" in parts and fp8, ("q8" in parts or swap) and fp8,
-            "pv8" in parts and fp8, swap, "pvt" in parts and swap)
+    return "fma" in parts, "kt" in parts, pages, "bits" in parts and fp8
 
 
 def _launch(q, kv_cache, seq_lens, block_tables, scale, num_splits=None, config=None, k_scale=1.0, v_scale=1.0,
@@ -306,9 +249,7 @@ def _launch(q, kv_cache, seq_lens, block_tables, scale, num_splits=None, config=
     block_n, num_warps, num_stages = config or ((16, 4, 1) if q.dtype == torch.float32 else
                                                 (32, 4, 2) if variant.startswith("fma") else
                                                 (128, 4, 2) if is_fp8(kv_cache.dtype) else (64, 4, 3))
-    fma, k_t, page_rows, bits, q8, pv8, swap, pvt = _variant_flags(variant, page, block_n, is_fp8(kv_cache.dtype))
-    if pv8:  # p.V summed p * 256 in e4m3 (p < 2^-6 would be subnormal or lost): the 256 comes off the output
-        v_scale = v_scale / 256.0
+    fma, k_t, page_rows, bits = _variant_flags(variant, page, block_n, is_fp8(kv_cache.dtype))
     if bits:
         kv_cache, k_scale, v_scale = kv_cache.view(torch.uint8), k_scale * 256.0, v_scale * 256.0
     block_d = triton.next_power_of_2(dim)
@@ -324,8 +265,7 @@ def _launch(q, kv_cache, seq_lens, block_tables, scale, num_splits=None, config=
         part_lse.stride(0), part_lse.stride(1),
         GROUP=group, HEAD_DIM=dim, PAGE=page, SINGLE=single, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         BLOCK_G=triton.next_power_of_2(group) if fma else max(16, triton.next_power_of_2(group)), BLOCK_N=block_n,
-        BLOCK_D=block_d, F16_DOT=f16_dot, FMA=fma, K_T=k_t, PAGE_ROWS=page_rows, BITS=bits, Q8=q8, PV8=pv8, SWAP=swap, PVT=pvt,
-        EXACT_E4M3=os.environ.get("TRITON_INTERPRET") == "1",
+        BLOCK_D=block_d, F16_DOT=f16_dot, FMA=fma, K_T=k_t, PAGE_ROWS=page_rows, BITS=bits,
         num_warps=num_warps, num_stages=num_stages, **launch_options(q.device),
     )
     if not single:

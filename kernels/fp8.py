@@ -30,13 +30,3 @@ def dequantize_kv_ref(x: torch.Tensor, scale: float) -> torch.Tensor:
     if not is_fp8(x.dtype):
         return x.float()
     return x.float() * scale
-
-
-def quantize_query_ref(q: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn) -> torch.Tensor:
-    """The query as decode attention's fp8-dot variants see it (kernels/decode_attention_triton.py "q8", "swap"):
-    each [..., D] row quantized to e4m3 with its own scale amax / 448 (1 for a zero row), returned dequantized
-    in fp32, so that the reference over it is the kernel's math with exact products."""
-    qf = q.float()
-    amax = qf.abs().amax(-1, keepdim=True)
-    scale = torch.where(amax > 0, amax / FP8_E4M3_MAX, torch.ones_like(amax))
-    return (qf / scale).to(dtype).float() * scale

@@ -18,12 +18,15 @@ of a buffer included). A kernel launched without the attribute (cuBLAS, torch's 
 everything before it as usual, and one launched with it after such a kernel starts when that kernel ends.
 Inside a CUDA graph the capture keeps the programmatic edges (CUDA 12.3+).
 
-ENABLED is the A/B switch (benchmarks/engine_gpu.py `--quantization ...-nopdl`), not a user setting; it is
-read at every launch, so it must not change between a decode graph's capture and its replays. It is off until
-the first H200 run (benchmarks/pdl_h200.sh: the GPU tests with it, then the A/B) has shown it correct and
-faster: written and checked on the CPU only (the PTX order, tests/kernels/test_pdl.py), no GPU was lent.
-PDSERVE_PDL=1 in a process's environment turns it on there (pdl_h200.sh runs every GPU test and the serving
-check so).
+ENABLED and PREFETCH_WEIGHTS are the A/B switches (benchmarks/engine_gpu.py `--quantization ...-nopdl`,
+`...-prefetch`), not user settings; they are read at every launch, so they must not change between a decode
+graph's capture and its replays. Measured on an H100 (no H200 was lent; benchmarks/pdl_h200.sh, then
+benchmarks/results/engine_gpu_swap_h100.json, two runs on two machines, every GPU test passing with PDL on):
+PDL without the prefetch takes 4-6 % off a b1 step with fp8 linears (4.10 -> 3.91 ms, 4.34 -> 4.08) and 2 % off
+bf16's (6.36 -> 6.22), is within 1 % at b8 and b64 (fp8 b64 6.73 -> 6.80, 7.11 -> 7.15); with the prefetch it
+was slower than without (fp8 b1 4.17 against 4.08, bf16 b1 7.16 against 6.61 without PDL at all: the early
+prefetch competes with the running kernel for the bandwidth it is bound by). So PDL is on and the prefetch is
+off by default. PDSERVE_PDL=0 in a process's environment turns PDL off there.
 """
 
 import functools
@@ -33,8 +36,8 @@ import torch
 import triton
 import triton.language as tl
 
-ENABLED = os.environ.get("PDSERVE_PDL") == "1"  # see above: off unless PDSERVE_PDL=1, not yet run on a GPU
-PREFETCH_WEIGHTS = True  # the second A/B switch: weight kernels prefetch their first tiles before the wait
+ENABLED = os.environ.get("PDSERVE_PDL", "1") != "0"  # see above: on unless PDSERVE_PDL=0
+PREFETCH_WEIGHTS = False  # the second A/B switch: weight kernels prefetch their first tiles before the wait
 
 
 @functools.cache

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from pdserve.kernels.decode_attention import decode_attention_ref
-from pdserve.kernels.fp8 import FP8_E4M3_MAX, dequantize_kv_ref, quantize_kv_ref, quantize_query_ref
+from pdserve.kernels.fp8 import FP8_E4M3_MAX, dequantize_kv_ref, quantize_kv_ref
 from pdserve.kernels.prefill_attention import PrefillShape, prefill_attention, prefill_attention_ref
 from pdserve.kernels.rope import build_cos_sin_cache, rope_kv_write_ref
 
@@ -92,10 +92,9 @@ def test_decode_attention_fp8_matches_ref(
 
 
 FP8_VARIANTS = ["kt", "pages", "kt+pages", "bits", "kt+bits", "bits+pages", "fma", "fma+kt", "fma+pages",
-                "fma+kt+pages", "fma+bits", "q8", "kt+q8", "q8+pv8", "kt+q8+pv8", "swap", "swap+pv8", "swap+pvt",
-                "swap+pvt+pv8"]  # the kernel's VARIANTS but "dot", which the test above runs
+                "fma+kt+pages", "fma+bits"]  # the kernel's VARIANTS but "dot", which the test above runs
 # the interpreter runs each flag alone (33 s for all 11 there: suite time); the GPU every combination
-CHECKED_VARIANTS = FP8_VARIANTS if torch.cuda.is_available() else ["dot", "kt", "pages", "bits", "fma", "swap+pvt+pv8"]
+CHECKED_VARIANTS = FP8_VARIANTS if torch.cuda.is_available() else ["dot", "kt", "pages", "bits", "fma"]
 
 
 @pytest.mark.parametrize("variant", CHECKED_VARIANTS)
@@ -114,18 +113,8 @@ def test_decode_attention_fp8_variants_match_ref(
     lens = torch.tensor(seq_lens, dtype=torch.int32, device=device)
     out = _launch(q, cache, lens, tables, dim**-0.5, num_splits=3, config=(16, 4, 2),
                   k_scale=K_SCALE, v_scale=V_SCALE, variant=variant)
-    parts = set(variant.split("+"))
-    if parts & {"q8", "swap"}:  # an fp8 q.K dot: the reference over the query as the kernel quantizes it
-        q = quantize_query_ref(q).to(dtype)
     ref = decode_attention_ref(q, cache, lens, tables, dim**-0.5, K_SCALE, V_SCALE)
-    if "pv8" not in parts:
-        check(out, ref, dtype, scale=8.0)
-        return
-    # pv8: p * 256 rounded to e4m3 (3 mantissa bits: up to 6 % per weight), so each output is a weighted mean of
-    # V with weights off by that much: its error scales with V's values (~ +-10), not with the mean itself
-    assert out.dtype == ref.dtype and not torch.isnan(out.float()).any()
-    worst, size = float((out.float() - ref.float()).abs().max()), float(ref.float().abs().max())
-    assert worst <= 0.02 * size, f"max |diff| {worst:.3g} over 2 % of max |ref| {size:.3g}"
+    check(out, ref, dtype, scale=8.0)
 
 
 def test_decode_attention_fp8_ref_is_the_dequantized_cache(randn: Callable, paged_kv: Callable, device: str) -> None:
