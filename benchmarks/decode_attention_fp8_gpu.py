@@ -36,16 +36,11 @@ BF16_TILES = ((64, 4, 3), (128, 4, 3))
 L2_COPIES_BYTES = 256 << 20
 
 
-SWAP_TILES = ((128, 4, 2), (128, 4, 3), (128, 8, 2), (64, 4, 3), (64, 4, 2), (256, 4, 2), (256, 8, 2))
 SWEPT = list(VARIANTS)  # --variants narrows it
 
 
-def tiles_of(variant: str) -> tuple[tuple[int, int, int], ...]:
-    return FMA_TILES if variant.startswith("fma") else SWAP_TILES if "swap" in variant else DOT_TILES
-
-
 def candidates() -> list[tuple[str, tuple[int, int, int]]]:
-    return [(v, t) for v in SWEPT for t in tiles_of(v)]
+    return [(v, t) for v in SWEPT for t in (FMA_TILES if v.startswith("fma") else DOT_TILES)]
 
 
 def make_shape(batch: int, context: int, device: torch.device, copies: int | None = None) -> dict:
