@@ -228,7 +228,8 @@ def main() -> None:
                         help="also decode b64 ctx 4096 with a bf16 and an fp8 KV pool (benchmarks/engine_gpu_fp8kv.py)")
     parser.add_argument("--fp8-kv-variants", default="",
                         help="with --fp8-kv: comma-separated decode attention variants to run the fp8 rows with too "
-                             "(kernels/decode_attention_triton.py VARIANTS), e.g. dot,bits")
+                             "(kernels/decode_attention_triton.py VARIANTS), each optionally @ a tile (BLOCK_N x warps "
+                             "x stages), e.g. kt,kt+vwide@64x4x3")
     parser.add_argument("--skip-transfer", action="store_true", help="no cuda_ipc transfer benchmark")
     parser.add_argument("--quantization", default="none,fp8",
                         help="comma-separated runs of the same workloads: none (bf16 linears), fp8 (fp8 linears), "

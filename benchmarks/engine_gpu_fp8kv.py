@@ -53,18 +53,22 @@ def _decode_ms(config: ModelConfig, device: torch.device, dtype: torch.dtype, kv
 def _variant_rows(config: ModelConfig, device: torch.device, dtype: torch.dtype, repeat: int,
                   variants: list[str]) -> dict[str, float]:
     """fp8 KV (bf16 and fp8 linears) with each other decode attention variant as the fp8 cache's default
-    (kernels/decode_attention_triton.py VARIANTS): its A/B against the default in the same run."""
+    (kernels/decode_attention_triton.py VARIANTS), optionally with its tile ("kt+vwide@64x4x3": BLOCK_N x
+    warps x stages): its A/B against the default in the same run."""
     from pdserve.kernels import decode_attention_triton as attention
 
-    rows, default = {}, attention._FP8_VARIANT
+    rows, default = {}, (attention._FP8_VARIANT, attention._FP8_TILE)
     try:
-        for variant in variants:
-            attention._FP8_VARIANT = variant  # read at every launch: the new runner's graphs capture it
-            key = f"decode_b{BATCH}_ctx{CONTEXT}_fp8kv_{variant.replace('+', '_')}"
+        for name in variants:
+            variant, _, tile = name.partition("@")
+            # read at every launch: the new runner's graphs capture them
+            attention._FP8_VARIANT = variant
+            attention._FP8_TILE = tuple(int(x) for x in tile.split("x")) if tile else default[1]
+            key = f"decode_b{BATCH}_ctx{CONTEXT}_fp8kv_{name.replace('+', '_').replace('@', '_')}"
             rows[f"{key}_ms"] = _decode_ms(config, device, dtype, "fp8", repeat)
             rows[f"{key}_fp8_w_ms"] = _decode_ms(config, device, dtype, "fp8", repeat, quantization="fp8")
     finally:
-        attention._FP8_VARIANT = default
+        attention._FP8_VARIANT, attention._FP8_TILE = default
     return rows
 
 

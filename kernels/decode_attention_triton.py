@@ -218,7 +218,8 @@ def _check(q, kv_cache, seq_lens, block_tables):
 
 VARIANTS = ("dot", "kt", "pages", "kt+pages", "bits", "kt+bits", "bits+pages", "fma", "fma+kt", "fma+pages",
             "fma+kt+pages", "fma+bits", "vwide", "kt+vwide", "kt+pages+vwide")
-_FP8_VARIANT = "kt"  # an fp8 cache's default: the sweep's fastest (benchmarks/decode_attention_fp8_gpu.py)
+_FP8_VARIANT = "kt+vwide"  # an fp8 cache's default: the sweep's fastest (benchmarks/decode_attention_fp8_gpu.py)
+_FP8_TILE = (64, 4, 3)  # and its (BLOCK_N, num_warps, num_stages)
 
 
 def _variant_flags(variant: str, page: int, block_n: int, fp8: bool) -> tuple[bool, bool, bool, bool, bool]:
@@ -252,7 +253,7 @@ def _launch(q, kv_cache, seq_lens, block_tables, scale, num_splits=None, config=
         variant = _FP8_VARIANT if is_fp8(kv_cache.dtype) else "dot"
     block_n, num_warps, num_stages = config or ((16, 4, 1) if q.dtype == torch.float32 else
                                                 (32, 4, 2) if variant.startswith("fma") else
-                                                (128, 4, 2) if is_fp8(kv_cache.dtype) else (64, 4, 3))
+                                                _FP8_TILE if is_fp8(kv_cache.dtype) else (64, 4, 3))
     fma, k_t, page_rows, bits, v_wide = _variant_flags(variant, page, block_n, is_fp8(kv_cache.dtype))
     if bits:
         kv_cache, k_scale, v_scale = kv_cache.view(torch.uint8), k_scale * 256.0, v_scale * 256.0
