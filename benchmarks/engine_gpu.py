@@ -167,7 +167,7 @@ def run(args: argparse.Namespace) -> Report:
         report.notes.append("parity skipped: it compares a GPU's bf16 run with the CPU's fp32 one")
     ours: dict[str, float] = {}
     pdl_default = pdl.ENABLED, pdl.PREFETCH_WEIGHTS
-    for quantization in args.quantization.split(","):
+    for quantization in filter(None, args.quantization.split(",")):  # "": none of these rows (--fp8-kv's alone)
         suffix, mods = run_suffix(quantization), quantization.split("-")[1:]
         engine_model.FUSE_FP8_ACTIVATIONS = "unfused" not in mods  # read at every forward and capture
         pdl.ENABLED, pdl.PREFETCH_WEIGHTS = "nopdl" not in mods, "prefetch" in mods  # read at every launch
