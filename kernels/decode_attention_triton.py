@@ -19,15 +19,33 @@ The fp8 path's variants (VARIANTS, picked by name; _FP8_VARIANT is an fp8 cache'
 "fma" computes q.K and p.V as fp32 broadcast-multiply-reduce over [GROUP, BLOCK_N, D] (the group unpadded, no
 dot-operand layout, no fp16 round trip; short tiles); "kt" loads K as [D, BLOCK_N], the dot's right operand as it
 is; "pages" loads one block-table entry per page of a tile instead of one per token; "bits" widens e4m3 to
-fp16 by integer bit moves (exact, value / 256, the 256 folded into both scales) instead of the cvt instruction.
+fp16 by integer bit moves (exact, value / 256, the 256 folded into both scales) instead of the cvt instruction;
+"vwide" lays V out for its dot from fp16, not fp8 (below).
 benchmarks/fp8_attention_sweep_h200.sh times every variant x tile; on the H200 (2026-12-02, CUDA-graph means,
 benchmarks/results/decode_attention_fp8_h200.json), best tile each, against bf16's 243.5 / 38.3 / 13.9 us:
     B 64 ctx 4,096:  kt 219.5 us (1.11x bf16)  dot 226.6 (1.07x)  bits 313.0  pages 468.4  fma+kt 665.6
     B 64 ctx 512:    kt  34.7 us (1.10x)       dot  34.8          bits  47.2  pages  68.3  fma+kt  91.2
     B 1  ctx 4,096:  kt  12.9 us (1.07x)       dot  13.0          bits  16.4  pages  25.4  fma+kt  35.3
-so "kt" with 128x4x2 is the default. Half the bytes buy ~10 %: none of the variants moves the fp8 loop off its
-per-element work (widening, then the layout the dot takes); an fp8 QK^T dot (q quantized, as FlashAttention-3
-does) is the lever not tried.
+so "kt" with 128x4x2 was the default. Half the bytes bought ~10 %; an fp8 QK^T dot (q quantized, as
+FlashAttention-3 does) was tried later and bought nothing (docs/quantization.md).
+
+Why (found in the sm_90 PTX, `python benchmarks/kernels_aot.py` compiles it on a CPU): p.V's right operand V is
+[BLOCK_N, D] with D contiguous, and the mma wants each thread's elements consecutive along BLOCK_N. For 16-bit
+V, ldmatrix.trans does that transpose; Triton moves the e4m3 -> fp16 widening after the shared-memory load (the
+dot operand is then fp8, kWidth 4), and for 8-bit elements it has no transposing load: "kt" at 128x4x2 compiles
+to 128 ld.shared.b8 a thread a tile (one per V element) plus the byte packing, 195 registers. "vwide" widens V
+in registers as loaded ([BLOCK_N, D] blocked, 16-byte vectors) and puts a select after the widening, which
+Triton does not move the conversion past, so the fp16 tile goes to shared memory and comes back with
+ldmatrix.trans as a bf16 cache's does: no ld.shared.b8, 96 registers at 64x4x3 (so 4 programs an SM, and b64's
+512 programs are resident at once), at the price of an fp16 copy of the tile in shared memory. Measured on an
+H100 (2026-12-06, OUT=dir bash benchmarks/fp8_attention_vwide_h200.sh; results/decode_attention_fp8_vwide_h100.json,
+ncu_decode_attention_h100.txt), it is not faster: b64 ctx 4,096 kt 128x4x2 226.7 us (best kt 64x2x2 220.3),
+kt+vwide 64x4x3 232.6, bf16 349.3; b64 ctx 512 40.5 / 35.9 / 36.2, bf16 50.5. Nsight Compute says why: kt's
+limit is issue and latency (0.46 instructions issued a scheduler a cycle, 12.5 % occupancy at 209 registers,
+DRAM 61 %), and vwide moves the cost into the shared-memory pipe (L1/TEX throughput 82 %: the fp16 tile written
+and read back is 4 bytes an element against fp8's 1), DRAM 55 %; bf16's loop runs at 91 % of DRAM. So "kt"
+stays the default; the transpose of 8-bit V is what an fp8 cache costs here (a byte-permute transpose in
+registers, which Triton does not emit, is what is left).
 
 What is compiled: the model's GROUP, HEAD_DIM, PAGE, the dtype's PRECISION and tile, and the split count S
 through SINGLE (S == 1), BLOCK_S = S and the partials' strides. S = num_splits_for(batch, Hkv, table width)
@@ -139,7 +157,7 @@ def _decode_split_kernel(
             acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
         else:
             v = v.to(q.dtype)
-            if V_WIDE:  # a select after the widening: Triton does not move the conversion past it (see above)
+            if V_WIDE:  # a select after the widening: Triton does not move the conversion past it (docstring)
                 v = tl.where(n_mask[:, None], v, 0.0)
             acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
         m_i = m_new
@@ -218,8 +236,8 @@ def _check(q, kv_cache, seq_lens, block_tables):
 
 VARIANTS = ("dot", "kt", "pages", "kt+pages", "bits", "kt+bits", "bits+pages", "fma", "fma+kt", "fma+pages",
             "fma+kt+pages", "fma+bits", "vwide", "kt+vwide", "kt+pages+vwide")
-_FP8_VARIANT = "kt+vwide"  # an fp8 cache's default: the sweep's fastest (benchmarks/decode_attention_fp8_gpu.py)
-_FP8_TILE = (64, 4, 3)  # and its (BLOCK_N, num_warps, num_stages)
+_FP8_VARIANT = "kt"  # an fp8 cache's default: the sweep's fastest (benchmarks/decode_attention_fp8_gpu.py)
+_FP8_TILE = (128, 4, 2)  # and its (BLOCK_N, num_warps, num_stages)
 
 
 def _variant_flags(variant: str, page: int, block_n: int, fp8: bool) -> tuple[bool, bool, bool, bool, bool]:
