@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call for the fp8 decode attention's "vwide" variants (kernels/decode_attention_triton.py: the fp8 V
 # tile widened to fp16 in registers as loaded, so its dot operand is laid out from fp16 with ldmatrix.trans,
-# instead of from the fp8 bytes one ld.shared.b8 per element), against the earlier default "kt", <= 480 s:
+# instead of from the fp8 bytes one ld.shared.b8 per element), against the default "kt", <= 480 s (the run of
+# 2026-12-06 had kt+vwide@64x4x3 as the default and kt@128x4x2 as the A/B: results/*_vwide_h100.*):
 #   1. the GPU tests of decode attention, the fp8 KV engine and the CUDA graphs while 10 processes compile the
 #      sweep's kernels; both finish before anything is timed;
 #   2. benchmarks/decode_attention_fp8_gpu.py over those variants x tiles -> $OUT/decode_attention_fp8_vwide_h200.json;
@@ -12,7 +13,7 @@ set -uo pipefail
 source benchmarks/device_env.sh
 step() { echo "== $1 at $((SECONDS - t0)) s"; }
 VARIANTS=${VARIANTS:-kt,kt+vwide}
-ENGINE_VARIANTS=${ENGINE_VARIANTS:-kt@128x4x2,kt+vwide@128x4x2}
+ENGINE_VARIANTS=${ENGINE_VARIANTS:-kt+vwide@64x4x3,kt+vwide@128x4x2}
 python3 -c "import torch, triton; from pdserve.kernels import decode_attention_triton as a
 print(torch.cuda.get_device_name(), 'torch', torch.__version__, 'triton', triton.__version__, '| fp8 KV default:', a._FP8_VARIANT, a._FP8_TILE)"
 echo "swept: $VARIANTS; engine rows also: $ENGINE_VARIANTS"
