@@ -19,9 +19,11 @@ print(torch.cuda.get_device_name(), 'torch', torch.__version__, 'triton', triton
 echo "swept: $VARIANTS; engine rows also: $ENGINE_VARIANTS"
 
 step "GPU tests + compile (10 processes)"
-timeout 200 python3 -m pytest -q -p no:cacheprovider -p no:randomly -o addopts="" tests/kernels/test_fp8_kv.py \
-  tests/kernels/test_decode_attention.py tests/engine/test_fp8_kv_cuda.py tests/engine/test_cuda_graphs.py \
-  tests/kernels/test_pdl.py >"$OUT/fp8_attention_vwide_tests.log" 2>&1 &
+TESTS=${TESTS:-tests/kernels/test_fp8_kv.py tests/kernels/test_decode_attention.py tests/engine/test_fp8_kv_cuda.py \
+  tests/engine/test_cuda_graphs.py tests/kernels/test_pdl.py}
+# shellcheck disable=SC2086  # TESTS is a list of paths
+timeout 200 python3 -m pytest -q -p no:cacheprovider -p no:randomly -o addopts="" $TESTS \
+  >"$OUT/fp8_attention_vwide_tests.log" 2>&1 &
 tests=$!
 warms=()
 for i in $(seq 0 9); do
