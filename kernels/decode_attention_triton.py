@@ -78,13 +78,19 @@ def _e4m3_bits_to_f16(x):
 
 
 @triton.jit
+def _token_rows(table, offs_n, n_mask, stride_cblk, stride_ctok, PAGE: tl.constexpr):
+    """Each key's row offset in the cache: its page from the block table (one entry read per key)."""
+    page = tl.load(table + offs_n // PAGE, mask=n_mask, other=0).to(tl.int64)
+    return page * stride_cblk + (offs_n % PAGE) * stride_ctok
+
+
+@triton.jit
 def _v_tile(v_base, table, n0, end, d, stride_cblk, stride_ctok, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
             BLOCK_N: tl.constexpr):
     """V of keys n0 .. n0 + BLOCK_N (zeros past end) as [BLOCK_N, BLOCK_D], loaded into registers."""
     offs_n = n0 + tl.arange(0, BLOCK_N)
     n_mask = offs_n < end
-    page = tl.load(table + offs_n // PAGE, mask=n_mask, other=0).to(tl.int64)
-    rows = page * stride_cblk + (offs_n % PAGE) * stride_ctok
+    rows = _token_rows(table, offs_n, n_mask, stride_cblk, stride_ctok, PAGE)
     return tl.load(v_base + rows[:, None] + d[None, :], mask=n_mask[:, None] & (d < HEAD_DIM)[None, :], other=0.0)
 
 
@@ -139,8 +145,7 @@ def _decode_split_kernel(
             pages = tl.load(table + pidx, mask=pidx * PAGE < end, other=0).to(tl.int64)
             rows = tl.reshape(pages[:, None] * stride_cblk + tl.arange(0, PAGE)[None, :] * stride_ctok, [BLOCK_N])
         else:
-            page = tl.load(table + offs_n // PAGE, mask=n_mask, other=0).to(tl.int64)
-            rows = page * stride_cblk + (offs_n % PAGE) * stride_ctok  # [BLOCK_N]
+            rows = _token_rows(table, offs_n, n_mask, stride_cblk, stride_ctok, PAGE)  # [BLOCK_N]
         kv_mask = n_mask[:, None] & (d < HEAD_DIM)[None, :]
         if K_T:  # K loaded as [BLOCK_D, BLOCK_N]: the dot's right operand as it is
             kt = tl.load(k_base + rows[None, :] + d[:, None], mask=(d < HEAD_DIM)[:, None] & n_mask[None, :], other=0.0)
@@ -258,8 +263,8 @@ _FP8_TILE = (128, 4, 2)  # and its (BLOCK_N, num_warps, num_stages)
 
 
 def _variant_flags(variant: str, page: int, block_n: int, fp8: bool) -> tuple[bool, bool, bool, bool, bool, bool]:
-    """FMA, K_T, PAGE_ROWS, BITS, V_WIDE, V_AHEAD of a variant name: "dot" (tl.dot for QK and PV, K transposed in registers) plus
-    any of "fma" (both products as fp32 broadcast-multiply-reduce, the group unpadded), "kt" (K loaded as
+    """FMA, K_T, PAGE_ROWS, BITS, V_WIDE, V_AHEAD of a variant name: "dot" (tl.dot for QK and PV, K transposed in
+    registers) plus any of "fma" (both products as fp32 broadcast-multiply-reduce, the group unpadded), "kt" (K loaded as
     [D, BLOCK_N]), "pages" (one block-table load per page of the tile, not per token; needs PAGE | BLOCK_N),
     "bits" (an fp8 cache read as uint8 and widened to fp16 / 256 by bit moves; the 256 goes into the scales),
     "vwide" (an fp8 V tile widened in registers as loaded, then laid out for the dot as fp16), "ahead" (with
@@ -307,7 +312,8 @@ def _launch(q, kv_cache, seq_lens, block_tables, scale, num_splits=None, config=
         part_lse.stride(0), part_lse.stride(1),
         GROUP=group, HEAD_DIM=dim, PAGE=page, SINGLE=single, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         BLOCK_G=triton.next_power_of_2(group) if fma else max(16, triton.next_power_of_2(group)), BLOCK_N=block_n,
-        BLOCK_D=block_d, F16_DOT=f16_dot, FMA=fma, K_T=k_t, PAGE_ROWS=page_rows, BITS=bits, V_WIDE=v_wide, V_AHEAD=v_ahead,
+        BLOCK_D=block_d, F16_DOT=f16_dot, FMA=fma, K_T=k_t, PAGE_ROWS=page_rows, BITS=bits, V_WIDE=v_wide,
+        V_AHEAD=v_ahead,
         num_warps=num_warps, num_stages=num_stages, **launch_options(q.device),
     )
     if not single:
