@@ -3,10 +3,14 @@
 gather_blocks(kv_cache, block_ids) -> blocks
 scatter_blocks(kv_cache, block_ids, blocks) -> None
 copy_blocks(src_cache, src_ids, dst_cache, dst_ids) -> None      block src_ids[i] of src -> dst_ids[i] of dst
+prepare_copy(src_cache, src_ids, dst_cache, dst_ids) -> copy(src, dst)   the same ids between many pairs of
+                                                                         caches laid out as these two
 # kv_cache: [2, num_blocks, block_size, Hkv, D]; block_ids: [n] int64; blocks: [2, n, block_size, Hkv, D]
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 
@@ -63,3 +67,14 @@ def copy_blocks(src_cache: torch.Tensor, src_ids: torch.Tensor, dst_cache: torch
         copy_blocks_triton(src_cache, src_ids, dst_cache, dst_ids)
         return
     copy_blocks_ref(src_cache, src_ids, dst_cache, dst_ids)
+
+
+def prepare_copy(src_cache: torch.Tensor, src_ids: torch.Tensor, dst_cache: torch.Tensor,
+                 dst_ids: torch.Tensor) -> Callable[[torch.Tensor, torch.Tensor], None]:
+    """copy_blocks with these ids, checked and set up once for caches laid out as these two: the returned
+    copy(src, dst) is one launch a call (a KV transfer's layers; copy_blocks checks and sets up every call)."""
+    if use_triton(src_cache):
+        from pdserve.kernels.block_copy_triton import PreparedCopy
+
+        return PreparedCopy(src_cache, src_ids, dst_cache, dst_ids)
+    return lambda src, dst: copy_blocks_ref(src, src_ids, dst, dst_ids)

@@ -79,6 +79,44 @@ def _copy(src, dst, src_ids, dst_ids, n, block=4096, num_warps=4):
     )
 
 
+class PreparedCopy:
+    """copy_blocks_triton with one pair of id lists between many cache pairs of one layout (a KV transfer's
+    layers: P's pool[i] -> D's pool[i]): the ids, shapes and launch arguments checked and worked out once, so
+    each pair is a layout comparison and one launch (the sender calls it on the prefill step thread, per layer)."""
+
+    def __init__(self, src_cache: torch.Tensor, src_ids: torch.Tensor, dst_cache: torch.Tensor,
+                 dst_ids: torch.Tensor, block: int = 4096, num_warps: int = 4) -> None:
+        _check_blocks(src_cache, "src_cache")
+        _check_blocks(dst_cache, "dst_cache")
+        for ids in (src_ids, dst_ids):
+            _check_ids(ids)
+        if tuple(src_cache.shape[2:]) != tuple(dst_cache.shape[2:]) or src_ids.shape != dst_ids.shape:
+            raise ValueError(f"copy of blocks {tuple(src_cache.shape)} -> {tuple(dst_cache.shape)} with "
+                             f"{tuple(src_ids.shape)} source and {tuple(dst_ids.shape)} destination ids")
+        self._layouts = (_layout(src_cache), _layout(dst_cache))
+        self._ids = (src_ids.to(src_cache.device), dst_ids.to(src_cache.device))
+        block_numel = src_cache.shape[2] * src_cache.shape[3] * src_cache.shape[4]
+        block = min(block, triton.next_power_of_2(block_numel))
+        self._n = src_ids.shape[0]
+        self._launch = _block_copy_kernel[(self._n, 2, triton.cdiv(block_numel, block))]
+        self._args = (block_numel, src_cache.stride(0), src_cache.stride(1), dst_cache.stride(0), dst_cache.stride(1))
+        self._meta = {"SRC_INDEXED": True, "DST_INDEXED": True, "BLOCK": block, "EVEN": block_numel % block == 0,
+                      "num_warps": num_warps}
+
+    def __call__(self, src_cache: torch.Tensor, dst_cache: torch.Tensor) -> None:
+        """Blocks src_ids[i] of src_cache -> dst_ids[i] of dst_cache; both laid out as the caches given first
+        (ValueError otherwise)."""
+        if (_layout(src_cache), _layout(dst_cache)) != self._layouts:
+            raise ValueError(f"caches {tuple(src_cache.shape)} -> {tuple(dst_cache.shape)} laid out otherwise than "
+                             f"the prepared copy's {self._layouts}")
+        if self._n:
+            self._launch(src_cache, dst_cache, *self._ids, *self._args, **self._meta)
+
+
+def _layout(t: torch.Tensor) -> tuple:
+    return t.shape, t.stride(), t.dtype, t.device
+
+
 def gather_blocks_triton(kv_cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
     _check_blocks(kv_cache, "kv_cache")
     out = torch.empty((2, block_ids.shape[0], *kv_cache.shape[2:]), dtype=kv_cache.dtype, device=kv_cache.device)

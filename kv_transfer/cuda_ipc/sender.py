@@ -9,7 +9,7 @@ device (one pinned, non-blocking copy on the transfer stream); then, per finishe
     transfer stream waits for the compute stream (the layer's K/V writes are enqueued there)
     copy_blocks(P's pool[layer], src ids ─▶ D's pool[layer], dst ids)     one launch per receiver, transfer stream
 
-so the step thread launches a copy per layer and returns (a forward of 256 chunks made 256 launches and id
+(the copy checked and set up at the first layer: kernels/block_copy.py prepare_copy), so the step thread launches a copy per layer and returns (a forward of 256 chunks made 256 launches and id
 tensors per layer before), and layer L is copied while layer L+1 computes. `finish` records one blocking CUDA event on the transfer stream
 and waits for it in a worker thread (cudaEventBlockingSync: the thread sleeps in the driver, nothing polls)
 and only then writes "done" on the control connection; D marks every layer received and admits the request. D never waits on a GPU
@@ -21,13 +21,13 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Unpack
 
 import torch
 
-from pdserve.kernels.block_copy import copy_blocks
+from pdserve.kernels.block_copy import prepare_copy
 from pdserve.kv_transfer.base import ChunkSend, KVTransferError, PreparedSends
 from pdserve.kv_transfer.control.links import ControlLinks, LinkOptions
 from pdserve.kv_transfer.control.outgoing import ChannelSender
@@ -60,6 +60,12 @@ class _Copy:
     dtype: str
     block_size: int
     dead: bool = False
+    launch: Callable[[torch.Tensor, torch.Tensor], None] | None = None  # set up at the first layer sent
+
+    def run(self, layer: int, kv_cache: torch.Tensor) -> None:
+        if self.launch is None:
+            self.launch = prepare_copy(kv_cache, self.src, self.pools[layer], self.dst)
+        self.launch(kv_cache, self.pools[layer])
 
 
 class _IpcSends(PreparedSends):
@@ -122,7 +128,7 @@ class CudaIpcKVSender(ChannelSender):
             self._stream.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(self._stream):
                 for copy in live:
-                    copy_blocks(kv_cache, copy.src, copy.pools[layer], copy.dst)
+                    copy.run(layer, kv_cache)
         with self._events_lock:
             for copy in live:
                 self._copied.update(copy.request_ids)

@@ -64,3 +64,25 @@ def test_empty_gather_and_mismatched_scatter(randn: Callable, device: str) -> No
 
     with pytest.raises(ValueError, match="destination ids"):
         copy_blocks_triton(cache, torch.tensor([1, 2], device=device), cache, torch.tensor([0], device=device))
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.float16, torch.float8_e4m3fn], ids=["fp16", "fp8"])
+def test_prepared_copy_over_layers_matches_ref(cache_dtype: torch.dtype, randn: Callable, device: str) -> None:
+    """The KV sender's per-layer copy: set up once with the first pair, then one launch per layer pair."""
+    from pdserve.kernels.block_copy_triton import PreparedCopy
+
+    src_ids = torch.tensor([6, 0, 2], dtype=torch.int64, device=device)
+    dst_ids = torch.tensor([1, 9, 3], dtype=torch.int64, device=device)
+    sources = [randn(2, 8, 16, 3, 64).to(cache_dtype) for _ in range(3)]
+    targets = [randn(2, 10, 16, 3, 64).to(cache_dtype) for _ in range(3)]
+    expected = [t.clone() for t in targets]
+    copy = PreparedCopy(sources[0], src_ids, targets[0], dst_ids)
+    for source, target, want in zip(sources, targets, expected, strict=True):
+        copy(source, target)
+        copy_blocks_ref(source, src_ids, want, dst_ids)
+        assert torch.equal(target.view(torch.uint8), want.view(torch.uint8))
+        assert torch.equal(target[:, [1, 9, 3]].view(torch.uint8), source[:, [6, 0, 2]].view(torch.uint8))
+    with pytest.raises(ValueError, match="laid out otherwise"):
+        copy(sources[0], randn(2, 12, 16, 3, 64).to(cache_dtype))  # a pool of another size: other strides
+    with pytest.raises(ValueError, match="laid out otherwise"):
+        copy(sources[0].to(torch.float32), targets[0])
