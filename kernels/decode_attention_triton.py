@@ -84,16 +84,6 @@ def _token_rows(table, offs_n, n_mask, stride_cblk, stride_ctok, PAGE: tl.conste
     return page * stride_cblk + (offs_n % PAGE) * stride_ctok
 
 
-@triton.jit
-def _v_tile(v_base, table, n0, end, d, stride_cblk, stride_ctok, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
-            BLOCK_N: tl.constexpr):
-    """V of keys n0 .. n0 + BLOCK_N (zeros past end) as [BLOCK_N, BLOCK_D], loaded into registers."""
-    offs_n = n0 + tl.arange(0, BLOCK_N)
-    n_mask = offs_n < end
-    rows = _token_rows(table, offs_n, n_mask, stride_cblk, stride_ctok, PAGE)
-    return tl.load(v_base + rows[:, None] + d[None, :], mask=n_mask[:, None] & (d < HEAD_DIM)[None, :], other=0.0)
-
-
 @triton.jit(do_not_specialize=["num_splits"])  # SINGLE and the part strides carry it
 def _decode_split_kernel(
     q_ptr, cache_ptr, seq_lens_ptr, block_tables_ptr, out_ptr, part_out_ptr, part_lse_ptr,
@@ -104,7 +94,7 @@ def _decode_split_kernel(
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, SINGLE: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, F16_DOT: tl.constexpr,
     FMA: tl.constexpr, K_T: tl.constexpr, PAGE_ROWS: tl.constexpr, BITS: tl.constexpr, V_WIDE: tl.constexpr,
-    V_AHEAD: tl.constexpr = False, PDL: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):
     # q: [B, Hq, D]; cache: [2, num_blocks, PAGE, Hkv, D]; block_tables: [B, max_blocks]
     # F16_DOT (an fp8 cache, bf16 queries): q and the fp8 K/V meet in fp16, e4m3's native widening on sm90
@@ -135,8 +125,6 @@ def _decode_split_kernel(
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-    if V_AHEAD:  # the first tile's V, into registers; each iteration then loads the next one's
-        v_ahead = _v_tile(v_base, table, start, end, d, stride_cblk, stride_ctok, HEAD_DIM, PAGE, BLOCK_N)
     for n0 in range(start, end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_mask = offs_n < end
@@ -168,11 +156,7 @@ def _decode_split_kernel(
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        if V_AHEAD:
-            v = v_ahead
-            v_ahead = _v_tile(v_base, table, n0 + BLOCK_N, end, d, stride_cblk, stride_ctok, HEAD_DIM, PAGE, BLOCK_N)
-        else:
-            v = tl.load(v_base + rows[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(v_base + rows[:, None] + d[None, :], mask=kv_mask, other=0.0)
         if BITS:
             v = _e4m3_bits_to_f16(v)
         if FMA:
@@ -257,24 +241,22 @@ def _check(q, kv_cache, seq_lens, block_tables):
 
 
 VARIANTS = ("dot", "kt", "pages", "kt+pages", "bits", "kt+bits", "bits+pages", "fma", "fma+kt", "fma+pages",
-            "fma+kt+pages", "fma+bits", "vwide", "kt+vwide", "kt+pages+vwide", "kt+vwide+ahead")
+            "fma+kt+pages", "fma+bits", "vwide", "kt+vwide", "kt+pages+vwide")
 _FP8_VARIANT = "kt"  # an fp8 cache's default: the sweep's fastest (benchmarks/decode_attention_fp8_gpu.py)
 _FP8_TILE = (128, 4, 2)  # and its (BLOCK_N, num_warps, num_stages)
 
 
-def _variant_flags(variant: str, page: int, block_n: int, fp8: bool) -> tuple[bool, bool, bool, bool, bool, bool]:
-    """FMA, K_T, PAGE_ROWS, BITS, V_WIDE, V_AHEAD of a variant name: "dot" (tl.dot for QK and PV, K transposed in
+def _variant_flags(variant: str, page: int, block_n: int, fp8: bool) -> tuple[bool, bool, bool, bool, bool]:
+    """FMA, K_T, PAGE_ROWS, BITS, V_WIDE of a variant name: "dot" (tl.dot for QK and PV, K transposed in
     registers) plus any of "fma" (both products as fp32 broadcast-multiply-reduce, the group unpadded), "kt" (K loaded as
     [D, BLOCK_N]), "pages" (one block-table load per page of the tile, not per token; needs PAGE | BLOCK_N),
     "bits" (an fp8 cache read as uint8 and widened to fp16 / 256 by bit moves; the 256 goes into the scales),
-    "vwide" (an fp8 V tile widened in registers as loaded, then laid out for the dot as fp16), "ahead" (with
-    vwide: V loaded into registers one tile ahead by plain loads, not through shared memory)."""
+    "vwide" (an fp8 V tile widened in registers as loaded, then laid out for the dot as fp16)."""
     parts = set(variant.split("+")) - {"dot"}
     if variant not in VARIANTS:
         raise ValueError(f"decode attention variant {variant!r} not in {VARIANTS}")
     pages = "pages" in parts and block_n % page == 0 and page & (page - 1) == 0
-    wide = "vwide" in parts and fp8
-    return "fma" in parts, "kt" in parts, pages, "bits" in parts and fp8, wide, "ahead" in parts and wide
+    return "fma" in parts, "kt" in parts, pages, "bits" in parts and fp8, "vwide" in parts and fp8
 
 
 def _launch(q, kv_cache, seq_lens, block_tables, scale, num_splits=None, config=None, k_scale=1.0, v_scale=1.0,
@@ -296,7 +278,7 @@ def _launch(q, kv_cache, seq_lens, block_tables, scale, num_splits=None, config=
     block_n, num_warps, num_stages = config or ((16, 4, 1) if q.dtype == torch.float32 else
                                                 (32, 4, 2) if variant.startswith("fma") else
                                                 _FP8_TILE if is_fp8(kv_cache.dtype) else (64, 4, 3))
-    fma, k_t, page_rows, bits, v_wide, v_ahead = _variant_flags(variant, page, block_n, is_fp8(kv_cache.dtype))
+    fma, k_t, page_rows, bits, v_wide = _variant_flags(variant, page, block_n, is_fp8(kv_cache.dtype))
     if bits:
         kv_cache, k_scale, v_scale = kv_cache.view(torch.uint8), k_scale * 256.0, v_scale * 256.0
     block_d = triton.next_power_of_2(dim)
@@ -313,7 +295,6 @@ def _launch(q, kv_cache, seq_lens, block_tables, scale, num_splits=None, config=
         GROUP=group, HEAD_DIM=dim, PAGE=page, SINGLE=single, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         BLOCK_G=triton.next_power_of_2(group) if fma else max(16, triton.next_power_of_2(group)), BLOCK_N=block_n,
         BLOCK_D=block_d, F16_DOT=f16_dot, FMA=fma, K_T=k_t, PAGE_ROWS=page_rows, BITS=bits, V_WIDE=v_wide,
-        V_AHEAD=v_ahead,
         num_warps=num_warps, num_stages=num_stages, **launch_options(q.device),
     )
     if not single:
