@@ -80,6 +80,8 @@ class CudaIpcKVSender(ChannelSender):
         """`device`: the GPU of this worker's pool (where the copies run)."""
         self.device = torch.device(device)
         require_cuda("the prefill worker's KV pool", self.device)
+        if self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
         self.links = ControlLinks("cuda_ipc", after_ready=self._open_pools, preconnect=True, **options)
         super().__init__("cuda_ipc", self.links, loop)
         self._remote: dict[tuple[str, int], list[torch.Tensor]] = {}
@@ -124,9 +126,17 @@ class CudaIpcKVSender(ChannelSender):
                 live.append(copy)
         if not live:
             return
-        with torch.cuda.device(self.device):
-            self._stream.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(self._stream):
+        compute = torch.cuda.current_stream(self.device)
+        self._stream.wait_stream(compute)
+        if torch.cuda.current_device() == self.device.index:  # the compute thread's own device: one stream switch
+            torch.cuda.set_stream(self._stream)
+            try:
+                for copy in live:
+                    copy.run(layer, kv_cache)
+            finally:
+                torch.cuda.set_stream(compute)
+        else:
+            with torch.cuda.device(self.device), torch.cuda.stream(self._stream):
                 for copy in live:
                     copy.run(layer, kv_cache)
         with self._events_lock:
