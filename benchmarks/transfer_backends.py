@@ -18,7 +18,9 @@ the way the prefill engine does: `prepare_sends` once, `submit_prepared` for eve
 then `await finish`. P starts a transfer only once D completed the previous one, `repeat` times after 2 warm-ups
 (handshake, Triton compile, store connections). Per transfer: `ms` is P's first layer handed over -> D's
 on_complete (CLOCK_MONOTONIC, shared by the processes of a host), the figure that matters; `p_ms` P's part alone
-(first layer -> finish returned: for store, D may still be loading then); `p_cpu_ms`, `d_cpu_ms`,
+(first layer -> finish returned: for store, D may still be loading then), split into `p_layers_ms` (the
+compute thread's own span: prepare_sends and every layer handed over) and `p_finish_ms` (finish), with
+`done_to_d_ms` from finish returned to D's on_complete (negative when D heard first); `p_cpu_ms`, `d_cpu_ms`,
 `server_cpu_ms` the CPU time each transfer cost P's process, D's and the redis-server started here, `cpu_ms`
 their sum: what other load on a shared machine changes least. D checks that the last transfer's blocks
 hold P's values. store-redis uses --redis-url or starts a redis-server on loopback (skipped, and said so, when
@@ -158,6 +160,7 @@ async def transfer(spec: dict, kv: dict, devices: list[torch.device], repeat: in
                                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                                    stderr=subprocess.PIPE)
     times, p_times, cpu = [], [], {"p_cpu_ms": [], "d_cpu_ms": [], "server_cpu_ms": []}
+    parts: dict[str, list[float]] = {"p_layers_ms": [], "p_finish_ms": [], "done_to_d_ms": []}
     try:
         for target in targets:
             d_cpu, s_cpu = time.process_time(), server_cpu() if server_cpu else 0.0
@@ -176,6 +179,9 @@ async def transfer(spec: dict, kv: dict, devices: list[torch.device], repeat: in
                 raise RuntimeError(f"{spec['name']}: {target.request_id} failed on D: {outcome}")
             times.append((done_at - sent["t0"]) * 1e3)
             p_times.append((sent["t1"] - sent["t0"]) * 1e3)
+            for name, (a, b) in (("p_layers_ms", sent["layers"]), ("p_finish_ms", (sent["finish"], sent["t1"])),
+                                 ("done_to_d_ms", (sent["t1"], done_at))):
+                parts[name].append((b - a) * 1e3)
             cpu["p_cpu_ms"].append(sent["cpu"] * 1e3)
             cpu["d_cpu_ms"].append((time.process_time() - d_cpu) * 1e3)
             cpu["server_cpu_ms"].append(((server_cpu() if server_cpu else 0.0) - s_cpu) * 1e3)
@@ -196,20 +202,24 @@ async def transfer(spec: dict, kv: dict, devices: list[torch.device], repeat: in
     nbytes = int(kv["bytes"])
     costs = {name: statistics.median(values[WARMUP:]) for name, values in cpu.items() if server_cpu or
              name != "server_cpu_ms"}
-    result = {**summary(times[WARMUP:], nbytes), "p_ms": statistics.median(p_times[WARMUP:]), **costs,
+    result = {**summary(times[WARMUP:], nbytes), "p_ms": statistics.median(p_times[WARMUP:]),
+              **{name: statistics.median(values[WARMUP:]) for name, values in parts.items()}, **costs,
               "cpu_ms": sum(costs.values()), "first_ms": times[0]}
     # every transfer done and checked, then P failed on its way out (seen: gloo's threads at exit, 1 run in 3):
     # the figures stand, the exit is reported under `warnings`
     return {**result, "p_exit": exit_note} if process.returncode != 0 else result
 
 
-def compute_thread(sender: KVSender, chunk: ChunkSend, pools: list[torch.Tensor]) -> None:
-    """As the prefill engine's step thread: the sends prepared once, then every layer handed over."""
+def compute_thread(sender: KVSender, chunk: ChunkSend, pools: list[torch.Tensor]) -> tuple[float, float]:
+    """As the prefill engine's step thread: the sends prepared once, then every layer handed over. Returns when
+    it started and ended (monotonic)."""
+    start = time.monotonic()
     sends = sender.prepare_sends([chunk])
     for layer in range(len(pools)):
         sender.submit_prepared(sends, layer, pools[layer])
     if sends.failed:
         raise RuntimeError(f"sends failed: {sends.failed}")
+    return start, time.monotonic()
 
 
 async def prefill_side(spec: dict) -> None:
@@ -227,9 +237,12 @@ async def prefill_side(spec: dict) -> None:
         t0, cpu = time.monotonic(), time.process_time()
         sender.begin(target)
 
-        await asyncio.to_thread(compute_thread, sender, ChunkSend(target.request_id, src, target.block_ids), pools)
+        layers = await asyncio.to_thread(compute_thread, sender, ChunkSend(target.request_id, src, target.block_ids),
+                                         pools)
+        finish = time.monotonic()
         await sender.finish(target.request_id, 0, None, kv["tokens"])
-        print(json.dumps({"t0": t0, "t1": time.monotonic(), "cpu": time.process_time() - cpu}), flush=True)
+        print(json.dumps({"t0": t0, "t1": time.monotonic(), "layers": layers, "finish": finish,
+                          "cpu": time.process_time() - cpu}), flush=True)
     await sender.close()
 
 
