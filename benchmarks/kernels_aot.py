@@ -146,6 +146,9 @@ def attention_variants(bf: str):
     fp8 = {**dec, "cache_ptr": "*fp8e4nv", "F16_DOT": C(True), "K_T": C(True), "BLOCK_N": C(64)}
     yield "decode split fp8 kt n64 w4 s3", _decode_split_kernel, fp8, 4, 3
     yield "decode split fp8 kt+vwide n64 w4 s3", _decode_split_kernel, {**fp8, "V_WIDE": C(True)}, 4, 3
+    for block_n, warps, stages in ((64, 4, 3), (128, 4, 2), (64, 2, 2)):
+        yield (f"decode split fp8 kt+vt n{block_n} w{warps} s{stages}", _decode_split_kernel,
+               {**fp8, "V_T": C(True), "BLOCK_N": C(block_n)}, warps, stages)
     red = dict(part_out_ptr="*fp32", part_lse_ptr="*fp32", out_ptr=bf, num_splits=2, stride_pb=8192, stride_ph=256,
                stride_ps=128, stride_lb=64, stride_lh=2, stride_ob=4096, stride_oh=128, HEAD_DIM=C(128),
                BLOCK_S=C(2), BLOCK_D=C(128))

@@ -94,7 +94,7 @@ def _decode_split_kernel(
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, SINGLE: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, F16_DOT: tl.constexpr,
     FMA: tl.constexpr, K_T: tl.constexpr, PAGE_ROWS: tl.constexpr, BITS: tl.constexpr, V_WIDE: tl.constexpr,
-    PDL: tl.constexpr = False,
+    V_T: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
     # q: [B, Hq, D]; cache: [2, num_blocks, PAGE, Hkv, D]; block_tables: [B, max_blocks]
     # F16_DOT (an fp8 cache, bf16 queries): q and the fp8 K/V meet in fp16, e4m3's native widening on sm90
@@ -156,7 +156,18 @@ def _decode_split_kernel(
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_base + rows[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        if V_T:  # each block's V half as [Hkv, D, PAGE]: loaded as [BLOCK_D, pages, PAGE], a page's tokens
+            # contiguous (16-byte loads), masked per page only: the last page's slots past the end are read, and
+            # their p is 0 (n0 is page-aligned: BLOCK_N is a multiple of PAGE)
+            pidx = n0 // PAGE + tl.arange(0, BLOCK_N // PAGE)
+            pages = tl.load(table + pidx, mask=pidx * PAGE < end, other=0).to(tl.int64)
+            vt_base = cache_ptr + stride_ckv + kv_head * (HEAD_DIM * PAGE)
+            vt = tl.load(vt_base + pages[None, :, None] * stride_cblk + d[:, None, None] * PAGE
+                         + tl.arange(0, PAGE)[None, None, :],
+                         mask=(d < HEAD_DIM)[:, None, None] & (pidx * PAGE < end)[None, :, None], other=0.0)
+            v = tl.trans(tl.reshape(vt, [BLOCK_D, BLOCK_N]))
+        else:
+            v = tl.load(v_base + rows[:, None] + d[None, :], mask=kv_mask, other=0.0)
         if BITS:
             v = _e4m3_bits_to_f16(v)
         if FMA:
@@ -241,22 +252,31 @@ def _check(q, kv_cache, seq_lens, block_tables):
 
 
 VARIANTS = ("dot", "kt", "pages", "kt+pages", "bits", "kt+bits", "bits+pages", "fma", "fma+kt", "fma+pages",
-            "fma+kt+pages", "fma+bits", "vwide", "kt+vwide", "kt+pages+vwide")
+            "fma+kt+pages", "fma+bits", "vwide", "kt+vwide", "kt+pages+vwide", "kt+vt")
 _FP8_VARIANT = "kt"  # an fp8 cache's default: the sweep's fastest (benchmarks/decode_attention_fp8_gpu.py)
 _FP8_TILE = (128, 4, 2)  # and its (BLOCK_N, num_warps, num_stages)
 
 
-def _variant_flags(variant: str, page: int, block_n: int, fp8: bool) -> tuple[bool, bool, bool, bool, bool]:
-    """FMA, K_T, PAGE_ROWS, BITS, V_WIDE of a variant name: "dot" (tl.dot for QK and PV, K transposed in
+def v_transposed(cache: torch.Tensor) -> torch.Tensor:
+    """A cache in the "vt" variant's layout: each block's V half stored as [Hkv, D, PAGE] (same bytes, same tensor
+    shape). No writer produces it yet; tests and benchmarks build it from a cache with this."""
+    raw = cache.view(torch.uint8) if cache.element_size() == 1 else cache
+    v = raw[1].permute(0, 2, 3, 1).contiguous().view(raw[1].shape)
+    return torch.stack([raw[0], v]).view(cache.dtype)
+
+
+def _variant_flags(variant: str, page: int, block_n: int, fp8: bool) -> tuple[bool, bool, bool, bool, bool, bool]:
+    """FMA, K_T, PAGE_ROWS, BITS, V_WIDE, V_T of a variant name: "dot" (tl.dot for QK and PV, K transposed in
     registers) plus any of "fma" (both products as fp32 broadcast-multiply-reduce, the group unpadded), "kt" (K loaded as
     [D, BLOCK_N]), "pages" (one block-table load per page of the tile, not per token; needs PAGE | BLOCK_N),
     "bits" (an fp8 cache read as uint8 and widened to fp16 / 256 by bit moves; the 256 goes into the scales),
-    "vwide" (an fp8 V tile widened in registers as loaded, then laid out for the dot as fp16)."""
+    "vwide" (an fp8 V tile widened in registers as loaded, then laid out for the dot as fp16), "vt" (an
+    experiment: the cache's V stored transposed in each block, [Hkv, D, PAGE]; no writer produces that layout)."""
     parts = set(variant.split("+")) - {"dot"}
     if variant not in VARIANTS:
         raise ValueError(f"decode attention variant {variant!r} not in {VARIANTS}")
     pages = "pages" in parts and block_n % page == 0 and page & (page - 1) == 0
-    return "fma" in parts, "kt" in parts, pages, "bits" in parts and fp8, "vwide" in parts and fp8
+    return "fma" in parts, "kt" in parts, pages, "bits" in parts and fp8, "vwide" in parts and fp8, "vt" in parts
 
 
 def _launch(q, kv_cache, seq_lens, block_tables, scale, num_splits=None, config=None, k_scale=1.0, v_scale=1.0,
@@ -278,7 +298,7 @@ def _launch(q, kv_cache, seq_lens, block_tables, scale, num_splits=None, config=
     block_n, num_warps, num_stages = config or ((16, 4, 1) if q.dtype == torch.float32 else
                                                 (32, 4, 2) if variant.startswith("fma") else
                                                 _FP8_TILE if is_fp8(kv_cache.dtype) else (64, 4, 3))
-    fma, k_t, page_rows, bits, v_wide = _variant_flags(variant, page, block_n, is_fp8(kv_cache.dtype))
+    fma, k_t, page_rows, bits, v_wide, v_t = _variant_flags(variant, page, block_n, is_fp8(kv_cache.dtype))
     if bits:
         kv_cache, k_scale, v_scale = kv_cache.view(torch.uint8), k_scale * 256.0, v_scale * 256.0
     block_d = triton.next_power_of_2(dim)
@@ -294,7 +314,7 @@ def _launch(q, kv_cache, seq_lens, block_tables, scale, num_splits=None, config=
         part_lse.stride(0), part_lse.stride(1),
         GROUP=group, HEAD_DIM=dim, PAGE=page, SINGLE=single, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         BLOCK_G=triton.next_power_of_2(group) if fma else max(16, triton.next_power_of_2(group)), BLOCK_N=block_n,
-        BLOCK_D=block_d, F16_DOT=f16_dot, FMA=fma, K_T=k_t, PAGE_ROWS=page_rows, BITS=bits, V_WIDE=v_wide,
+        BLOCK_D=block_d, F16_DOT=f16_dot, FMA=fma, K_T=k_t, PAGE_ROWS=page_rows, BITS=bits, V_WIDE=v_wide, V_T=v_t,
         num_warps=num_warps, num_stages=num_stages, **launch_options(q.device),
     )
     if not single:

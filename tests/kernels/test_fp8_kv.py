@@ -92,9 +92,10 @@ def test_decode_attention_fp8_matches_ref(
 
 
 FP8_VARIANTS = ["kt", "pages", "kt+pages", "bits", "kt+bits", "bits+pages", "fma", "fma+kt", "fma+pages",
-                "fma+kt+pages", "fma+bits", "vwide", "kt+vwide", "kt+pages+vwide"]  # the kernel's VARIANTS but "dot"
+                "fma+kt+pages", "fma+bits", "vwide", "kt+vwide", "kt+pages+vwide", "kt+vt"]  # VARIANTS but "dot"
 # the interpreter runs each flag alone (33 s for all 11 there: suite time); the GPU every combination
-CHECKED_VARIANTS = FP8_VARIANTS if torch.cuda.is_available() else ["dot", "kt", "pages", "bits", "fma", "vwide"]
+CHECKED_VARIANTS = FP8_VARIANTS if torch.cuda.is_available() else ["dot", "kt", "pages", "bits", "fma", "vwide",
+                                                                   "kt+vt"]
 
 
 @pytest.mark.parametrize("variant", CHECKED_VARIANTS)
@@ -104,14 +105,15 @@ def test_decode_attention_fp8_variants_match_ref(
 ) -> None:
     """The fp8 path's candidate variants (what benchmarks/decode_attention_fp8_gpu.py sweeps), split in 3, with a
     tile of two pages at block size 8 so that "pages" loads more than one table entry per tile."""
-    from pdserve.kernels.decode_attention_triton import VARIANTS, _launch
+    from pdserve.kernels.decode_attention_triton import VARIANTS, _launch, v_transposed
 
     assert ["dot", *FP8_VARIANTS] == list(VARIANTS) and set(CHECKED_VARIANTS) <= set(VARIANTS)
     q_heads, kv_heads, dim, block_size, seq_lens = case
     cache, tables = _fp8_cache(paged_kv, seq_lens, kv_heads, dim, block_size)
     q = randn(len(seq_lens), q_heads, dim, dtype=dtype)
     lens = torch.tensor(seq_lens, dtype=torch.int32, device=device)
-    out = _launch(q, cache, lens, tables, dim**-0.5, num_splits=3, config=(16, 4, 2),
+    kernel_cache = v_transposed(cache) if "vt" in variant.split("+") else cache
+    out = _launch(q, kernel_cache, lens, tables, dim**-0.5, num_splits=3, config=(16, 4, 2),
                   k_scale=K_SCALE, v_scale=V_SCALE, variant=variant)
     ref = decode_attention_ref(q, cache, lens, tables, dim**-0.5, K_SCALE, V_SCALE)
     check(out, ref, dtype, scale=8.0)
