@@ -92,8 +92,7 @@ def test_decode_attention_fp8_matches_ref(
 
 
 FP8_VARIANTS = ["kt", "pages", "kt+pages", "bits", "kt+bits", "bits+pages", "fma", "fma+kt", "fma+pages",
-                "fma+kt+pages", "fma+bits", "vwide", "kt+vwide", "kt+pages+vwide", "kt+vt",
-                "kt+pages+vt"]  # VARIANTS but "dot"
+                "fma+kt+pages", "fma+bits", "vwide", "kt+vwide", "kt+pages+vwide", "kt+vt"]  # VARIANTS but "dot"
 # the interpreter runs each flag alone (33 s for all 11 there: suite time); the GPU every combination
 CHECKED_VARIANTS = FP8_VARIANTS if torch.cuda.is_available() else ["dot", "kt", "pages", "bits", "fma", "vwide",
                                                                    "kt+vt"]
