@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 import triton
+from kernels_common import cpu_us
 
 from pdserve.kernels.block_copy import copy_blocks, prepare_copy
 from pdserve.kv_transfer.cuda_ipc.sender import device_block_ids
@@ -40,15 +41,9 @@ def _empty(x_ptr, n):
 
 
 def host_us(fn: Callable[[], object], calls: int) -> float:
-    for _ in range(20):
+    for _ in range(20):  # warm: compiled, allocated
         fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    elapsed = time.perf_counter() - t0
-    torch.cuda.synchronize()
-    return round(elapsed / calls * 1e6, 2)
+    return round(cpu_us(fn, calls), 2)
 
 
 def rows_for(dtype: torch.dtype, calls: int) -> dict[str, float]:
