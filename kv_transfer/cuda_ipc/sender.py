@@ -2,18 +2,20 @@
 
 The control channel is every socket backend's (kv_transfer/control/: one authenticated connection per D, msgpack
 frames, done and error): right after "ready" D sends its pool handles ("pools"), which this sender opens once
-per connection. Once per forward, on the compute
-thread, `prepare_sends` checks every chunk and puts the block ids of all chunks bound for one receiver on the
-device (one pinned, non-blocking copy on the transfer stream); then, per finished layer:
+per connection. Once per forward, on the compute thread, `prepare_sends` checks every chunk and puts the block
+ids of all chunks bound for one receiver on the device (one pinned, non-blocking copy on the transfer stream);
+then, per finished layer:
 
     transfer stream waits for the compute stream (the layer's K/V writes are enqueued there)
     copy_blocks(P's pool[layer], src ids ─▶ D's pool[layer], dst ids)     one launch per receiver, transfer stream
 
-(the copy checked and set up at the first layer: kernels/block_copy.py prepare_copy), so the step thread launches a copy per layer and returns (a forward of 256 chunks made 256 launches and id
-tensors per layer before), and layer L is copied while layer L+1 computes. `finish` records one blocking CUDA event on the transfer stream
-and waits for it in a worker thread (cudaEventBlockingSync: the thread sleeps in the driver, nothing polls)
-and only then writes "done" on the control connection; D marks every layer received and admits the request. D never waits on a GPU
-event itself: its next kernel is ordered after P's copies by that "done".
+The copy is checked and set up at the first layer (kernels/block_copy.py prepare_copy) and the stream switched
+once, so the step thread spends ~30 us a layer and returns (61-72 us before, on an H100 host:
+benchmarks/kv_send_layer_cost_gpu.py; a forward of 256 chunks made 256 launches and id tensors a layer before
+prepare_sends), and layer L is copied while layer L+1 computes. `finish` records one blocking CUDA event on the
+transfer stream and waits for it in a worker thread (cudaEventBlockingSync: the thread sleeps in the driver,
+nothing polls) and only then writes "done" on the control connection; D marks every layer received and admits
+the request. D never waits on a GPU event itself: its next kernel is ordered after P's copies by that "done".
 """
 
 from __future__ import annotations
