@@ -146,6 +146,7 @@ def attention_variants(bf: str):
     fp8 = {**dec, "cache_ptr": "*fp8e4nv", "F16_DOT": C(True), "K_T": C(True), "BLOCK_N": C(64)}
     yield "decode split fp8 kt n64 w4 s3", _decode_split_kernel, fp8, 4, 3
     yield "decode split fp8 kt+vwide n64 w4 s3", _decode_split_kernel, {**fp8, "V_WIDE": C(True)}, 4, 3
+    yield "decode split fp8 kt+pages n64 w4 s3", _decode_split_kernel, {**fp8, "PAGE_ROWS": C(True)}, 4, 3
     for block_n, warps, stages in ((64, 4, 3), (128, 4, 2), (64, 2, 2)):
         yield (f"decode split fp8 kt+vt n{block_n} w{warps} s{stages}", _decode_split_kernel,
                {**fp8, "V_T": C(True), "BLOCK_N": C(block_n)}, warps, stages)

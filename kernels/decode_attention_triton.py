@@ -86,6 +86,14 @@ def _token_rows(table, offs_n, n_mask, stride_cblk, stride_ctok, PAGE: tl.conste
     return page * stride_cblk + (offs_n % PAGE) * stride_ctok
 
 
+@triton.jit
+def _tile_pages(table, n0, end, PAGE: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The pages of keys n0 .. n0 + BLOCK_N (n0 page-aligned), one table entry each, and which hold keys < end."""
+    pidx = n0 // PAGE + tl.arange(0, BLOCK_N // PAGE)
+    live = pidx * PAGE < end
+    return tl.load(table + pidx, mask=live, other=0).to(tl.int64), live
+
+
 @triton.jit(do_not_specialize=["num_splits"])  # SINGLE and the part strides carry it
 def _decode_split_kernel(
     q_ptr, cache_ptr, seq_lens_ptr, block_tables_ptr, out_ptr, part_out_ptr, part_lse_ptr,
@@ -131,8 +139,7 @@ def _decode_split_kernel(
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_mask = offs_n < end
         if PAGE_ROWS:  # one table entry per page of the tile (n0 is page-aligned: BLOCK_N is a multiple of PAGE)
-            pidx = n0 // PAGE + tl.arange(0, BLOCK_N // PAGE)
-            pages = tl.load(table + pidx, mask=pidx * PAGE < end, other=0).to(tl.int64)
+            pages, _ = _tile_pages(table, n0, end, PAGE, BLOCK_N)
             rows = tl.reshape(pages[:, None] * stride_cblk + tl.arange(0, PAGE)[None, :] * stride_ctok, [BLOCK_N])
         else:
             rows = _token_rows(table, offs_n, n_mask, stride_cblk, stride_ctok, PAGE)  # [BLOCK_N]
@@ -161,12 +168,11 @@ def _decode_split_kernel(
         if V_T:  # each block's V half as [Hkv, D, PAGE]: loaded as [BLOCK_D, pages, PAGE], a page's tokens
             # contiguous (16-byte loads), masked per page only: the last page's slots past the end are read, and
             # their p is 0 (n0 is page-aligned: BLOCK_N is a multiple of PAGE)
-            pidx = n0 // PAGE + tl.arange(0, BLOCK_N // PAGE)
-            pages = tl.load(table + pidx, mask=pidx * PAGE < end, other=0).to(tl.int64)
+            pages, live = _tile_pages(table, n0, end, PAGE, BLOCK_N)
             vt_base = cache_ptr + stride_ckv + kv_head * (HEAD_DIM * PAGE)
             vt = tl.load(vt_base + pages[None, :, None] * stride_cblk + d[:, None, None] * PAGE
                          + tl.arange(0, PAGE)[None, None, :],
-                         mask=(d < HEAD_DIM)[:, None, None] & (pidx * PAGE < end)[None, :, None], other=0.0)
+                         mask=(d < HEAD_DIM)[:, None, None] & live[None, :, None], other=0.0)
             v = tl.trans(tl.reshape(vt, [BLOCK_D, BLOCK_N]))
         else:
             v = tl.load(v_base + rows[:, None] + d[None, :], mask=kv_mask, other=0.0)
