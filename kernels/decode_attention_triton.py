@@ -20,9 +20,9 @@ The fp8 path's variants (VARIANTS, picked by name; _FP8_VARIANT is an fp8 cache'
 dot-operand layout, no fp16 round trip; short tiles); "kt" loads K as [D, BLOCK_N], the dot's right operand as it
 is; "pages" loads one block-table entry per page of a tile instead of one per token; "bits" widens e4m3 to
 fp16 by integer bit moves (exact, value / 256, the 256 folded into both scales) instead of the cvt instruction;
-"vwide" lays V out for its dot from fp16, not fp8 (below); "vt" reads a cache whose blocks hold V transposed,
-[Hkv, D, PAGE] (an experiment: no writer on main produces that layout, the branch fp8-v-transposed has one;
-docs/quantization.md has its H100 figures, 198.2 against kt's 220.6 us a layer at B 64 ctx 4,096).
+"vwide" lays V out for its dot from fp16, not fp8 (below). Every variant reads an fp8 cache's V in its layout,
+[Hkv, D, PAGE] a block (kernels/fp8.py; V_T), a page's tokens one 16-byte load: on an H100, kt at 128x4x1 took
+198.2 us a layer at B 64 ctx 4,096 against 220.6 with V token-major (docs/quantization.md).
 benchmarks/fp8_attention_sweep_h200.sh times every variant x tile; on the H200 (2026-12-02, CUDA-graph means,
 benchmarks/results/decode_attention_fp8_h200.json), best tile each, against bf16's 243.5 / 38.3 / 13.9 us:
     B 64 ctx 4,096:  kt 219.5 us (1.11x bf16)  dot 226.6 (1.07x)  bits 313.0  pages 468.4  fma+kt 665.6
