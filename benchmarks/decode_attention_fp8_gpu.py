@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from pdserve.kernels.decode_attention import decode_attention_ref
-from pdserve.kernels.decode_attention_triton import VARIANTS, _launch, v_transposed
+from pdserve.kernels.decode_attention_triton import VARIANTS, _launch
 
 Q_HEADS, KV_HEADS, DIM, PAGE = 32, 8, 128, 16
 K_SCALE, V_SCALE = 0.5, 2.0
@@ -90,10 +90,6 @@ def row(shape: dict, kind: str, variant: str, tile: tuple[int, int, int], check:
     scale = DIM ** -0.5
     ks, vs = (K_SCALE, V_SCALE) if kind == "fp8" else (1.0, 1.0)
     caches = shape[kind]
-    if "vt" in variant.split("+"):  # its own layout of the same values (kernels/decode_attention_triton.py)
-        if "fp8_vt" not in shape:
-            shape["fp8_vt"] = [v_transposed(c) for c in caches]
-        caches = shape["fp8_vt"]
 
     def call(kv):
         return _launch(q, kv, lens, tables, scale, config=tile, k_scale=ks, v_scale=vs, variant=variant)
@@ -102,7 +98,7 @@ def row(shape: dict, kind: str, variant: str, tile: tuple[int, int, int], check:
     try:
         if check:
             if ("ref", kind) not in shape:  # once per shape and cache
-                shape["ref", kind] = decode_attention_ref(q, shape[kind][0], lens, tables, scale, ks, vs).float()
+                shape["ref", kind] = decode_attention_ref(q, caches[0], lens, tables, scale, ks, vs).float()
             ref = shape["ref", kind]
             err = float((call(caches[0]).float() - ref).abs().max()) / max(1.0, float(ref.abs().max()))
             out["rel_err"] = err

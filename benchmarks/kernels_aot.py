@@ -91,6 +91,7 @@ def variants():
                 NUM_Q_HEADS=C(32), NUM_KV_HEADS=C(8), HALF=C(64), PAGE=C(16), BLOCK_HQ=C(32), BLOCK_HKV=C(8),
                 BLOCK_HALF=C(64))
     yield "rope_kv_write llama3-8b", _rope_kv_write_kernel, rope, 4, 1
+    yield "rope_kv_write llama3-8b fp8", _rope_kv_write_kernel, {**rope, "cache_ptr": "*fp8e4nv", "FP8": C(True)}, 4, 1
     yield from attention_variants(bf)
     yield from gemv_variants(bf)
 
@@ -147,9 +148,7 @@ def attention_variants(bf: str):
     yield "decode split fp8 kt n64 w4 s3", _decode_split_kernel, fp8, 4, 3
     yield "decode split fp8 kt+vwide n64 w4 s3", _decode_split_kernel, {**fp8, "V_WIDE": C(True)}, 4, 3
     yield "decode split fp8 kt+pages n64 w4 s3", _decode_split_kernel, {**fp8, "PAGE_ROWS": C(True)}, 4, 3
-    for block_n, warps, stages in ((64, 4, 3), (128, 4, 2), (64, 2, 2)):
-        yield (f"decode split fp8 kt+vt n{block_n} w{warps} s{stages}", _decode_split_kernel,
-               {**fp8, "V_T": C(True), "BLOCK_N": C(block_n)}, warps, stages)
+    yield "decode split fp8 kt+vt n128 w4 s1", _decode_split_kernel, {**fp8, "V_T": C(True), "BLOCK_N": C(128)}, 4, 1
     red = dict(part_out_ptr="*fp32", part_lse_ptr="*fp32", out_ptr=bf, num_splits=2, stride_pb=8192, stride_ph=256,
                stride_ps=128, stride_lb=64, stride_lh=2, stride_ob=4096, stride_oh=128, HEAD_DIM=C(128),
                BLOCK_S=C(2), BLOCK_D=C(128))
@@ -160,6 +159,8 @@ def attention_variants(bf: str):
     for bm, bn, warps, stages in ((128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 3), (128, 64, 4, 3)):
         yield (f"prefill m{bm} n{bn} w{warps} s{stages}", _prefill_attention_kernel,
                {**pre, "BLOCK_M": C(bm), "BLOCK_N": C(bn)}, warps, stages)
+    yield ("prefill fp8 m128 n128 w8 s3", _prefill_attention_kernel,
+           {**pre, "cache_ptr": "*fp8e4nv", "V_T": C(True), "BLOCK_M": C(128), "BLOCK_N": C(128)}, 8, 3)
 
 
 def gemv_variants(bf: str):

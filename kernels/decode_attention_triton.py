@@ -20,9 +20,9 @@ The fp8 path's variants (VARIANTS, picked by name; _FP8_VARIANT is an fp8 cache'
 dot-operand layout, no fp16 round trip; short tiles); "kt" loads K as [D, BLOCK_N], the dot's right operand as it
 is; "pages" loads one block-table entry per page of a tile instead of one per token; "bits" widens e4m3 to
 fp16 by integer bit moves (exact, value / 256, the 256 folded into both scales) instead of the cvt instruction;
-"vwide" lays V out for its dot from fp16, not fp8 (below); "vt" reads a cache whose blocks hold V transposed,
-[Hkv, D, PAGE] (an experiment: no writer on main produces that layout, the branch fp8-v-transposed has one;
-docs/quantization.md has its H100 figures, 198.2 against kt's 220.6 us a layer at B 64 ctx 4,096).
+"vwide" lays V out for its dot from fp16, not fp8 (below). Every variant reads an fp8 cache's V in its layout,
+[Hkv, D, PAGE] a block (kernels/fp8.py; V_T), a page's tokens one 16-byte load: on an H100, kt at 128x4x1 took
+198.2 us a layer at B 64 ctx 4,096 against 220.6 with V token-major (docs/quantization.md).
 benchmarks/fp8_attention_sweep_h200.sh times every variant x tile; on the H200 (2026-12-02, CUDA-graph means,
 benchmarks/results/decode_attention_fp8_h200.json), best tile each, against bf16's 243.5 / 38.3 / 13.9 us:
     B 64 ctx 4,096:  kt 219.5 us (1.11x bf16)  dot 226.6 (1.07x)  bits 313.0  pages 468.4  fma+kt 665.6
@@ -165,7 +165,7 @@ def _decode_split_kernel(
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        if V_T:  # each block's V half as [Hkv, D, PAGE]: loaded as [BLOCK_D, pages, PAGE], a page's tokens
+        if V_T:  # an fp8 cache's V, [Hkv, D, PAGE] a block: loaded as [BLOCK_D, pages, PAGE], a page's tokens
             # contiguous (16-byte loads), masked per page only: the last page's slots past the end are read, and
             # their p is 0 (n0 is page-aligned: BLOCK_N is a multiple of PAGE)
             pages, live = _tile_pages(table, n0, end, PAGE, BLOCK_N)
@@ -260,31 +260,23 @@ def _check(q, kv_cache, seq_lens, block_tables):
 
 
 VARIANTS = ("dot", "kt", "pages", "kt+pages", "bits", "kt+bits", "bits+pages", "fma", "fma+kt", "fma+pages",
-            "fma+kt+pages", "fma+bits", "vwide", "kt+vwide", "kt+pages+vwide", "kt+vt")
+            "fma+kt+pages", "fma+bits", "vwide", "kt+vwide", "kt+pages+vwide")
 _FP8_VARIANT = "kt"  # an fp8 cache's default: the sweep's fastest (benchmarks/decode_attention_fp8_gpu.py)
-_FP8_TILE = (128, 4, 2)  # and its (BLOCK_N, num_warps, num_stages)
+_FP8_TILE = (128, 4, 1)  # and its (BLOCK_N, num_warps, num_stages): with V [Hkv, D, PAGE], one stage (H100:
+# 198 us a layer at B 64 ctx 4,096 against 335 with two; docs/quantization.md)
 
 
-def v_transposed(cache: torch.Tensor) -> torch.Tensor:
-    """A cache in the "vt" variant's layout: each block's V half stored as [Hkv, D, PAGE] (same bytes, same tensor
-    shape). No writer produces it yet; tests and benchmarks build it from a cache with this."""
-    raw = cache.view(torch.uint8) if cache.element_size() == 1 else cache
-    v = raw[1].permute(0, 2, 3, 1).contiguous().view(raw[1].shape)
-    return torch.stack([raw[0], v]).view(cache.dtype)
-
-
-def _variant_flags(variant: str, page: int, block_n: int, fp8: bool) -> tuple[bool, bool, bool, bool, bool, bool]:
-    """FMA, K_T, PAGE_ROWS, BITS, V_WIDE, V_T of a variant name: "dot" (tl.dot for QK and PV, K transposed in
+def _variant_flags(variant: str, page: int, block_n: int, fp8: bool) -> tuple[bool, bool, bool, bool, bool]:
+    """FMA, K_T, PAGE_ROWS, BITS, V_WIDE of a variant name: "dot" (tl.dot for QK and PV, K transposed in
     registers) plus any of "fma" (both products as fp32 broadcast-multiply-reduce, the group unpadded), "kt" (K loaded as
     [D, BLOCK_N]), "pages" (one block-table load per page of the tile, not per token; needs PAGE | BLOCK_N),
     "bits" (an fp8 cache read as uint8 and widened to fp16 / 256 by bit moves; the 256 goes into the scales),
-    "vwide" (an fp8 V tile widened in registers as loaded, then laid out for the dot as fp16), "vt" (an
-    experiment: the cache's V stored transposed in each block, [Hkv, D, PAGE]; no writer produces that layout)."""
+    "vwide" (an fp8 V tile widened in registers as loaded, then laid out for the dot as fp16)."""
     parts = set(variant.split("+")) - {"dot"}
     if variant not in VARIANTS:
         raise ValueError(f"decode attention variant {variant!r} not in {VARIANTS}")
     pages = "pages" in parts and block_n % page == 0 and page & (page - 1) == 0
-    return "fma" in parts, "kt" in parts, pages, "bits" in parts and fp8, "vwide" in parts and fp8, "vt" in parts
+    return "fma" in parts, "kt" in parts, pages, "bits" in parts and fp8, "vwide" in parts and fp8
 
 
 def _launch(q, kv_cache, seq_lens, block_tables, scale, num_splits=None, config=None, k_scale=1.0, v_scale=1.0,
@@ -306,7 +298,12 @@ def _launch(q, kv_cache, seq_lens, block_tables, scale, num_splits=None, config=
     block_n, num_warps, num_stages = config or ((16, 4, 1) if q.dtype == torch.float32 else
                                                 (32, 4, 2) if variant.startswith("fma") else
                                                 _FP8_TILE if is_fp8(kv_cache.dtype) else (64, 4, 3))
-    fma, k_t, page_rows, bits, v_wide, v_t = _variant_flags(variant, page, block_n, is_fp8(kv_cache.dtype))
+    v_t = is_fp8(kv_cache.dtype)  # the fp8 layout's V, [Hkv, D, PAGE] a block (kernels/fp8.py), read a page a row
+    if v_t and config is None:
+        block_n = max(block_n, page)
+    if v_t and block_n % page:
+        raise ValueError(f"an fp8 cache's tile of {block_n} keys must hold whole pages of {page}")
+    fma, k_t, page_rows, bits, v_wide = _variant_flags(variant, page, block_n, v_t)
     if bits:
         kv_cache, k_scale, v_scale = kv_cache.view(torch.uint8), k_scale * 256.0, v_scale * 256.0
     block_d = triton.next_power_of_2(dim)

@@ -4,6 +4,15 @@ A cache of dtype float8_e4m3fn holds x / scale, saturated to +-448 (e4m3's large
 Triton would otherwise turn an overflow into NaN), where `scale` is one float32 scalar per layer for K and one
 for V (engine/kv_cache_spec.py says where they come from). Reading multiplies back: x ~= fp8 * scale. Every
 other cache dtype stores x as it is and ignores the scales.
+
+An fp8 cache also lays V out otherwise: each block's V half holds [Hkv, D, PAGE] (a head's values of one
+dimension for the page's tokens, contiguous), not [PAGE, Hkv, D] as K and every other cache do; the pool's shape
+is the same. p.V's right operand then has its tokens contiguous in memory, which an 8-bit operand needs (no
+transposing load exists for 8-bit elements: decode attention read V one byte a load before, 220.6 against 198.2
+us a layer at B 64, ctx 4,096 on an H100, docs/quantization.md). Blocks still move as opaque bytes (transfers,
+tiers, block copies); the writer (kernels/rope*.py) and the readers (decode and prefill attention and their
+references, through `fp8_v_tokens`) follow the layout, and the KV compatibility key names it
+(engine/kv_cache_spec.py).
 """
 
 from __future__ import annotations
@@ -30,3 +39,21 @@ def dequantize_kv_ref(x: torch.Tensor, scale: float) -> torch.Tensor:
     if not is_fp8(x.dtype):
         return x.float()
     return x.float() * scale
+
+
+def fp8_v_tokens(v_blocks: torch.Tensor) -> torch.Tensor:
+    """An fp8 cache's V blocks ([N, PAGE, Hkv, D]-shaped, holding [N, Hkv, D, PAGE], contiguous) as the
+    [N, PAGE, Hkv, D] view of token-major values. Other dtypes: as they are."""
+    if not is_fp8(v_blocks.dtype):
+        return v_blocks
+    n, page, heads, dim = v_blocks.shape
+    return v_blocks.reshape(n, heads, dim, page).permute(0, 3, 1, 2)
+
+
+def fp8_v_stored(v_tokens: torch.Tensor) -> torch.Tensor:
+    """fp8_v_tokens' inverse: token-major V blocks [N, PAGE, Hkv, D] -> a contiguous tensor of that shape holding
+    the stored layout (tests and benchmarks build caches with it). Other dtypes: as they are."""
+    if not is_fp8(v_tokens.dtype):
+        return v_tokens
+    raw = v_tokens.view(torch.uint8)  # permuted copies of fp8 go through bytes (CPU kernels lack some fp8 ops)
+    return raw.permute(0, 2, 3, 1).contiguous().view(v_tokens.shape).view(v_tokens.dtype)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from pdserve.kernels.fp8 import fp8_v_tokens
+
 
 def gather_sequence_kv(
     kv_cache: torch.Tensor, block_table: torch.Tensor, seq_len: int
@@ -16,7 +18,7 @@ def gather_sequence_kv(
     num = (seq_len + block_size - 1) // block_size
     blocks = block_table[:num].long()
     k = kv_cache[0, blocks].reshape(-1, *kv_cache.shape[3:])[:seq_len]
-    v = kv_cache[1, blocks].reshape(-1, *kv_cache.shape[3:])[:seq_len]
+    v = fp8_v_tokens(kv_cache[1, blocks]).reshape(-1, *kv_cache.shape[3:])[:seq_len]  # an fp8 cache's layout
     return k, v
 
 

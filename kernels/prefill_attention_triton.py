@@ -43,7 +43,7 @@ _LOG2E = 1.4426950408889634
 def _attend_block(
     acc, l_i, m_i, q, k_base, v_base, table, n0, pos, seq_len, qk_scale, stride_cblk, stride_ctok,
     MASKED: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, PRECISION: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, V_T: tl.constexpr,
 ):
     # q: [BLOCK_M, BLOCK_D]; keys n0 .. n0 + BLOCK_N; acc: [BLOCK_M, BLOCK_D]; l_i, m_i, pos: [BLOCK_M]
     offs_n = n0 + tl.arange(0, BLOCK_N)
@@ -57,13 +57,25 @@ def _attend_block(
     if MASKED:
         kv_mask = n_ok[:, None] & (d < HEAD_DIM)[None, :]
         k = tl.load(k_base + rows, mask=kv_mask, other=0.0).to(q.dtype)
-        v = tl.load(v_base + rows, mask=kv_mask, other=0.0).to(q.dtype)
+        if not V_T:
+            v = tl.load(v_base + rows, mask=kv_mask, other=0.0).to(q.dtype)
     elif BLOCK_D != HEAD_DIM:
         k = tl.load(k_base + rows, mask=(d < HEAD_DIM)[None, :], other=0.0).to(q.dtype)
-        v = tl.load(v_base + rows, mask=(d < HEAD_DIM)[None, :], other=0.0).to(q.dtype)
+        if not V_T:
+            v = tl.load(v_base + rows, mask=(d < HEAD_DIM)[None, :], other=0.0).to(q.dtype)
     else:
         k = tl.load(k_base + rows).to(q.dtype)  # a no-op unless the cache is fp8
-        v = tl.load(v_base + rows).to(q.dtype)
+        if not V_T:
+            v = tl.load(v_base + rows).to(q.dtype)
+    if V_T:  # an fp8 cache's V, [Hkv, D, PAGE] a block (kernels/fp8.py; v_base is the head's): [BLOCK_D, pages,
+        # PAGE], a page's tokens contiguous, masked by page (n0 is page-aligned; keys past the end get p = 0)
+        pidx = n0 // PAGE + tl.arange(0, BLOCK_N // PAGE)
+        p_ok = pidx * PAGE < seq_len
+        pages = tl.load(table + pidx, mask=p_ok, other=0).to(tl.int64)
+        vt = tl.load(v_base + pages[None, :, None] * stride_cblk + d[:, None, None] * PAGE
+                     + tl.arange(0, PAGE)[None, None, :],
+                     mask=(d < HEAD_DIM)[:, None, None] & p_ok[None, :, None], other=0.0)
+        v = tl.trans(tl.reshape(vt, [BLOCK_D, BLOCK_N])).to(q.dtype)
     s = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # [BLOCK_M, BLOCK_N]
     if MASKED:
         s = tl.where((offs_n[None, :] <= pos[:, None]) & n_ok[None, :], s * qk_scale, float("-inf"))
@@ -84,6 +96,7 @@ def _prefill_attention_kernel(
     stride_qt, stride_qh, stride_ot, stride_oh, stride_bt, stride_ckv, stride_cblk, stride_ctok, stride_ch,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, SEARCH: tl.constexpr,
+    V_T: tl.constexpr = False,
 ):
     # q, out: [T, Hq, D]; cu_q: [B + 1]; seq_lens: [B]; block_tables: [B, max_blocks]
     # cache: [2, num_blocks, PAGE, Hkv, D]; grid: (Hq, cdiv(T, BLOCK_M) + B)
@@ -118,7 +131,10 @@ def _prefill_attention_kernel(
         q = tl.load(q_ptr + tokens * stride_qt + head * stride_qh + d[None, :], mask=md_mask, other=0.0)
         pos = first_pos + tl.arange(0, BLOCK_M)
         k_base = cache_ptr + (head // GROUP) * stride_ch
-        v_base = k_base + stride_ckv
+        if V_T:  # an fp8 cache's V: [Hkv, D, PAGE] a block (kernels/fp8.py)
+            v_base = cache_ptr + stride_ckv + (head // GROUP) * (HEAD_DIM * PAGE)
+        else:
+            v_base = k_base + stride_ckv
         table = block_tables_ptr + seq.to(tl.int64) * stride_bt
 
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -128,13 +144,13 @@ def _prefill_attention_kernel(
         for n0 in range(0, full_end, BLOCK_N):
             acc, l_i, m_i = _attend_block(
                 acc, l_i, m_i, q, k_base, v_base, table, n0, pos, seq_len, qk_scale, stride_cblk, stride_ctok,
-                False, HEAD_DIM, PAGE, PRECISION, BLOCK_N, BLOCK_D,
+                False, HEAD_DIM, PAGE, PRECISION, BLOCK_N, BLOCK_D, V_T,
             )
         last_key = tl.minimum(first_pos + BLOCK_M, seq_len)
         for n0 in range(full_end, last_key, BLOCK_N):
             acc, l_i, m_i = _attend_block(
                 acc, l_i, m_i, q, k_base, v_base, table, n0, pos, seq_len, qk_scale, stride_cblk, stride_ctok,
-                True, HEAD_DIM, PAGE, PRECISION, BLOCK_N, BLOCK_D,
+                True, HEAD_DIM, PAGE, PRECISION, BLOCK_N, BLOCK_D, V_T,
             )
         out = acc * (v_scale / l_i)[:, None]
         o_ptrs = out_ptr + tokens * stride_ot + head * stride_oh + d[None, :]
@@ -192,12 +208,14 @@ def _launch(q, kv_cache, cu_seqlens_q, seq_lens, block_tables, scale, config=Non
     if tokens == 0 or batch == 0:
         return out
     block_m, block_n, num_warps, num_stages = config or _default_config(dim, q.dtype, q.device, tokens, q_heads)
+    v_t = is_fp8(kv_cache.dtype)  # the fp8 layout's V, read a page a row: a tile of whole pages
+    block_n = max(block_n, kv_cache.shape[2]) if v_t else block_n
     grid = (q_heads, triton.cdiv(tokens, block_m) + batch)  # >= first_{B-1} + cdiv(q_len_{B-1}, BLOCK_M)
     _prefill_attention_kernel[grid](
         q, kv_cache, cu_seqlens_q, seq_lens, block_tables, out, scale * _LOG2E * k_scale, v_scale, batch,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0), *kv_cache.stride()[:4],
         GROUP=q_heads // kv_cache.shape[3], HEAD_DIM=dim, PAGE=kv_cache.shape[2], PRECISION=_precision(q.dtype),
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=triton.next_power_of_2(dim), SEARCH=_SEARCH,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=triton.next_power_of_2(dim), SEARCH=_SEARCH, V_T=v_t,
         num_warps=num_warps, num_stages=num_stages,
     )
     return out

@@ -17,7 +17,7 @@ from typing import Protocol
 import torch
 
 from pdserve.kernels.dispatch import use_triton
-from pdserve.kernels.fp8 import quantize_kv_ref
+from pdserve.kernels.fp8 import is_fp8, quantize_kv_ref
 
 
 class RopeScaling(Protocol):
@@ -75,7 +75,12 @@ def write_kv_ref(
     keep = slot_mapping >= 0
     slots = slot_mapping[keep].long()
     flat[0, slots] = quantize_kv_ref(k[keep], k_scale, kv_cache.dtype)
-    flat[1, slots] = quantize_kv_ref(v[keep], v_scale, kv_cache.dtype)
+    values = quantize_kv_ref(v[keep], v_scale, kv_cache.dtype)
+    if is_fp8(kv_cache.dtype):  # V stored [Hkv, D, PAGE] in each block (kernels/fp8.py), written as bytes
+        stored = kv_cache[1].view(torch.uint8).view(num_blocks, heads, dim, block_size)
+        stored[slots // block_size, :, :, slots % block_size] = values.view(torch.uint8)
+    else:
+        flat[1, slots] = values
 
 
 def rope_kv_write_ref(

@@ -5,7 +5,8 @@ with the raw value heads, straight into the token's cache slot (the in-place key
 uncached prompt: kernels/prefill_attention.py). Any even head_dim works (the half is padded to a power of two and masked).
 
 An fp8 cache (FP8, from the cache's dtype) gets the rounded key (as stored in k) and the value times the layer's
-inverse scale, saturated to +-448: the same numbers as kernels/fp8.quantize_kv_ref.
+inverse scale, saturated to +-448: the same numbers as kernels/fp8.quantize_kv_ref; its V goes to the fp8
+layout's [Hkv, D, PAGE] column of the token (kernels/fp8.py).
 
 What is compiled: one kernel per model, dtype and cache dtype. The constexprs are head counts, half the head dim and the
 page size; the integer arguments are strides of q/k/v (views of the fused qkv output: its row width) and of
@@ -72,8 +73,14 @@ def _rope_kv_write_kernel(
             v2 = _fp8(v2.to(tl.float32) * inv_v_scale)
         tl.store(dst, k1.to(out_ty), mask=kv_mask)
         tl.store(dst + HALF, k2.to(out_ty), mask=kv_mask)
-        tl.store(dst + stride_ckv, v1.to(out_ty), mask=kv_mask)
-        tl.store(dst + stride_ckv + HALF, v2.to(out_ty), mask=kv_mask)
+        if FP8:  # V stored [Hkv, D, PAGE] in each block (kernels/fp8.py): this token's column of it
+            v_dst = cache_ptr + stride_ckv + (slot // PAGE) * stride_cblk + slot % PAGE
+            v_dst = v_dst + hk[:, None] * (2 * HALF * PAGE) + d[None, :] * PAGE
+            tl.store(v_dst, v1.to(out_ty), mask=kv_mask)
+            tl.store(v_dst + HALF * PAGE, v2.to(out_ty), mask=kv_mask)
+        else:
+            tl.store(dst + stride_ckv, v1.to(out_ty), mask=kv_mask)
+            tl.store(dst + stride_ckv + HALF, v2.to(out_ty), mask=kv_mask)
 
 
 @triton.jit

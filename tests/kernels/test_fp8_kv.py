@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from pdserve.kernels.decode_attention import decode_attention_ref
-from pdserve.kernels.fp8 import FP8_E4M3_MAX, dequantize_kv_ref, quantize_kv_ref
+from pdserve.kernels.fp8 import FP8_E4M3_MAX, dequantize_kv_ref, fp8_v_stored, fp8_v_tokens, quantize_kv_ref
 from pdserve.kernels.prefill_attention import PrefillShape, prefill_attention, prefill_attention_ref
 from pdserve.kernels.rope import build_cos_sin_cache, rope_kv_write_ref
 
@@ -27,8 +27,8 @@ K_SCALE, V_SCALE = 0.5, 2.0
 def _fp8_cache(paged_kv: Callable, seq_lens: list[int], kv_heads: int, dim: int, block_size: int):
     cache, tables = paged_kv(seq_lens, kv_heads, dim, block_size, torch.float32)
     k = quantize_kv_ref(cache[0] * 3, K_SCALE, FP8)  # values ~ +-10 after dequantizing: not a trivial scale
-    v = quantize_kv_ref(cache[1] * 3, V_SCALE, FP8)
-    return torch.stack([k, v]), tables
+    v = fp8_v_stored(quantize_kv_ref(cache[1] * 3, V_SCALE, FP8))  # the fp8 layout's V (kernels/fp8.py)
+    return torch.stack([k.view(torch.uint8), v.view(torch.uint8)]).view(FP8), tables
 
 
 def test_quantize_saturates_and_round_trips() -> None:
@@ -67,8 +67,28 @@ def test_rope_kv_write_fp8_matches_ref(
     written = cache_ref[0].float().abs().sum() + cache_ref[1].float().abs().sum()
     assert written > 0 and not torch.isnan(cache.float()).any()
     kept = slots >= 0
-    flat = cache_ref.view(2, -1, kv_heads, dim)[:, slots[kept].long()]
-    torch.testing.assert_close(dequantize_kv_ref(flat[1], V_SCALE), v[kept].float(), rtol=0.07, atol=2e-2)
+    values = fp8_v_tokens(cache_ref[1]).reshape(-1, kv_heads, dim)[slots[kept].long()]  # the fp8 V layout
+    torch.testing.assert_close(dequantize_kv_ref(values, V_SCALE), v[kept].float(), rtol=0.07, atol=2e-2)
+
+
+def test_fp8_v_layout_written_and_read_back(randn: Callable, device: str) -> None:
+    """An fp8 cache's V is stored [Hkv, D, PAGE] a block (kernels/fp8.py): the reference writer puts a token's
+    values there, K stays token-major, and the readers' gather gives back every token's values."""
+    from pdserve.kernels.paged import gather_sequence_kv
+    from pdserve.kernels.rope import write_kv_ref
+
+    tokens, kv_heads, dim, page = 21, 2, 8, 4
+    k, v = randn(tokens, kv_heads, dim) * 4, randn(tokens, kv_heads, dim) * 4
+    cache = torch.zeros(2, 8, page, kv_heads, dim, dtype=FP8, device=device)
+    table = torch.tensor([5, 0, 7, 2, 3, 6], dtype=torch.int32, device=device)
+    slots = table.long().repeat_interleave(page) * page + torch.arange(page, device=device).repeat(6)
+    write_kv_ref(k, v, cache, slots[:tokens], K_SCALE, V_SCALE)
+    stored = cache[1].view(torch.uint8)[5].view(kv_heads, dim, page)  # block 5 holds tokens 0-3
+    assert torch.equal(stored[1, 3], quantize_kv_ref(v[:page, 1, 3], V_SCALE, FP8).view(torch.uint8))
+    assert torch.equal(cache[0, 5].view(torch.uint8), quantize_kv_ref(k[:page], K_SCALE, FP8).view(torch.uint8))
+    k_read, v_read = gather_sequence_kv(cache, table, tokens)
+    assert torch.equal(v_read.view(torch.uint8), quantize_kv_ref(v, V_SCALE, FP8).view(torch.uint8))
+    assert torch.equal(k_read.view(torch.uint8), quantize_kv_ref(k, K_SCALE, FP8).view(torch.uint8))
 
 
 DECODE_CASES = [(3, 1, 64, 16, [100, 0, 16]), (9, 3, 64, 16, [33, 1]), (4, 4, 48, 8, [17, 9])]
@@ -92,10 +112,9 @@ def test_decode_attention_fp8_matches_ref(
 
 
 FP8_VARIANTS = ["kt", "pages", "kt+pages", "bits", "kt+bits", "bits+pages", "fma", "fma+kt", "fma+pages",
-                "fma+kt+pages", "fma+bits", "vwide", "kt+vwide", "kt+pages+vwide", "kt+vt"]  # VARIANTS but "dot"
+                "fma+kt+pages", "fma+bits", "vwide", "kt+vwide", "kt+pages+vwide"]  # VARIANTS but "dot"
 # the interpreter runs each flag alone (33 s for all 11 there: suite time); the GPU every combination
-CHECKED_VARIANTS = FP8_VARIANTS if torch.cuda.is_available() else ["dot", "kt", "pages", "bits", "fma", "vwide",
-                                                                   "kt+vt"]
+CHECKED_VARIANTS = FP8_VARIANTS if torch.cuda.is_available() else ["dot", "kt", "pages", "bits", "fma", "vwide"]
 
 
 @pytest.mark.parametrize("variant", CHECKED_VARIANTS)
@@ -105,15 +124,14 @@ def test_decode_attention_fp8_variants_match_ref(
 ) -> None:
     """The fp8 path's candidate variants (what benchmarks/decode_attention_fp8_gpu.py sweeps), split in 3, with a
     tile of two pages at block size 8 so that "pages" loads more than one table entry per tile."""
-    from pdserve.kernels.decode_attention_triton import VARIANTS, _launch, v_transposed
+    from pdserve.kernels.decode_attention_triton import VARIANTS, _launch
 
     assert ["dot", *FP8_VARIANTS] == list(VARIANTS) and set(CHECKED_VARIANTS) <= set(VARIANTS)
     q_heads, kv_heads, dim, block_size, seq_lens = case
     cache, tables = _fp8_cache(paged_kv, seq_lens, kv_heads, dim, block_size)
     q = randn(len(seq_lens), q_heads, dim, dtype=dtype)
     lens = torch.tensor(seq_lens, dtype=torch.int32, device=device)
-    kernel_cache = v_transposed(cache) if "vt" in variant.split("+") else cache
-    out = _launch(q, kernel_cache, lens, tables, dim**-0.5, num_splits=3, config=(16, 4, 2),
+    out = _launch(q, cache, lens, tables, dim**-0.5, num_splits=3, config=(16, 4, 2),
                   k_scale=K_SCALE, v_scale=V_SCALE, variant=variant)
     ref = decode_attention_ref(q, cache, lens, tables, dim**-0.5, K_SCALE, V_SCALE)
     check(out, ref, dtype, scale=8.0)
@@ -124,7 +142,7 @@ def test_decode_attention_fp8_ref_is_the_dequantized_cache(randn: Callable, page
     cache, tables = _fp8_cache(paged_kv, [40, 7], 2, 64, 16)
     q = randn(2, 4, 64)
     lens = torch.tensor([40, 7], dtype=torch.int32, device=device)
-    plain = torch.stack([dequantize_kv_ref(cache[0], K_SCALE), dequantize_kv_ref(cache[1], V_SCALE)])
+    plain = torch.stack([dequantize_kv_ref(cache[0], K_SCALE), dequantize_kv_ref(fp8_v_tokens(cache[1]), V_SCALE)])
     torch.testing.assert_close(decode_attention_ref(q, cache, lens, tables, 0.125, K_SCALE, V_SCALE),
                                decode_attention_ref(q, plain, lens, tables, 0.125))
 
@@ -169,11 +187,12 @@ def test_rope_kv_write_ref_fp8_stores_scaled_rotated_keys(randn: Callable, devic
     cache = torch.zeros(2, 2, 4, 1, 64, dtype=FP8, device=device)
     slots = torch.tensor([0, 1, 2, 5, -1, 7], device=device)
     rope_kv_write_ref(q, k, v, torch.arange(6, device=device), cos_sin, cache, slots, K_SCALE, V_SCALE)
-    flat = cache.view(2, 8, 1, 64)
+    keys = cache[0].reshape(8, 1, 64)
+    values = fp8_v_tokens(cache[1]).reshape(8, 1, 64)  # the fp8 V layout (kernels/fp8.py)
     rows = slots[slots >= 0]
-    torch.testing.assert_close(flat[0, rows].float(), (k[slots >= 0] / K_SCALE).to(FP8).float())
-    torch.testing.assert_close(flat[1, rows].float() * V_SCALE, v[slots >= 0], rtol=0.07, atol=2e-2)
-    assert not flat[:, [3, 4, 6]].float().any()  # unwritten slots, the padding row's included
+    torch.testing.assert_close(keys[rows].float(), (k[slots >= 0] / K_SCALE).to(FP8).float())
+    torch.testing.assert_close(values[rows].float() * V_SCALE, v[slots >= 0], rtol=0.07, atol=2e-2)
+    assert not keys[[3, 4, 6]].float().any() and not values[[3, 4, 6]].float().any()  # unwritten slots
 
 
 def test_block_copies_move_fp8_bytes_as_they_are(device: str) -> None:
