@@ -6,7 +6,8 @@ it is timed; a row that fails (error or compile) is recorded, not timed, and nev
 
 Time: one layer's call, the mean of a CUDA graph of >= 16 calls replayed 10 times (median replay), so launch
 overhead is out. Shapes whose cache fits in L2 (50 MB) cycle over copies of it (>= 256 MB in all), as the 32
-layers of a step do. The b64 shapes run unsplit (num_splits_for: 512 programs), b1 with 16 splits.
+layers of a step do. The b64 shapes run unsplit (num_splits_for: 512 programs), b1 with 16 splits; --splits
+adds rows at other split counts (each tile at each), --tiles narrows the tiles.
 
     python benchmarks/decode_attention_fp8_gpu.py --out benchmarks/results/decode_attention_fp8_h200.json
 --warm I/N compiles part I of N of the kernels on a small shape of the same specialization, into Triton's cache
@@ -16,6 +17,7 @@ layers of a step do. The b64 shapes run unsplit (num_splits_for: 512 programs), 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import statistics
@@ -40,8 +42,12 @@ L2_COPIES_BYTES = 256 << 20
 SWEPT = list(VARIANTS)  # --variants narrows it
 
 
+SPLITS: list[int | None] = [None]  # --splits: None is num_splits_for's choice
+TILES: list[tuple[int, int, int]] = []  # --tiles narrows the tiles of every variant
+
+
 def candidates() -> list[tuple[str, tuple[int, int, int]]]:
-    return [(v, t) for v in SWEPT for t in (FMA_TILES if v.startswith("fma") else DOT_TILES)]
+    return [(v, t) for v in SWEPT for t in (TILES or (FMA_TILES if v.startswith("fma") else DOT_TILES))]
 
 
 def make_shape(batch: int, context: int, device: torch.device, copies: int | None = None) -> dict:
@@ -85,16 +91,18 @@ def graph_ms(call, caches: list[torch.Tensor]) -> float:
     return statistics.median(times)
 
 
-def row(shape: dict, kind: str, variant: str, tile: tuple[int, int, int], check: bool = True) -> dict:
+def row(shape: dict, kind: str, variant: str, tile: tuple[int, int, int], check: bool = True,
+        splits: int | None = None) -> dict:
     q, tables, lens = shape["q"], shape["tables"], shape["lens"]
     scale = DIM ** -0.5
     ks, vs = (K_SCALE, V_SCALE) if kind == "fp8" else (1.0, 1.0)
     caches = shape[kind]
 
     def call(kv):
-        return _launch(q, kv, lens, tables, scale, config=tile, k_scale=ks, v_scale=vs, variant=variant)
+        return _launch(q, kv, lens, tables, scale, num_splits=splits, config=tile, k_scale=ks, v_scale=vs,
+                       variant=variant)
 
-    out = {"kind": kind, "variant": variant, "tile": "x".join(map(str, tile))}
+    out = {"kind": kind, "variant": variant, "tile": "x".join(map(str, tile)), "splits": splits or "auto"}
     try:
         if check:
             if ("ref", kind) not in shape:  # once per shape and cache
@@ -115,12 +123,12 @@ def row(shape: dict, kind: str, variant: str, tile: tuple[int, int, int], check:
 
 def warm(part: int, parts: int) -> None:
     """Compile this part's share of the kernels on a small shape with the sweep's specialization (dims,
-    strides' divisibility, dtypes), unsplit and 16-split, into Triton's on-disk cache."""
+    strides' divisibility, dtypes), unsplit, 16-split and at each --splits, into Triton's on-disk cache."""
     device = torch.device("cuda")
     shape = make_shape(2, 64, device, copies=1)
     jobs = [("fp8", v, t) for v, t in candidates()] + [("bf16", "dot", t) for t in BF16_TILES]
     for kind, variant, tile in jobs[part::parts]:
-        for splits in (1, 16):
+        for splits in sorted({1, 16} | {s for s in SPLITS if s}):
             try:
                 _launch(shape["q"], shape[kind][0], shape["lens"], shape["tables"], 0.1, num_splits=splits,
                         config=tile, variant=variant)
@@ -135,7 +143,12 @@ def main() -> int:
     parser.add_argument("--warm", default=None, help="I/N: compile part I of N and exit")
     parser.add_argument("--budget-s", type=float, default=170.0, help="stop timing new rows after this")
     parser.add_argument("--variants", default="", help="comma-separated: only these of VARIANTS (default all)")
+    parser.add_argument("--tiles", default="", help="comma-separated BLOCK_NxWARPSxSTAGES: only these tiles")
+    parser.add_argument("--splits", default="auto",
+                        help="comma-separated split counts each row also runs with ('auto': num_splits_for's)")
     args = parser.parse_args()
+    TILES[:] = [tuple(int(x) for x in t.split("x")) for t in args.tiles.split(",") if t]
+    SPLITS[:] = [None if s == "auto" else int(s) for s in args.splits.split(",")]
     if args.variants:
         bad = set(args.variants.split(",")) - set(VARIANTS)
         if bad:
@@ -153,13 +166,13 @@ def main() -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     for i, (name, batch, context) in enumerate(SHAPES):
         shape = make_shape(batch, context, device)
-        rows = [row(shape, "bf16", "dot", t) for t in BF16_TILES]
-        for variant, tile in candidates():
+        rows = [row(shape, "bf16", "dot", t, splits=s) for t in BF16_TILES for s in SPLITS]
+        for (variant, tile), splits in itertools.product(candidates(), SPLITS):
             if time.monotonic() - t0 > args.budget_s * (i + 1) / len(SHAPES):  # each shape its share
                 rows.append({"kind": "fp8", "variant": variant, "tile": "x".join(map(str, tile)), "ok": False,
                              "error": "budget"})
                 continue
-            rows.append(row(shape, "fp8", variant, tile))
+            rows.append(row(shape, "fp8", variant, tile, splits=splits))
         report["shapes"][name] = {"batch": batch, "context": context, "copies": len(shape["fp8"]),
                                   "best": summarize(name, rows), "rows": rows}
         args.out.write_text(json.dumps(report, indent=1) + "\n")  # after each shape: a later failure keeps it
@@ -174,7 +187,8 @@ def summarize(name: str, rows: list[dict]) -> dict:
     bf16 = min((r for r in timed if r["kind"] == "bf16"), key=lambda r: r["ms"], default=None)
     fp8 = min((r for r in timed if r["kind"] == "fp8"), key=lambda r: r["ms"], default=None)
     base = bf16["ms"] if bf16 else float("nan")
-    print(f"== {name}: bf16 best {base * 1e3:.1f} us ({bf16 and bf16['tile']}); fp8 best tile per variant:")
+    print(f"== {name}: bf16 best {base * 1e3:.1f} us ({bf16 and bf16['tile']}, splits {bf16 and bf16['splits']}); "
+          "fp8 best tile per variant:")
     for variant in SWEPT:
         mine = [r for r in timed if r["kind"] == "fp8" and r["variant"] == variant]
         bad = sum(1 for r in rows if r["kind"] == "fp8" and r["variant"] == variant and not r.get("ok"))
@@ -183,12 +197,19 @@ def summarize(name: str, rows: list[dict]) -> dict:
             continue
         best = min(mine, key=lambda r: r["ms"])
         print(f"   {variant:14s} {best['tile']:9s} {best['ms'] * 1e3:7.1f} us {best['kv_tb_per_s']:5.2f} TB/s "
+              f"splits {best['splits']} "
               f"x{base / best['ms']:.2f} vs bf16  ({bad} failed)")
     for r in rows:
         if not r.get("ok") and r.get("error") not in (None, "budget"):
             print("   failed:", r["variant"], r["tile"], r.get("error", f"rel_err {r.get('rel_err')}")[:150])
         elif not r.get("ok") and "rel_err" in r:
             print("   wrong:", r["variant"], r["tile"], "rel_err", r["rel_err"])
+    if len(SPLITS) > 1:
+        for splits in SPLITS:
+            at = [r for r in timed if r["splits"] == (splits or "auto")]
+            print(f"   splits {splits or 'auto'}: " + ", ".join(
+                f"{kind} {r['tile']} {r['ms'] * 1e3:.1f} us" for kind in ("bf16", "fp8")
+                for r in [min((r for r in at if r["kind"] == kind), key=lambda r: r["ms"], default=None)] if r))
     if fp8:
         print(f"   best fp8: {fp8['variant']} {fp8['tile']} {fp8['ms'] * 1e3:.1f} us, x{base / fp8['ms']:.2f} vs bf16")
     print(flush=True)
