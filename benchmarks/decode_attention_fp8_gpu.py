@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from pdserve.kernels.decode_attention import decode_attention_ref
-from pdserve.kernels.decode_attention_triton import VARIANTS, _launch
+from pdserve.kernels.decode_attention_triton import VARIANTS, _launch, fp8_plan
 
 Q_HEADS, KV_HEADS, DIM, PAGE = 32, 8, 128, 16
 K_SCALE, V_SCALE = 0.5, 2.0
@@ -99,6 +99,8 @@ def row(shape: dict, kind: str, variant: str, tile: tuple[int, int, int], check:
     caches = shape[kind]
 
     def call(kv):
+        if variant == "plan":  # the launcher's own choice (fp8_plan for an fp8 cache)
+            return _launch(q, kv, lens, tables, scale, k_scale=ks, v_scale=vs)
         return _launch(q, kv, lens, tables, scale, num_splits=splits, config=tile, k_scale=ks, v_scale=vs,
                        variant=variant)
 
@@ -144,6 +146,9 @@ def main() -> int:
     parser.add_argument("--budget-s", type=float, default=170.0, help="stop timing new rows after this")
     parser.add_argument("--variants", default="", help="comma-separated: only these of VARIANTS (default all)")
     parser.add_argument("--tiles", default="", help="comma-separated BLOCK_NxWARPSxSTAGES: only these tiles")
+    parser.add_argument("--shapes", default="", help="comma-separated bB_ctxC (default: " +
+                        ",".join(n for n, _, _ in SHAPES) + ")")
+    parser.add_argument("--plan", action="store_true", help="add each shape's row with the launcher's default plan")
     parser.add_argument("--splits", default="auto",
                         help="comma-separated split counts each row also runs with ('auto': num_splits_for's)")
     args = parser.parse_args()
@@ -164,15 +169,21 @@ def main() -> int:
               "torch": torch.__version__, "heads": {"q": Q_HEADS, "kv": KV_HEADS, "dim": DIM, "page": PAGE},
               "timing": "CUDA graph mean per call", "shapes": {}}
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    for i, (name, batch, context) in enumerate(SHAPES):
+    sm_count = torch.cuda.get_device_properties(device).multi_processor_count
+    shapes = [(n, int(n[1:n.index("_")]), int(n.split("ctx")[1])) for n in args.shapes.split(",")] if args.shapes \
+        else SHAPES
+    for i, (name, batch, context) in enumerate(shapes):
         shape = make_shape(batch, context, device)
         rows = [row(shape, "bf16", "dot", t, splits=s) for t in BF16_TILES for s in SPLITS]
         for (variant, tile), splits in itertools.product(candidates(), SPLITS):
-            if time.monotonic() - t0 > args.budget_s * (i + 1) / len(SHAPES):  # each shape its share
+            if time.monotonic() - t0 > args.budget_s * (i + 1) / len(shapes):  # each shape its share
                 rows.append({"kind": "fp8", "variant": variant, "tile": "x".join(map(str, tile)), "ok": False,
                              "error": "budget"})
                 continue
             rows.append(row(shape, "fp8", variant, tile, splits=splits))
+        if args.plan:  # the default plan's row, its splits and tile named
+            splits, tile = fp8_plan(batch, KV_HEADS, shape["tables"].shape[1] * PAGE, sm_count)
+            rows.append({**row(shape, "fp8", "plan", tile), "splits": splits})
         report["shapes"][name] = {"batch": batch, "context": context, "copies": len(shape["fp8"]),
                                   "best": summarize(name, rows), "rows": rows}
         args.out.write_text(json.dumps(report, indent=1) + "\n")  # after each shape: a later failure keeps it
@@ -204,6 +215,9 @@ def summarize(name: str, rows: list[dict]) -> dict:
             print("   failed:", r["variant"], r["tile"], r.get("error", f"rel_err {r.get('rel_err')}")[:150])
         elif not r.get("ok") and "rel_err" in r:
             print("   wrong:", r["variant"], r["tile"], "rel_err", r["rel_err"])
+    for r in timed:
+        if r["variant"] == "plan":
+            print(f"   plan: {r['tile']} splits {r['splits']} {r['ms'] * 1e3:.1f} us x{base / r['ms']:.2f} vs bf16")
     if len(SPLITS) > 1:
         for splits in SPLITS:
             at = [r for r in timed if r["splits"] == (splits or "auto")]

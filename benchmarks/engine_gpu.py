@@ -229,7 +229,8 @@ def main() -> None:
     parser.add_argument("--fp8-kv-variants", default="",
                         help="with --fp8-kv: comma-separated decode attention variants to run the fp8 rows with too "
                              "(kernels/decode_attention_triton.py VARIANTS), each optionally @ a tile (BLOCK_N x warps "
-                             "x stages), e.g. kt,kt+vwide@64x4x3")
+                             "x stages; that tile at every batch) or @ two tiles and programs a SM (fp8_plan's: "
+                             "kt@128x4x1/64x2x1:6), e.g. kt,kt+vwide@64x4x3")
     parser.add_argument("--skip-transfer", action="store_true", help="no cuda_ipc transfer benchmark")
     parser.add_argument("--quantization", default="none,fp8",
                         help="comma-separated runs of the same workloads: none (bf16 linears), fp8 (fp8 linears), "

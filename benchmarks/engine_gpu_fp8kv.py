@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import gc
+import re
 
 import torch
 from engine_gpu_baselines import time_ms
@@ -54,21 +55,30 @@ def _variant_rows(config: ModelConfig, device: torch.device, dtype: torch.dtype,
                   variants: list[str]) -> dict[str, float]:
     """fp8 KV (bf16 and fp8 linears) with each other decode attention variant as the fp8 cache's default
     (kernels/decode_attention_triton.py VARIANTS), optionally with its tile ("kt+vwide@64x4x3": BLOCK_N x
-    warps x stages): its A/B against the default in the same run."""
+    warps x stages; then that tile at every batch, no fp8_plan) or its two tiles and programs per SM
+    ("kt@128x4x1/64x2x1:6", fp8_plan's): its A/B against the default in the same run."""
     from pdserve.kernels import decode_attention_triton as attention
 
-    rows, default = {}, (attention._FP8_VARIANT, attention._FP8_TILE)
+    def tile(text: str) -> tuple[int, ...]:
+        return tuple(int(x) for x in text.split("x"))
+
+    rows = {}
+    default = (attention._FP8_VARIANT, attention._FP8_TILE, attention._FP8_MANY_TILE, attention._FP8_PROGRAMS_PER_SM)
     try:
         for name in variants:
-            variant, _, tile = name.partition("@")
+            variant, _, tiles = name.partition("@")
+            few, _, many = tiles.partition("/")
             # read at every launch: the new runner's graphs capture them
             attention._FP8_VARIANT = variant
-            attention._FP8_TILE = tuple(int(x) for x in tile.split("x")) if tile else default[1]
-            key = f"decode_b{BATCH}_ctx{CONTEXT}_fp8kv_{name.replace('+', '_').replace('@', '_')}"
+            attention._FP8_TILE = tile(few) if few else default[1]
+            attention._FP8_MANY_TILE = tile(many.partition(":")[0]) if many else None if few else default[2]
+            attention._FP8_PROGRAMS_PER_SM = int(many.partition(":")[2] or default[3])
+            key = f"decode_b{BATCH}_ctx{CONTEXT}_fp8kv_{re.sub('[^0-9a-z]', '_', name)}"
             rows[f"{key}_ms"] = _decode_ms(config, device, dtype, "fp8", repeat)
             rows[f"{key}_fp8_w_ms"] = _decode_ms(config, device, dtype, "fp8", repeat, quantization="fp8")
     finally:
-        attention._FP8_VARIANT, attention._FP8_TILE = default
+        (attention._FP8_VARIANT, attention._FP8_TILE, attention._FP8_MANY_TILE,
+         attention._FP8_PROGRAMS_PER_SM) = default
     return rows
 
 

@@ -244,6 +244,20 @@ def num_splits_for(batch: int, kv_heads: int, max_context: int, sm_count: int) -
     return max(1, min(want, max_context // _MIN_SPLIT_TOKENS, 64))
 
 
+def fp8_plan(batch: int, kv_heads: int, max_context: int, sm_count: int) -> tuple[int, tuple[int, int, int]]:
+    """An fp8 cache's split count and tile (BLOCK_N, warps, stages) for the default variant. Below one program
+    per SM, num_splits_for's splits with _FP8_TILE (128x4x1); from there on, two-warp tiles of 64 keys
+    (_FP8_MANY_TILE) split until ~_FP8_PROGRAMS_PER_SM programs a SM: one-stage fp8 programs keep little in
+    flight, so more and smaller ones hide more latency. H100, one layer B 64 ctx 4,096 (512 programs; the sweep
+    in benchmarks/decode_attention_fp8_gpu.py --splits): 128x4x1 unsplit 197.6 us, 64x2x1 unsplit 228.0, split in
+    2 190.6, in 4 197.3; at ctx 512 32.5 against 33.4; at B 1 the wide tile wins (13.0 against 64x2x1's 16.6)."""
+    programs = max(1, batch * kv_heads)
+    if _FP8_MANY_TILE is None or programs < sm_count:
+        return num_splits_for(batch, kv_heads, max_context, sm_count), _FP8_TILE
+    want = triton.next_power_of_2(math.ceil(_FP8_PROGRAMS_PER_SM * sm_count / programs))
+    return max(1, min(want, max_context // _MIN_SPLIT_TOKENS, 64)), _FP8_MANY_TILE
+
+
 def _check(q, kv_cache, seq_lens, block_tables):
     if q.dim() != 3 or kv_cache.dim() != 5 or kv_cache.shape[0] != 2:
         raise ValueError(f"q {tuple(q.shape)} must be [B, Hq, D], kv_cache {tuple(kv_cache.shape)} [2, N, bs, Hkv, D]")
@@ -264,6 +278,8 @@ VARIANTS = ("dot", "kt", "pages", "kt+pages", "bits", "kt+bits", "bits+pages", "
 _FP8_VARIANT = "kt"  # an fp8 cache's default: the sweep's fastest (benchmarks/decode_attention_fp8_gpu.py)
 _FP8_TILE = (128, 4, 1)  # and its (BLOCK_N, num_warps, num_stages): with V [Hkv, D, PAGE], one stage (H100:
 # 198 us a layer at B 64 ctx 4,096 against 335 with two; docs/quantization.md)
+_FP8_MANY_TILE: tuple[int, int, int] | None = (64, 2, 1)  # once B * Hkv programs fill the SMs: two-warp programs,
+_FP8_PROGRAMS_PER_SM = 6  # split until B * Hkv * S reaches this many a SM (fp8_plan; None: _FP8_TILE throughout)
 
 
 def _variant_flags(variant: str, page: int, block_n: int, fp8: bool) -> tuple[bool, bool, bool, bool, bool]:
@@ -288,6 +304,9 @@ def _launch(q, kv_cache, seq_lens, block_tables, scale, num_splits=None, config=
     out = torch.empty_like(q)
     if batch == 0:
         return out
+    chosen = config is None  # an explicit tile is taken as it is (or refused); the defaults hold whole pages
+    if variant is None and chosen and num_splits is None and is_fp8(kv_cache.dtype) and q.dtype != torch.float32:
+        num_splits, config = fp8_plan(batch, kv_heads, block_tables.shape[1] * page, _sm_count(q.device))
     if num_splits is None:
         num_splits = num_splits_for(batch, kv_heads, block_tables.shape[1] * page, _sm_count(q.device))
     # fp32 (tests only) runs its exact dots on the FMA units: a small tile keeps it out of local memory
@@ -299,7 +318,7 @@ def _launch(q, kv_cache, seq_lens, block_tables, scale, num_splits=None, config=
                                                 (32, 4, 2) if variant.startswith("fma") else
                                                 _FP8_TILE if is_fp8(kv_cache.dtype) else (64, 4, 3))
     v_t = is_fp8(kv_cache.dtype)  # the fp8 layout's V, [Hkv, D, PAGE] a block (kernels/fp8.py), read a page a row
-    if v_t and config is None:
+    if v_t and chosen:
         block_n = max(block_n, page)
     if v_t and block_n % page:
         raise ValueError(f"an fp8 cache's tile of {block_n} keys must hold whole pages of {page}")

@@ -111,6 +111,38 @@ def test_decode_attention_fp8_matches_ref(
     check(out, ref, dtype, scale=8.0)  # outputs ~ +-10 (values x V_SCALE): the tolerance is relative to 1
 
 
+def test_fp8_plan_splits_many_programs_into_two_warp_tiles() -> None:
+    """An fp8 cache's default plan (kernels/decode_attention_triton.py fp8_plan) at llama3-8b's 8 kv heads on 132
+    SMs: below one program a SM, num_splits_for's splits and the 128-key tile; from there, 64-key two-warp tiles
+    split up to ~6 programs a SM, never below 256 keys a split."""
+    from pdserve.kernels.decode_attention_triton import _FP8_TILE, fp8_plan, num_splits_for
+
+    many = (64, 2, 1)
+    assert fp8_plan(1, 8, 4096, 132) == (num_splits_for(1, 8, 4096, 132), _FP8_TILE) == (16, _FP8_TILE)
+    assert fp8_plan(16, 8, 4096, 132) == (num_splits_for(16, 8, 4096, 132), _FP8_TILE)  # 128 programs
+    assert fp8_plan(17, 8, 4096, 132) == (8, many)  # 136 programs: 6 * 132 / 136 -> 8
+    assert fp8_plan(64, 8, 4096, 132) == (2, many)
+    assert fp8_plan(64, 8, 256, 132) == (1, many)  # one split of 256 keys at most
+    assert fp8_plan(128, 8, 4096, 132) == (1, many)
+
+
+@pytest.mark.parametrize("splits", [1, 2])
+def test_decode_attention_fp8_two_warp_tile_matches_ref(
+    splits: int, dtype: torch.dtype, randn: Callable, paged_kv: Callable, check: Callable, device: str
+) -> None:
+    """The plan's many-programs tile (64 keys, 2 warps, 1 stage: four pages of 16 a tile), split or not, over
+    sequences that end inside a tile, a page and a split."""
+    from pdserve.kernels.decode_attention_triton import _launch
+
+    seq_lens = [200, 1, 64, 97]
+    cache, tables = _fp8_cache(paged_kv, seq_lens, 2, 64, 16)
+    q = randn(len(seq_lens), 8, 64, dtype=dtype)
+    lens = torch.tensor(seq_lens, dtype=torch.int32, device=device)
+    out = _launch(q, cache, lens, tables, 64**-0.5, num_splits=splits, config=(64, 2, 1),
+                  k_scale=K_SCALE, v_scale=V_SCALE)
+    check(out, decode_attention_ref(q, cache, lens, tables, 64**-0.5, K_SCALE, V_SCALE), dtype, scale=8.0)
+
+
 FP8_VARIANTS = ["kt", "pages", "kt+pages", "bits", "kt+bits", "bits+pages", "fma", "fma+kt", "fma+pages",
                 "fma+kt+pages", "fma+bits", "vwide", "kt+vwide", "kt+pages+vwide"]  # VARIANTS but "dot"
 # the interpreter runs each flag alone (33 s for all 11 there: suite time); the GPU every combination
