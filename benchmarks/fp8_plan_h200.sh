@@ -6,11 +6,12 @@
 #      -> $OUT/decode_attention_fp8_plan.json;
 #   3. benchmarks/engine_gpu.py's fp8 KV rows (b64 ctx 4,096): the plan against one 128x4x1 tile at every batch
 #      (the default before it), in the same run -> $OUT/engine_gpu_fp8_plan.json.
+# TILES, SPLITS, SHAPES and ENGINE_VARIANTS (engine_gpu.py --fp8-kv-variants) narrow or widen it.
 # Carry .whl.   OUT=dir bash benchmarks/fp8_plan_h200.sh
 set -uo pipefail
 source benchmarks/device_env.sh
 step() { echo "== $1 at $((SECONDS - t0)) s"; }
-SWEEP=(--variants kt --tiles 128x4x1,64x2x1 --splits auto,2,4,8)
+SWEEP=(--variants kt --tiles "${TILES:-128x4x1,64x2x1}" --splits "${SPLITS:-auto,2,4,8}")
 SHAPES=${SHAPES:-b16_ctx4096,b32_ctx4096,b64_ctx4096,b128_ctx4096,b64_ctx512,b256_ctx512,b1_ctx4096}
 python3 -c "import torch, triton; print(torch.cuda.get_device_name(), 'torch', torch.__version__, 'triton', triton.__version__)"
 
@@ -37,7 +38,7 @@ echo "sweep rc $?"; grep -E "^==|plan:|splits " "$OUT/decode_attention_fp8_plan.
 step "engine rows"
 left=$((560 - (SECONDS - t0)))
 (cd benchmarks && timeout "$left" python3 engine_gpu.py --skip-hf --skip-transfer --repeat 10 --quantization '' \
-  --fp8-kv --fp8-kv-variants "kt@128x4x1,kt@128x4x1/64x2x1:6" --out "$OUT/engine_gpu_fp8_plan.json") \
+  --fp8-kv --fp8-kv-variants "${ENGINE_VARIANTS:-kt@128x4x1,kt@128x4x1/64x2x1:6}" --out "$OUT/engine_gpu_fp8_plan.json") \
   >"$OUT/engine_gpu_fp8_plan.log" 2>&1
 echo "engine rc $?"; grep -E "fp8 KV" "$OUT/engine_gpu_fp8_plan.log" | tail -n 3
 step "done"
