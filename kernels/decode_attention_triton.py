@@ -22,7 +22,9 @@ is; "pages" loads one block-table entry per page of a tile instead of one per to
 fp16 by integer bit moves (exact, value / 256, the 256 folded into both scales) instead of the cvt instruction;
 "vwide" lays V out for its dot from fp16, not fp8 (below). Every variant reads an fp8 cache's V in its layout,
 [Hkv, D, PAGE] a block (kernels/fp8.py; V_T), a page's tokens one 16-byte load: on an H100, kt at 128x4x1 took
-198.2 us a layer at B 64 ctx 4,096 against 220.6 with V token-major (docs/quantization.md).
+198.2 us a layer at B 64 ctx 4,096 against 220.6 with V token-major (docs/quantization.md). An fp8 cache's
+default tile and split count come from fp8_plan (two-warp tiles, split, once B * Hkv programs fill the SMs:
+190.8 us there).
 benchmarks/fp8_attention_sweep_h200.sh times every variant x tile; on the H200 (2026-12-02, CUDA-graph means,
 benchmarks/results/decode_attention_fp8_h200.json), best tile each, against bf16's 243.5 / 38.3 / 13.9 us:
     B 64 ctx 4,096:  kt 219.5 us (1.11x bf16)  dot 226.6 (1.07x)  bits 313.0  pages 468.4  fma+kt 665.6
@@ -51,10 +53,11 @@ registers, which Triton does not emit, is what is left).
 
 What is compiled: the model's GROUP, HEAD_DIM, PAGE, the dtype's PRECISION and tile, and the split count S
 through SINGLE (S == 1), BLOCK_S = S and the partials' strides. S = num_splits_for(batch, Hkv, table width)
-is a power of two in 1..64, so at most 7 split kernels and 6 reduce kernels per model, whatever the batch;
-the integer S itself is do_not_specialize. The decode graphs' warm-up (engine/cuda_graphs.py) runs every
-bucket, hence every S a served step can reach; a block table of another width (eager calls outside
-DecodeBuffers) may pick another S of the same 7.
+is a power of two in 1..64, so at most 7 split kernels and 6 reduce kernels per model, whatever the batch
+(an fp8 cache: fp8_plan's two tiles, each at its powers of two); the integer S itself is do_not_specialize.
+The decode graphs' warm-up (engine/cuda_graphs.py) runs every bucket, hence every S and tile a served step can
+reach (both come from the bucket and the table's width); a block table of another width (eager calls outside
+DecodeBuffers) may pick another S of the same powers of two.
 """
 
 import functools
