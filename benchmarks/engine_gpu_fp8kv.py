@@ -93,8 +93,10 @@ def fp8_kv_rows(config: ModelConfig, device: torch.device, repeat: int,
     both = _decode_ms(config, device, dtype, "fp8", repeat, quantization="fp8")  # fp8 KV and fp8 linears
     others = _variant_rows(config, device, dtype, repeat, variants or [])
     per_seq_blocks = -(-(CONTEXT + 1) // BLOCK)
-    seqs = {kv: blocks_for_bytes(config, BLOCK, d, 1 << 30) // per_seq_blocks
+    pool = 64 << 30  # sequences of 4,096 tokens a 64 GiB pool holds (one GiB holds one or two: too coarse)
+    seqs = {kv: blocks_for_bytes(config, BLOCK, d, pool) // per_seq_blocks
             for kv, d in ((name, dtype), ("fp8", torch.float8_e4m3fn))}
+    blocks = {kv: blocks_for_bytes(config, BLOCK, d, 1 << 30) for kv, d in ((name, dtype), ("fp8", torch.float8_e4m3fn))}
     transfer = {kv: config.kv_bytes_per_token(d.itemsize) * TRANSFER_TOKENS
                 for kv, d in ((name, dtype), ("fp8", torch.float8_e4m3fn))}
     return {f"decode_b{BATCH}_ctx{CONTEXT}_{name}kv_ms": base, f"decode_b{BATCH}_ctx{CONTEXT}_fp8kv_ms": fp8,
@@ -102,5 +104,6 @@ def fp8_kv_rows(config: ModelConfig, device: torch.device, repeat: int,
             "fp8kv_speedup": base / fp8, "target_speedup": 1.4, **others,
             **{f"fp8kv_speedup_{k.removeprefix(f'decode_b{BATCH}_ctx{CONTEXT}_fp8kv_').removesuffix('_ms')}": base / v
                for k, v in others.items() if not k.endswith("_fp8_w_ms")},
-            f"seqs_per_gib_ctx{CONTEXT}": seqs, f"transfer_{TRANSFER_TOKENS}_tokens_bytes": transfer,
+            f"seqs_per_64gib_ctx{CONTEXT}": seqs, "blocks_per_gib": blocks,
+            f"transfer_{TRANSFER_TOKENS}_tokens_bytes": transfer,
             "transfer_times": "benchmarks/transfer_backends.py --presets llama3-8b:bfloat16 llama3-8b:float8_e4m3fn"}

@@ -3,14 +3,14 @@
 #   1. the fp8 GPU tests (engine over an fp8 pool, fp8 kernels, decode attention) while 10 processes compile
 #      the sweep's kernels;
 #   2. benchmarks/decode_attention_fp8_gpu.py: kt (V [Hkv, D, PAGE]) at one-stage tiles x split counts, bf16's
-#      tiles at the same splits -> $OUT/decode_attention_fp8_splits.json;
+#      tiles at the same splits, the launcher's own plan -> $OUT/decode_attention_fp8_splits.json;
 #   3. benchmarks/engine_gpu.py: decode b1/b8/b64 ctx 512, b1 ctx 4,096, prefill 4,096 with bf16 and fp8
-#      linears, and the fp8 KV rows (b64 ctx 4,096) -> $OUT/engine_gpu_targets.json.
+#      linears, and the fp8 KV rows (b64 ctx 4,096; fp8_plan against one 128x4x1 tile) -> $OUT/engine_gpu_targets.json.
 # Carry .whl.   OUT=dir bash benchmarks/targets_h200.sh
 set -uo pipefail
 source benchmarks/device_env.sh
 step() { echo "== $1 at $((SECONDS - t0)) s"; }
-TILES=${TILES:-128x4x1,64x4x1,64x2x1,128x8x1,256x8x1}
+TILES=${TILES:-128x4x1,64x2x1}
 SPLITS=${SPLITS:-auto,2,4}
 python3 -c "import torch, triton; from pdserve.kernels import decode_attention_triton as a
 print(torch.cuda.get_device_name(), 'torch', torch.__version__, 'triton', triton.__version__, '| fp8 KV default:', a._FP8_VARIANT, a._FP8_TILE)"
@@ -32,12 +32,12 @@ grep -h -E "^(FAILED|ERROR)" "$OUT/targets_tests.log" | head -n 10
 
 step "sweep"
 (cd benchmarks && timeout 120 python3 decode_attention_fp8_gpu.py --variants kt --tiles "$TILES" --splits "$SPLITS" \
-  --budget-s 100 --out "$OUT/decode_attention_fp8_splits.json") >"$OUT/decode_attention_fp8_splits.log" 2>&1
-echo "sweep rc $?"; grep -v '^$' "$OUT/decode_attention_fp8_splits.log" | tail -n 24
+  --plan --budget-s 100 --out "$OUT/decode_attention_fp8_splits.json") >"$OUT/decode_attention_fp8_splits.log" 2>&1
+echo "sweep rc $?"; grep -E "^==|plan:|splits " "$OUT/decode_attention_fp8_splits.log" | tail -n 24
 
 step "engine rows"
 left=$((585 - (SECONDS - t0)))
 (cd benchmarks && timeout "$left" python3 engine_gpu.py --skip-hf --skip-transfer --repeat 10 --quantization none,fp8 \
-  --fp8-kv --out "$OUT/engine_gpu_targets.json") >"$OUT/engine_gpu_targets.log" 2>&1
+  --fp8-kv --fp8-kv-variants "${ENGINE_VARIANTS:-kt@128x4x1}" --out "$OUT/engine_gpu_targets.json") >"$OUT/engine_gpu_targets.log" 2>&1
 echo "engine rc $?"; grep -E "decode_b|prefill_4096|fp8 KV" "$OUT/engine_gpu_targets.log" | tail -n 24
 step "done"
