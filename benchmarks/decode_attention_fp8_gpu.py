@@ -44,7 +44,6 @@ SWEPT = list(VARIANTS)  # --variants narrows it
 
 SPLITS: list[int | None] = [None]  # --splits: None is num_splits_for's choice
 TILES: list[tuple[int, int, int]] = []  # --tiles narrows the tiles of every variant
-K_HEAD_MAJOR = False  # --k-head-major: every fp8 row also with K stored head-major (k_head_major)
 
 
 def candidates() -> list[tuple[str, tuple[int, int, int]]]:
@@ -63,20 +62,7 @@ def make_shape(batch: int, context: int, device: torch.device, copies: int | Non
            .to(torch.float8_e4m3fn) for c in bf16]
     tables = torch.randperm(blocks, device=device, dtype=torch.int32).view(batch, per_seq)  # scattered pages
     lens = torch.full((batch,), context + 1, device=device, dtype=torch.int32)
-    return {"q": q, "bf16": bf16, "fp8": fp8, "tables": tables, "lens": lens, "batch": batch, "context": context,
-            "fp8_khead": [k_head_major(c) for c in fp8] if K_HEAD_MAJOR else []}
-
-
-def k_head_major(cache: torch.Tensor) -> torch.Tensor:
-    """The same fp8 cache with each block's K half stored [Hkv, PAGE, D] (a head's page one 2 KB run) instead of
-    [PAGE, Hkv, D], seen through strides as [2, N, PAGE, Hkv, D]; V's bytes as they are. The kernel reads K by
-    its strides, V by its own layout, so it runs unchanged: the rows measure the K layout alone."""
-    raw = cache.view(torch.uint8)
-    two, n, page, heads, dim = raw.shape
-    out = torch.empty((two, n, heads, page, dim), dtype=torch.uint8, device=raw.device)
-    out[0] = raw[0].permute(0, 2, 1, 3)
-    out[1].view(-1).copy_(raw[1].reshape(-1))
-    return out.view(cache.dtype).transpose(2, 3)
+    return {"q": q, "bf16": bf16, "fp8": fp8, "tables": tables, "lens": lens, "batch": batch, "context": context}
 
 
 def graph_ms(call, caches: list[torch.Tensor]) -> float:
@@ -109,8 +95,7 @@ def row(shape: dict, kind: str, variant: str, tile: tuple[int, int, int], check:
         splits: int | None = None) -> dict:
     q, tables, lens = shape["q"], shape["tables"], shape["lens"]
     scale = DIM ** -0.5
-    ks, vs = (K_SCALE, V_SCALE) if kind.startswith("fp8") else (1.0, 1.0)
-    ref_kind = "fp8" if kind == "fp8_khead" else kind  # the same values: the reference reads the plain layout
+    ks, vs = (K_SCALE, V_SCALE) if kind == "fp8" else (1.0, 1.0)
     caches = shape[kind]
 
     def call(kv):
@@ -122,9 +107,9 @@ def row(shape: dict, kind: str, variant: str, tile: tuple[int, int, int], check:
     out = {"kind": kind, "variant": variant, "tile": "x".join(map(str, tile)), "splits": splits or "auto"}
     try:
         if check:
-            if ("ref", ref_kind) not in shape:  # once per shape and cache
-                shape["ref", ref_kind] = decode_attention_ref(q, shape[ref_kind][0], lens, tables, scale, ks, vs).float()
-            ref = shape["ref", ref_kind]
+            if ("ref", kind) not in shape:  # once per shape and cache
+                shape["ref", kind] = decode_attention_ref(q, caches[0], lens, tables, scale, ks, vs).float()
+            ref = shape["ref", kind]
             err = float((call(caches[0]).float() - ref).abs().max()) / max(1.0, float(ref.abs().max()))
             out["rel_err"] = err
             out["ok"] = err <= 2e-2
@@ -164,14 +149,10 @@ def main() -> int:
     parser.add_argument("--shapes", default="", help="comma-separated bB_ctxC (default: " +
                         ",".join(n for n, _, _ in SHAPES) + ")")
     parser.add_argument("--plan", action="store_true", help="add each shape's row with the launcher's default plan")
-    parser.add_argument("--k-head-major", action="store_true",
-                        help="each fp8 row again with K stored [Hkv, PAGE, D] a block (k_head_major)")
     parser.add_argument("--splits", default="auto",
                         help="comma-separated split counts each row also runs with ('auto': num_splits_for's)")
     args = parser.parse_args()
     TILES[:] = [tuple(int(x) for x in t.split("x")) for t in args.tiles.split(",") if t]
-    global K_HEAD_MAJOR
-    K_HEAD_MAJOR = args.k_head_major
     SPLITS[:] = [None if s == "auto" else int(s) for s in args.splits.split(",")]
     if args.variants:
         bad = set(args.variants.split(",")) - set(VARIANTS)
@@ -199,10 +180,10 @@ def main() -> int:
                 rows.append({"kind": "fp8", "variant": variant, "tile": "x".join(map(str, tile)), "ok": False,
                              "error": "budget"})
                 continue
-            rows += [row(shape, kind, variant, tile, splits=splits) for kind in ("fp8", "fp8_khead")[:1 + K_HEAD_MAJOR]]
+            rows.append(row(shape, "fp8", variant, tile, splits=splits))
         if args.plan:  # the default plan's row, its splits and tile named
             splits, tile = fp8_plan(batch, KV_HEADS, shape["tables"].shape[1] * PAGE, sm_count)
-            rows += [{**row(shape, kind, "plan", tile), "splits": splits} for kind in ("fp8", "fp8_khead")[:1 + K_HEAD_MAJOR]]
+            rows.append({**row(shape, "fp8", "plan", tile), "splits": splits})
         report["shapes"][name] = {"batch": batch, "context": context, "copies": len(shape["fp8"]),
                                   "best": summarize(name, rows), "rows": rows}
         args.out.write_text(json.dumps(report, indent=1) + "\n")  # after each shape: a later failure keeps it
@@ -236,15 +217,7 @@ def summarize(name: str, rows: list[dict]) -> dict:
             print("   wrong:", r["variant"], r["tile"], "rel_err", r["rel_err"])
     for r in timed:
         if r["variant"] == "plan":
-            print(f"   plan ({r['kind']}): {r['tile']} splits {r['splits']} {r['ms'] * 1e3:.1f} us "
-                  f"x{base / r['ms']:.2f} vs bf16")
-    khead = [r for r in timed if r["kind"] == "fp8_khead"]
-    for tile_splits in sorted({(r["tile"], r["splits"]) for r in khead}, key=str):
-        pair = {r["kind"]: r["ms"] for r in timed if r["kind"].startswith("fp8") and r["variant"] != "plan"
-                and (r["tile"], r["splits"]) == tile_splits}
-        if len(pair) == 2:
-            print(f"   K token-major / head-major {tile_splits[0]} splits {tile_splits[1]}: "
-                  f"{pair['fp8'] * 1e3:.1f} / {pair['fp8_khead'] * 1e3:.1f} us")
+            print(f"   plan: {r['tile']} splits {r['splits']} {r['ms'] * 1e3:.1f} us x{base / r['ms']:.2f} vs bf16")
     if len(SPLITS) > 1:
         for splits in SPLITS:
             at = [r for r in timed if r["splits"] == (splits or "auto")]

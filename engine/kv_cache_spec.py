@@ -13,7 +13,7 @@ docs/quantization.md); values beyond it saturate. e4m3 keeps 3 mantissa bits wha
 moves the range, not the precision, until values fall into the subnormals (below 2^-6).
 
 `fingerprint` is the KV compatibility key: it replaces the model fingerprint in every block hash, tier key and
-P-D target check, so KV of two specs never mixes; an fp8 key also names the fp8 V layout (kernels/fp8.py). For `auto` it is the model fingerprint itself (which names the
+P-D target check, so KV of two specs never mixes; an fp8 key also names the fp8 block layout (kernels/fp8.py). For `auto` it is the model fingerprint itself (which names the
 model dtype, hence the KV dtype), so bf16 caches keep their keys.
 """
 
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 KV_CACHE_DTYPES = ("auto", "fp8")
-FP8_V_LAYOUT = "Hkv,D,page"  # an fp8 block's V half (kernels/fp8.py): in the key, so other layouts never mix
+FP8_LAYOUT = "K:Hkv,page,D;V:Hkv,D,page"  # an fp8 block's halves (kernels/fp8.py): in the key, so no other mixes
 _FP8 = torch.float8_e4m3fn
 
 
@@ -77,7 +77,7 @@ class KVCacheSpec:
             return model_fingerprint
         bits = [struct.pack("<f", s).hex() for s in self.k_scales + self.v_scales]
         payload = json.dumps({"model": model_fingerprint, "kv_dtype": str(self.dtype), "scales": bits,
-                              "v_layout": FP8_V_LAYOUT})
+                              "layout": FP8_LAYOUT})
         return hashlib.sha256(payload.encode()).hexdigest()[:32]
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from pdserve.kernels.dispatch import use_triton
-from pdserve.kernels.fp8 import dequantize_kv_ref, fp8_v_tokens
+from pdserve.kernels.fp8 import dequantize_kv_ref, fp8_k_tokens, fp8_v_tokens
 
 
 def decode_attention_ref(
@@ -40,9 +40,10 @@ def decode_attention_ref(
     length = num_blocks * block_size
     blocks = block_tables[:, :num_blocks].reshape(-1).long()  # rows past a sequence's end are masked below
     kv = kv_cache.index_select(1, blocks)
-    k = dequantize_kv_ref(kv[0], k_scale).view(batch, length, num_kv_heads, dim).transpose(1, 2)  # [B, Hkv, L, D]
+    k = dequantize_kv_ref(fp8_k_tokens(kv[0]), k_scale).reshape(batch, length, num_kv_heads, dim)
+    k = k.contiguous().transpose(1, 2)  # [B, Hkv, L, D]; an fp8 cache's K and V come permuted (kernels/fp8.py):
     v = dequantize_kv_ref(fp8_v_tokens(kv[1]), v_scale).reshape(batch, length, num_kv_heads, dim)
-    v = v.contiguous().transpose(1, 2)  # an fp8 cache's V comes permuted: SDPA sums in another order on strides
+    v = v.contiguous().transpose(1, 2)  # contiguous, as SDPA sums in another order on other strides
     qg = q.float().reshape(batch, num_kv_heads, num_heads // num_kv_heads, dim)  # query head h: kv head h // G
     valid = torch.arange(length, device=q.device)[None, :] < seq_lens[:, None]  # [B, L]
     out = torch.nn.functional.scaled_dot_product_attention(qg, k, v, attn_mask=valid[:, None, None, :], scale=scale)

@@ -67,7 +67,7 @@ import torch
 import triton
 import triton.language as tl
 
-from pdserve.kernels.fp8 import is_fp8
+from pdserve.kernels.fp8 import cache_strides, is_fp8
 from pdserve.kernels.pdl import launch_options
 
 _LOG2E = 1.4426950408889634
@@ -326,6 +326,7 @@ def _launch(q, kv_cache, seq_lens, block_tables, scale, num_splits=None, config=
     if v_t and block_n % page:
         raise ValueError(f"an fp8 cache's tile of {block_n} keys must hold whole pages of {page}")
     fma, k_t, page_rows, bits, v_wide = _variant_flags(variant, page, block_n, v_t)
+    strides = cache_strides(kv_cache)  # an fp8 cache's K head-major (kernels/fp8.py)
     if bits:
         kv_cache, k_scale, v_scale = kv_cache.view(torch.uint8), k_scale * 256.0, v_scale * 256.0
     block_d = triton.next_power_of_2(dim)
@@ -337,7 +338,7 @@ def _launch(q, kv_cache, seq_lens, block_tables, scale, num_splits=None, config=
     _decode_split_kernel[(batch, kv_heads, num_splits)](
         q, kv_cache, seq_lens, block_tables, out, part_out, part_lse, scale * _LOG2E * k_scale, v_scale, num_splits,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
-        *kv_cache.stride()[:4], part_out.stride(0), part_out.stride(1), part_out.stride(2),
+        *strides, part_out.stride(0), part_out.stride(1), part_out.stride(2),
         part_lse.stride(0), part_lse.stride(1),
         GROUP=group, HEAD_DIM=dim, PAGE=page, SINGLE=single, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         BLOCK_G=triton.next_power_of_2(group) if fma else max(16, triton.next_power_of_2(group)), BLOCK_N=block_n,

@@ -5,14 +5,16 @@ Triton would otherwise turn an overflow into NaN), where `scale` is one float32 
 for V (engine/kv_cache_spec.py says where they come from). Reading multiplies back: x ~= fp8 * scale. Every
 other cache dtype stores x as it is and ignores the scales.
 
-An fp8 cache also lays V out otherwise: each block's V half holds [Hkv, D, PAGE] (a head's values of one
-dimension for the page's tokens, contiguous), not [PAGE, Hkv, D] as K and every other cache do; the pool's shape
-is the same. p.V's right operand then has its tokens contiguous in memory, which an 8-bit operand needs (no
-transposing load exists for 8-bit elements: decode attention read V one byte a load before, 220.6 against 198.2
-us a layer at B 64, ctx 4,096 on an H100, docs/quantization.md). Blocks still move as opaque bytes (transfers,
-tiers, block copies); the writer (kernels/rope*.py) and the readers (decode and prefill attention and their
-references, through `fp8_v_tokens`) follow the layout, and the KV compatibility key names it
-(engine/kv_cache_spec.py).
+An fp8 cache also lays its blocks out otherwise, head-major: each block's V half holds [Hkv, D, PAGE] (a head's
+values of one dimension for the page's tokens, contiguous) and its K half [Hkv, PAGE, D] (a head's page one run),
+where every other cache holds [PAGE, Hkv, D] in both; the pool's shape is the same. p.V's right operand then has
+its tokens contiguous in memory, which an 8-bit operand needs (no transposing load exists for 8-bit elements:
+decode attention read V one byte a load before, 220.6 against 198.2 us a layer at B 64, ctx 4,096 on an H100),
+and a head's keys of one page are one 2 KB run instead of 16 runs of 128 bytes (2.4-3.6 % off decode attention
+at every shape measured; docs/quantization.md). The kernels address K through strides (`cache_strides`) and V
+through the layout; blocks still move as opaque bytes (transfers, tiers, block copies); the writer
+(kernels/rope*.py) and the references (through `fp8_k_tokens`, `fp8_v_tokens`) follow the layout, and the KV
+compatibility key names it (engine/kv_cache_spec.py).
 """
 
 from __future__ import annotations
@@ -39,6 +41,34 @@ def dequantize_kv_ref(x: torch.Tensor, scale: float) -> torch.Tensor:
     if not is_fp8(x.dtype):
         return x.float()
     return x.float() * scale
+
+
+def cache_strides(kv_cache: torch.Tensor) -> tuple[int, int, int, int]:
+    """The (K/V half, block, token, head) strides by which the kernels address K (and V, but an fp8 cache's):
+    the tensor's own, except an fp8 cache's K, stored [Hkv, PAGE, D] in each (dense) block."""
+    strides = kv_cache.stride()
+    if not is_fp8(kv_cache.dtype):
+        return strides[0], strides[1], strides[2], strides[3]
+    page, _, dim = kv_cache.shape[2:]
+    return strides[0], strides[1], dim, page * dim
+
+
+def fp8_k_tokens(k_blocks: torch.Tensor) -> torch.Tensor:
+    """An fp8 cache's K blocks ([N, PAGE, Hkv, D]-shaped, holding [N, Hkv, PAGE, D], contiguous) as the
+    [N, PAGE, Hkv, D] view of token-major values. Other dtypes: as they are."""
+    if not is_fp8(k_blocks.dtype):
+        return k_blocks
+    n, page, heads, dim = k_blocks.shape
+    return k_blocks.reshape(n, heads, page, dim).transpose(1, 2)
+
+
+def fp8_k_stored(k_tokens: torch.Tensor) -> torch.Tensor:
+    """fp8_k_tokens' inverse: token-major K blocks [N, PAGE, Hkv, D] -> a contiguous tensor of that shape holding
+    the stored layout. Other dtypes: as they are."""
+    if not is_fp8(k_tokens.dtype):
+        return k_tokens
+    raw = k_tokens.view(torch.uint8)  # permuted copies of fp8 go through bytes (CPU kernels lack some fp8 ops)
+    return raw.transpose(1, 2).contiguous().view(k_tokens.shape).view(k_tokens.dtype)
 
 
 def fp8_v_tokens(v_blocks: torch.Tensor) -> torch.Tensor:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from pdserve.kernels.fp8 import fp8_v_tokens
+from pdserve.kernels.fp8 import fp8_k_tokens, fp8_v_tokens
 
 
 def gather_sequence_kv(
@@ -17,8 +17,8 @@ def gather_sequence_kv(
     block_size = kv_cache.shape[2]
     num = (seq_len + block_size - 1) // block_size
     blocks = block_table[:num].long()
-    k = kv_cache[0, blocks].reshape(-1, *kv_cache.shape[3:])[:seq_len]
-    v = fp8_v_tokens(kv_cache[1, blocks]).reshape(-1, *kv_cache.shape[3:])[:seq_len]  # an fp8 cache's layout
+    k = fp8_k_tokens(kv_cache[0, blocks]).reshape(-1, *kv_cache.shape[3:])[:seq_len]  # an fp8 cache's layouts
+    v = fp8_v_tokens(kv_cache[1, blocks]).reshape(-1, *kv_cache.shape[3:])[:seq_len]
     return k, v
 
 

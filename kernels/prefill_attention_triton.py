@@ -34,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from pdserve.kernels.fp8 import is_fp8
+from pdserve.kernels.fp8 import cache_strides, is_fp8
 
 _LOG2E = 1.4426950408889634
 
@@ -213,7 +213,7 @@ def _launch(q, kv_cache, cu_seqlens_q, seq_lens, block_tables, scale, config=Non
     grid = (q_heads, triton.cdiv(tokens, block_m) + batch)  # >= first_{B-1} + cdiv(q_len_{B-1}, BLOCK_M)
     _prefill_attention_kernel[grid](
         q, kv_cache, cu_seqlens_q, seq_lens, block_tables, out, scale * _LOG2E * k_scale, v_scale, batch,
-        q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0), *kv_cache.stride()[:4],
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0), *cache_strides(kv_cache),
         GROUP=q_heads // kv_cache.shape[3], HEAD_DIM=dim, PAGE=kv_cache.shape[2], PRECISION=_precision(q.dtype),
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=triton.next_power_of_2(dim), SEARCH=_SEARCH, V_T=v_t,
         num_warps=num_warps, num_stages=num_stages,

@@ -74,12 +74,15 @@ def write_kv_ref(
     flat = kv_cache.view(2, num_blocks * block_size, heads, dim)
     keep = slot_mapping >= 0
     slots = slot_mapping[keep].long()
-    flat[0, slots] = quantize_kv_ref(k[keep], k_scale, kv_cache.dtype)
+    keys = quantize_kv_ref(k[keep], k_scale, kv_cache.dtype)
     values = quantize_kv_ref(v[keep], v_scale, kv_cache.dtype)
-    if is_fp8(kv_cache.dtype):  # V stored [Hkv, D, PAGE] in each block (kernels/fp8.py), written as bytes
+    if is_fp8(kv_cache.dtype):  # K stored [Hkv, PAGE, D], V [Hkv, D, PAGE] in each block (kernels/fp8.py), as bytes
+        blocks, rows = slots // block_size, slots % block_size
+        kv_cache[0].view(torch.uint8).view(num_blocks, heads, block_size, dim)[blocks, :, rows] = keys.view(torch.uint8)
         stored = kv_cache[1].view(torch.uint8).view(num_blocks, heads, dim, block_size)
-        stored[slots // block_size, :, :, slots % block_size] = values.view(torch.uint8)
+        stored[blocks, :, :, rows] = values.view(torch.uint8)
     else:
+        flat[0, slots] = keys
         flat[1, slots] = values
 
 

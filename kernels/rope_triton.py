@@ -5,8 +5,9 @@ with the raw value heads, straight into the token's cache slot (the in-place key
 uncached prompt: kernels/prefill_attention.py). Any even head_dim works (the half is padded to a power of two and masked).
 
 An fp8 cache (FP8, from the cache's dtype) gets the rounded key (as stored in k) and the value times the layer's
-inverse scale, saturated to +-448: the same numbers as kernels/fp8.quantize_kv_ref; its V goes to the fp8
-layout's [Hkv, D, PAGE] column of the token (kernels/fp8.py).
+inverse scale, saturated to +-448: the same numbers as kernels/fp8.quantize_kv_ref; its K goes to the fp8
+layout's [Hkv, PAGE, D] rows (through the strides of kernels/fp8.cache_strides), its V to the [Hkv, D, PAGE]
+column of the token (kernels/fp8.py).
 
 What is compiled: one kernel per model, dtype and cache dtype. The constexprs are head counts, half the head dim and the
 page size; the integer arguments are strides of q/k/v (views of the fused qkv output: its row width) and of
@@ -17,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from pdserve.kernels.fp8 import is_fp8
+from pdserve.kernels.fp8 import cache_strides, is_fp8
 from pdserve.kernels.pdl import launch_options
 
 
@@ -125,7 +126,7 @@ def rope_kv_write_triton(
     _rope_kv_write_kernel[(tokens,)](
         q, k, v, positions, cos_sin_cache, kv_cache, slot_mapping, 1.0 / k_scale, 1.0 / v_scale,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), cos_sin_cache.stride(0),
-        kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),
+        *cache_strides(kv_cache),  # an fp8 cache's K head-major (kernels/fp8.py)
         NUM_Q_HEADS=num_q_heads, NUM_KV_HEADS=num_kv_heads, HALF=dim // 2, PAGE=kv_cache.shape[2],
         FP8=is_fp8(kv_cache.dtype), BLOCK_HQ=triton.next_power_of_2(num_q_heads), BLOCK_HKV=triton.next_power_of_2(num_kv_heads),
         BLOCK_HALF=triton.next_power_of_2(dim // 2), num_warps=4, **launch_options(q.device),

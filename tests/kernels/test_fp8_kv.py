@@ -16,7 +16,15 @@ import pytest
 import torch
 
 from pdserve.kernels.decode_attention import decode_attention_ref
-from pdserve.kernels.fp8 import FP8_E4M3_MAX, dequantize_kv_ref, fp8_v_stored, fp8_v_tokens, quantize_kv_ref
+from pdserve.kernels.fp8 import (
+    FP8_E4M3_MAX,
+    dequantize_kv_ref,
+    fp8_k_stored,
+    fp8_k_tokens,
+    fp8_v_stored,
+    fp8_v_tokens,
+    quantize_kv_ref,
+)
 from pdserve.kernels.prefill_attention import PrefillShape, prefill_attention, prefill_attention_ref
 from pdserve.kernels.rope import build_cos_sin_cache, rope_kv_write_ref
 
@@ -26,8 +34,8 @@ K_SCALE, V_SCALE = 0.5, 2.0
 
 def _fp8_cache(paged_kv: Callable, seq_lens: list[int], kv_heads: int, dim: int, block_size: int):
     cache, tables = paged_kv(seq_lens, kv_heads, dim, block_size, torch.float32)
-    k = quantize_kv_ref(cache[0] * 3, K_SCALE, FP8)  # values ~ +-10 after dequantizing: not a trivial scale
-    v = fp8_v_stored(quantize_kv_ref(cache[1] * 3, V_SCALE, FP8))  # the fp8 layout's V (kernels/fp8.py)
+    k = fp8_k_stored(quantize_kv_ref(cache[0] * 3, K_SCALE, FP8))  # values ~ +-10 after dequantizing: not a
+    v = fp8_v_stored(quantize_kv_ref(cache[1] * 3, V_SCALE, FP8))  # trivial scale; the fp8 layouts (kernels/fp8.py)
     return torch.stack([k.view(torch.uint8), v.view(torch.uint8)]).view(FP8), tables
 
 
@@ -67,13 +75,15 @@ def test_rope_kv_write_fp8_matches_ref(
     written = cache_ref[0].float().abs().sum() + cache_ref[1].float().abs().sum()
     assert written > 0 and not torch.isnan(cache.float()).any()
     kept = slots >= 0
-    values = fp8_v_tokens(cache_ref[1]).reshape(-1, kv_heads, dim)[slots[kept].long()]  # the fp8 V layout
+    values = fp8_v_tokens(cache_ref[1]).reshape(-1, kv_heads, dim)[slots[kept].long()]  # the fp8 layouts
     torch.testing.assert_close(dequantize_kv_ref(values, V_SCALE), v[kept].float(), rtol=0.07, atol=2e-2)
+    keys = fp8_k_tokens(cache_ref[0]).reshape(-1, kv_heads, dim)[slots[kept].long()]
+    torch.testing.assert_close(dequantize_kv_ref(keys, K_SCALE), k_ref[kept].float(), rtol=0.07, atol=2e-2)
 
 
-def test_fp8_v_layout_written_and_read_back(randn: Callable, device: str) -> None:
-    """An fp8 cache's V is stored [Hkv, D, PAGE] a block (kernels/fp8.py): the reference writer puts a token's
-    values there, K stays token-major, and the readers' gather gives back every token's values."""
+def test_fp8_layouts_written_and_read_back(randn: Callable, device: str) -> None:
+    """An fp8 cache's K is stored [Hkv, PAGE, D] a block and its V [Hkv, D, PAGE] (kernels/fp8.py): the reference
+    writer puts a token's keys and values there, and the readers' gather gives back every token's."""
     from pdserve.kernels.paged import gather_sequence_kv
     from pdserve.kernels.rope import write_kv_ref
 
@@ -85,7 +95,10 @@ def test_fp8_v_layout_written_and_read_back(randn: Callable, device: str) -> Non
     write_kv_ref(k, v, cache, slots[:tokens], K_SCALE, V_SCALE)
     stored = cache[1].view(torch.uint8)[5].view(kv_heads, dim, page)  # block 5 holds tokens 0-3
     assert torch.equal(stored[1, 3], quantize_kv_ref(v[:page, 1, 3], V_SCALE, FP8).view(torch.uint8))
-    assert torch.equal(cache[0, 5].view(torch.uint8), quantize_kv_ref(k[:page], K_SCALE, FP8).view(torch.uint8))
+    keys = cache[0].view(torch.uint8)[5].view(kv_heads, page, dim)
+    assert torch.equal(keys[1], quantize_kv_ref(k[:page, 1], K_SCALE, FP8).view(torch.uint8))
+    assert torch.equal(fp8_k_stored(fp8_k_tokens(cache[0])).view(torch.uint8), cache[0].view(torch.uint8))
+    assert torch.equal(fp8_v_stored(fp8_v_tokens(cache[1])).view(torch.uint8), cache[1].view(torch.uint8))
     k_read, v_read = gather_sequence_kv(cache, table, tokens)
     assert torch.equal(v_read.view(torch.uint8), quantize_kv_ref(v, V_SCALE, FP8).view(torch.uint8))
     assert torch.equal(k_read.view(torch.uint8), quantize_kv_ref(k, K_SCALE, FP8).view(torch.uint8))
@@ -174,7 +187,8 @@ def test_decode_attention_fp8_ref_is_the_dequantized_cache(randn: Callable, page
     cache, tables = _fp8_cache(paged_kv, [40, 7], 2, 64, 16)
     q = randn(2, 4, 64)
     lens = torch.tensor([40, 7], dtype=torch.int32, device=device)
-    plain = torch.stack([dequantize_kv_ref(cache[0], K_SCALE), dequantize_kv_ref(fp8_v_tokens(cache[1]), V_SCALE)])
+    plain = torch.stack([dequantize_kv_ref(fp8_k_tokens(cache[0]), K_SCALE),
+                         dequantize_kv_ref(fp8_v_tokens(cache[1]), V_SCALE)])
     torch.testing.assert_close(decode_attention_ref(q, cache, lens, tables, 0.125, K_SCALE, V_SCALE),
                                decode_attention_ref(q, plain, lens, tables, 0.125))
 
@@ -219,8 +233,8 @@ def test_rope_kv_write_ref_fp8_stores_scaled_rotated_keys(randn: Callable, devic
     cache = torch.zeros(2, 2, 4, 1, 64, dtype=FP8, device=device)
     slots = torch.tensor([0, 1, 2, 5, -1, 7], device=device)
     rope_kv_write_ref(q, k, v, torch.arange(6, device=device), cos_sin, cache, slots, K_SCALE, V_SCALE)
-    keys = cache[0].reshape(8, 1, 64)
-    values = fp8_v_tokens(cache[1]).reshape(8, 1, 64)  # the fp8 V layout (kernels/fp8.py)
+    keys = fp8_k_tokens(cache[0]).reshape(8, 1, 64)  # the fp8 layouts (kernels/fp8.py)
+    values = fp8_v_tokens(cache[1]).reshape(8, 1, 64)
     rows = slots[slots >= 0]
     torch.testing.assert_close(keys[rows].float(), (k[slots >= 0] / K_SCALE).to(FP8).float())
     torch.testing.assert_close(values[rows].float() * V_SCALE, v[slots >= 0], rtol=0.07, atol=2e-2)
