@@ -188,7 +188,8 @@ def run(args: argparse.Namespace) -> Report:
         report.notes.append("HF generate (static cache, torch.compile) skipped: CUDA only, or --skip-hf")
     report.rows = [Row(k, v, hf.get(k), TARGETS_MS.get(k) if not args.tiny else None) for k, v in ours.items()]
     if args.fp8_kv:
-        report.fp8_kv = fp8_kv_rows(config, device, args.repeat, [v for v in args.fp8_kv_variants.split(",") if v])
+        report.fp8_kv = fp8_kv_rows(config, device, args.repeat, [v for v in args.fp8_kv_variants.split(",") if v],
+                                    args.fp8_kv_rounds)
     if device.type == "cuda" and not args.skip_transfer:
         report.transfer = dataclasses.asdict(transfer_benchmark(config, PREFILL_TOKENS, device))
     else:
@@ -226,6 +227,9 @@ def main() -> None:
     parser.add_argument("--skip-hf", action="store_true", help="no HF transformers baseline")
     parser.add_argument("--fp8-kv", action="store_true",
                         help="also decode b64 ctx 4096 with a bf16 and an fp8 KV pool (benchmarks/engine_gpu_fp8kv.py)")
+    parser.add_argument("--fp8-kv-rounds", type=int, default=1,
+                        help="with --fp8-kv: build the bf16 and fp8 KV runners this many times, alternating, and "
+                             "report medians (rows of one setting vary ~2 %% between builds)")
     parser.add_argument("--fp8-kv-variants", default="",
                         help="with --fp8-kv: comma-separated decode attention variants to run the fp8 rows with too "
                              "(kernels/decode_attention_triton.py VARIANTS), each optionally @ a tile (BLOCK_N x warps "

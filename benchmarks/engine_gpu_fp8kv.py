@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import gc
 import re
+import statistics
 
 import torch
 from engine_gpu_baselines import time_ms
@@ -83,13 +84,18 @@ def _variant_rows(config: ModelConfig, device: torch.device, dtype: torch.dtype,
 
 
 def fp8_kv_rows(config: ModelConfig, device: torch.device, repeat: int,
-                variants: list[str] | None = None) -> dict[str, object]:
+                variants: list[str] | None = None, rounds: int = 1) -> dict[str, object]:
     """The rows (ms), the speed-up, sequences per GiB and the transfer's bytes, bf16 (or the CPU's fp32) vs fp8;
-    `variants`: the same fp8 rows with other decode attention variants (_variant_rows)."""
+    `variants`: the same fp8 rows with other decode attention variants (_variant_rows). `rounds` > 1 builds the
+    bf16 and fp8 runners that many times, alternating, and reports each one's median (and every sample): rows
+    of one setting differ by up to ~2 % from one runner to the next (docs/quantization.md)."""
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     name = str(dtype).removeprefix("torch.")
-    base = _decode_ms(config, device, dtype, "auto", repeat)
-    fp8 = _decode_ms(config, device, dtype, "fp8", repeat)
+    samples: dict[str, list[float]] = {name: [], "fp8": []}
+    for _ in range(max(1, rounds)):
+        samples[name].append(_decode_ms(config, device, dtype, "auto", repeat))
+        samples["fp8"].append(_decode_ms(config, device, dtype, "fp8", repeat))
+    base, fp8 = statistics.median(samples[name]), statistics.median(samples["fp8"])
     both = _decode_ms(config, device, dtype, "fp8", repeat, quantization="fp8")  # fp8 KV and fp8 linears
     others = _variant_rows(config, device, dtype, repeat, variants or [])
     per_seq_blocks = -(-(CONTEXT + 1) // BLOCK)
@@ -102,6 +108,9 @@ def fp8_kv_rows(config: ModelConfig, device: torch.device, repeat: int,
     return {f"decode_b{BATCH}_ctx{CONTEXT}_{name}kv_ms": base, f"decode_b{BATCH}_ctx{CONTEXT}_fp8kv_ms": fp8,
             f"decode_b{BATCH}_ctx{CONTEXT}_fp8kv_fp8_w_ms": both,
             "fp8kv_speedup": base / fp8, "target_speedup": 1.4, **others,
+            **({"rounds": rounds, "samples_ms": samples,
+                "fp8kv_speedup_per_round": [b / f for b, f in zip(samples[name], samples["fp8"], strict=True)]}
+               if rounds > 1 else {}),
             **{f"fp8kv_speedup_{k.removeprefix(f'decode_b{BATCH}_ctx{CONTEXT}_fp8kv_').removesuffix('_ms')}": base / v
                for k, v in others.items() if not k.endswith("_fp8_w_ms")},
             f"seqs_per_64gib_ctx{CONTEXT}": seqs, "blocks_per_gib": blocks,

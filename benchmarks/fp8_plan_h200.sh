@@ -8,7 +8,8 @@
 #      (the default before it), in the same run -> $OUT/engine_gpu_fp8_plan.json; with QUANTIZATION=none,fp8 also
 #      the decode b1/b8/b64 ctx 512, b1 ctx 4,096 and prefill 4,096 rows with bf16 and fp8 linears (issue 19's
 #      and 23's other targets).
-# TILES, SPLITS, SHAPES and ENGINE_VARIANTS (engine_gpu.py --fp8-kv-variants) narrow or widen it.
+# TILES, SPLITS, SHAPES, ENGINE_VARIANTS (engine_gpu.py --fp8-kv-variants; empty: none) and FP8_KV_ROUNDS
+# (--fp8-kv-rounds) narrow or widen it.
 # Carry .whl.   OUT=dir bash benchmarks/fp8_plan_h200.sh
 set -uo pipefail
 source benchmarks/device_env.sh
@@ -42,7 +43,8 @@ echo "sweep rc $?"; grep -E "^==|plan:|splits " "$OUT/decode_attention_fp8_plan.
 step "engine rows"
 left=$((560 - (SECONDS - t0)))
 (cd benchmarks && timeout "$left" python3 engine_gpu.py --skip-hf --skip-transfer --repeat 10 --quantization "${QUANTIZATION:-}" \
-  --fp8-kv --fp8-kv-variants "${ENGINE_VARIANTS:-kt@128x4x1,kt@128x4x1/64x2x1:6}" --out "$OUT/engine_gpu_fp8_plan.json") \
+  --fp8-kv --fp8-kv-variants "${ENGINE_VARIANTS-kt@128x4x1,kt@128x4x1/64x2x1:6}" \
+  --fp8-kv-rounds "${FP8_KV_ROUNDS:-1}" --out "$OUT/engine_gpu_fp8_plan.json") \
   >"$OUT/engine_gpu_fp8_plan.log" 2>&1
 echo "engine rc $?"; grep -E "^(decode_b|prefill_4096)|fp8 KV" "$OUT/engine_gpu_fp8_plan.log" | tail -n 14
 step "done"
