@@ -44,12 +44,14 @@ def dequantize_kv_ref(x: torch.Tensor, scale: float) -> torch.Tensor:
 
 
 def cache_strides(kv_cache: torch.Tensor) -> tuple[int, int, int, int]:
-    """The (K/V half, block, token, head) strides by which the kernels address K (and V, but an fp8 cache's):
-    the tensor's own, except an fp8 cache's K, stored [Hkv, PAGE, D] in each (dense) block."""
+    """The (K/V half, block, token, head) strides by which the kernels address K and a non-fp8 cache's V: the
+    tensor's own, except an fp8 cache's K, stored [Hkv, PAGE, D] in each block (blocks must then be dense)."""
     strides = kv_cache.stride()
     if not is_fp8(kv_cache.dtype):
         return strides[0], strides[1], strides[2], strides[3]
-    page, _, dim = kv_cache.shape[2:]
+    page, heads, dim = kv_cache.shape[2:]
+    if strides[1:] != (page * heads * dim, heads * dim, dim, 1):
+        raise ValueError(f"an fp8 cache's blocks must be dense [PAGE, Hkv, D] bytes, got strides {strides}")
     return strides[0], strides[1], dim, page * dim
 
 

@@ -104,6 +104,19 @@ def test_fp8_layouts_written_and_read_back(randn: Callable, device: str) -> None
     assert torch.equal(k_read.view(torch.uint8), quantize_kv_ref(k, K_SCALE, FP8).view(torch.uint8))
 
 
+def test_cache_strides_address_an_fp8_caches_k_head_major(device: str) -> None:
+    """The kernels' K strides: the tensor's own for other dtypes; (D, PAGE * D) for token and head of an fp8
+    cache, whose blocks must be dense (a view with other strides is refused, not read wrong)."""
+    from pdserve.kernels.fp8 import cache_strides
+
+    plain = torch.zeros(2, 5, 16, 3, 64, device=device)
+    assert cache_strides(plain) == plain.stride()[:4]
+    fp8 = plain.to(FP8)
+    assert cache_strides(fp8) == (5 * 16 * 3 * 64, 16 * 3 * 64, 64, 16 * 64)
+    with pytest.raises(ValueError, match="dense"):
+        cache_strides(torch.zeros(2, 5, 3, 16, 64, device=device).to(FP8).transpose(2, 3))
+
+
 DECODE_CASES = [(3, 1, 64, 16, [100, 0, 16]), (9, 3, 64, 16, [33, 1]), (4, 4, 48, 8, [17, 9])]
 
 
