@@ -136,10 +136,5 @@ def scatter_blocks_triton(kv_cache: torch.Tensor, block_ids: torch.Tensor, block
 def copy_blocks_triton(src_cache: torch.Tensor, src_ids: torch.Tensor, dst_cache: torch.Tensor,
                        dst_ids: torch.Tensor, block: int = 4096, num_warps: int = 4) -> None:
     """Runs on src_cache's device; dst_cache may live on a peer GPU (mapped through CUDA IPC with peer access):
-    each program then stores its block over NVLink."""
-    _check_blocks(src_cache, "src_cache")
-    _check_blocks(dst_cache, "dst_cache")
-    if tuple(src_cache.shape[2:]) != tuple(dst_cache.shape[2:]) or src_ids.shape != dst_ids.shape:
-        raise ValueError(f"copy of blocks {tuple(src_cache.shape)} -> {tuple(dst_cache.shape)} with "
-                         f"{tuple(src_ids.shape)} source and {tuple(dst_ids.shape)} destination ids")
-    _copy(src_cache, dst_cache, src_ids, dst_ids, src_ids.shape[0], block, num_warps)
+    each program then stores its block over NVLink. One PreparedCopy, used once."""
+    PreparedCopy(src_cache, src_ids, dst_cache, dst_ids, block, num_warps)(src_cache, dst_cache)
