@@ -10,7 +10,7 @@ values of one dimension for the page's tokens, contiguous) and its K half [Hkv, 
 where every other cache holds [PAGE, Hkv, D] in both; the pool's shape is the same. p.V's right operand then has
 its tokens contiguous in memory, which an 8-bit operand needs (no transposing load exists for 8-bit elements:
 decode attention read V one byte a load before, 220.6 against 198.2 us a layer at B 64, ctx 4,096 on an H100),
-and a head's keys of one page are one 2 KB run instead of 16 runs of 128 bytes (2.4-3.6 % off decode attention
+and a head's keys of one page are one 2 KB run instead of 16 runs of 128 bytes (2-4 % off decode attention
 at every shape measured; docs/quantization.md). The kernels address K through strides (`cache_strides`) and V
 through the layout; blocks still move as opaque bytes (transfers, tiers, block copies); the writer
 (kernels/rope*.py) and the references (through `fp8_k_tokens`, `fp8_v_tokens`) follow the layout, and the KV
