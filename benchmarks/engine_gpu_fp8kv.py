@@ -86,17 +86,21 @@ def _variant_rows(config: ModelConfig, device: torch.device, dtype: torch.dtype,
 def fp8_kv_rows(config: ModelConfig, device: torch.device, repeat: int,
                 variants: list[str] | None = None, rounds: int = 1) -> dict[str, object]:
     """The rows (ms), the speed-up, sequences per GiB and the transfer's bytes, bf16 (or the CPU's fp32) vs fp8;
-    `variants`: the same fp8 rows with other decode attention variants (_variant_rows). `rounds` > 1 builds the
-    bf16 and fp8 runners that many times, alternating, and reports each one's median (and every sample): rows
-    of one setting differ by up to ~2 % from one runner to the next (docs/quantization.md)."""
+    `variants`: the same fp8 rows with other decode attention variants (_variant_rows). Each cache is timed with
+    bf16 linears and with fp8 ones (`--quantization fp8`). `rounds` > 1 builds the four runners that many times,
+    in turn, and reports each one's median (and every sample): rows of one setting differ by up to ~2 % from one
+    runner to the next (docs/quantization.md)."""
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     name = str(dtype).removeprefix("torch.")
-    samples: dict[str, list[float]] = {name: [], "fp8": []}
-    for _ in range(max(1, rounds)):
-        samples[name].append(_decode_ms(config, device, dtype, "auto", repeat))
-        samples["fp8"].append(_decode_ms(config, device, dtype, "fp8", repeat))
-    base, fp8 = statistics.median(samples[name]), statistics.median(samples["fp8"])
-    both = _decode_ms(config, device, dtype, "fp8", repeat, quantization="fp8")  # fp8 KV and fp8 linears
+    settings = {name: ("auto", "none"), "fp8": ("fp8", "none"),  # bf16 linears, then fp8 linears with either cache
+                f"{name}_fp8_w": ("auto", "fp8"), "fp8_fp8_w": ("fp8", "fp8")}
+    samples: dict[str, list[float]] = {key: [] for key in settings}
+    for round_ in range(max(1, rounds)):
+        for key, (kv, quantization) in settings.items():
+            samples[key].append(_decode_ms(config, device, dtype, kv, repeat, quantization=quantization))
+            print(f"fp8 KV round {round_}: {key} {samples[key][-1]:.3f} ms", flush=True)  # kept if a run is cut
+    median = {key: statistics.median(values) for key, values in samples.items()}
+    base, fp8, both = median[name], median["fp8"], median["fp8_fp8_w"]
     others = _variant_rows(config, device, dtype, repeat, variants or [])
     per_seq_blocks = -(-(CONTEXT + 1) // BLOCK)
     pool = 64 << 30  # sequences of 4,096 tokens a 64 GiB pool holds (one GiB holds one or two: too coarse)
@@ -106,10 +110,14 @@ def fp8_kv_rows(config: ModelConfig, device: torch.device, repeat: int,
     transfer = {kv: config.kv_bytes_per_token(d.itemsize) * TRANSFER_TOKENS
                 for kv, d in ((name, dtype), ("fp8", torch.float8_e4m3fn))}
     return {f"decode_b{BATCH}_ctx{CONTEXT}_{name}kv_ms": base, f"decode_b{BATCH}_ctx{CONTEXT}_fp8kv_ms": fp8,
+            f"decode_b{BATCH}_ctx{CONTEXT}_{name}kv_fp8_w_ms": median[f"{name}_fp8_w"],
             f"decode_b{BATCH}_ctx{CONTEXT}_fp8kv_fp8_w_ms": both,
-            "fp8kv_speedup": base / fp8, "target_speedup": 1.4, **others,
+            "fp8kv_speedup": base / fp8, "fp8kv_speedup_fp8_w": median[f"{name}_fp8_w"] / both,
+            "target_speedup": 1.4, **others,
             **({"rounds": rounds, "samples_ms": samples,
-                "fp8kv_speedup_per_round": [b / f for b, f in zip(samples[name], samples["fp8"], strict=True)]}
+                "fp8kv_speedup_per_round": [b / f for b, f in zip(samples[name], samples["fp8"], strict=True)],
+                "fp8kv_speedup_fp8_w_per_round": [b / f for b, f in zip(samples[f"{name}_fp8_w"],
+                                                                        samples["fp8_fp8_w"], strict=True)]}
                if rounds > 1 else {}),
             **{f"fp8kv_speedup_{k.removeprefix(f'decode_b{BATCH}_ctx{CONTEXT}_fp8kv_').removesuffix('_ms')}": base / v
                for k, v in others.items() if not k.endswith("_fp8_w_ms")},
