@@ -4,7 +4,8 @@ with and without programmatic dependent launch (kernels/pdl.py), for bf16 and fp
     python benchmarks/decode_step_trace_gpu.py --out benchmarks/results/decode_step_trace_h200.json   (H200)
 
 Model: `--load-format dummy` llama3-8b (benchmarks/engine_gpu.py's runner and decode inputs). For each run
-(`--runs`, engine_gpu.py's --quantization names: none, fp8, with -nopdl / -prefetch) and batch, the step is
+(`--runs`, engine_gpu.py's --quantization names: none, fp8, with -nopdl / -prefetch), KV cache dtype (`--kv`)
+and batch, the step is
 replayed under torch.profiler (CUPTI reports each kernel of a graph); of the last of `--replays` replays:
 its wall (first kernel's start to last kernel's end), the union of kernel intervals (busy), wall - busy
 (idle: launch gaps the GPU waits through), the kernel count, and per kernel name its count and summed time.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import gc
 import json
 import sys
 import time
@@ -78,6 +80,7 @@ def main() -> None:
     parser.add_argument("--runs", default="fp8-nopdl,fp8,none-nopdl,none")
     parser.add_argument("--batches", default="1,64")
     parser.add_argument("--context", type=int, default=512)
+    parser.add_argument("--kv", default="auto", help="comma-separated KV cache dtypes, each traced (auto, fp8)")
     parser.add_argument("--replays", type=int, default=5)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/decode_step_trace_h200.json"))
     args = parser.parse_args()
@@ -85,20 +88,26 @@ def main() -> None:
     report = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "device": torch.cuda.get_device_name(device),
               "model": "llama3-8b (dummy weights)", "runs": {}}
     default = pdl.ENABLED, pdl.PREFETCH_WEIGHTS
+    batches = [int(b) for b in args.batches.split(",")]
+    per_seq = -(-(args.context + 1) // 16)
     for run in args.runs.split(","):
-        mods = run.split("-")[1:]
-        pdl.ENABLED, pdl.PREFETCH_WEIGHTS = "nopdl" not in mods, "prefetch" in mods
-        runner = build_runner(get_preset("llama3-8b"), device, run.split("-")[0])
-        prompt = [(7 * j) % runner.config.vocab_size for j in range(PREFILL_TOKENS)]
-        runner.prefill([PrefillChunk(prompt, 0, list(range(PREFILL_TOKENS // 16)))])
-        rows = [step_trace(runner, int(b), args.context, args.replays) for b in args.batches.split(",")]
-        report["runs"][run_suffix(run) or "_bf16"] = rows
-        for r in rows:
-            top = ", ".join(f"{k} {v['count']}x {v['us']:.0f}us" for k, v in list(r["by_kernel"].items())[:6])
-            print(f"{run:16s} b{r['batch']}: {r['kernels']} kernels, wall {r['wall_us']:.0f} us, busy "
-                  f"{r['busy_us']:.0f}, idle {r['idle_us']:.0f}; {top}", flush=True)
-        del runner
-        torch.cuda.empty_cache()
+        for kv in args.kv.split(","):
+            mods = run.split("-")[1:]
+            pdl.ENABLED, pdl.PREFETCH_WEIGHTS = "nopdl" not in mods, "prefetch" in mods
+            runner = build_runner(get_preset("llama3-8b"), device, run.split("-")[0], kv,
+                                  num_blocks=max(batches) * per_seq + PREFILL_TOKENS // 16 + 1)
+            prompt = [(7 * j) % runner.config.vocab_size for j in range(PREFILL_TOKENS)]
+            runner.prefill([PrefillChunk(prompt, 0, list(range(PREFILL_TOKENS // 16)))])
+            rows = [step_trace(runner, b, args.context, args.replays) for b in batches]
+            name = (run_suffix(run) or "_bf16") + ("" if kv == "auto" else f"_{kv}kv")
+            report["runs"][name] = rows
+            for r in rows:
+                top = ", ".join(f"{k} {v['count']}x {v['us']:.0f}us" for k, v in list(r["by_kernel"].items())[:6])
+                print(f"{run:12s} {kv:5s} b{r['batch']}: {r['kernels']} kernels, wall {r['wall_us']:.0f} us, busy "
+                      f"{r['busy_us']:.0f}, idle {r['idle_us']:.0f}; {top}", flush=True)
+            del runner
+            gc.collect()  # the runner and its graphs hold each other: freed only by the collector
+            torch.cuda.empty_cache()
     pdl.ENABLED, pdl.PREFETCH_WEIGHTS = default
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1) + "\n")

@@ -34,12 +34,21 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from engine_gpu_baselines import hf_decode_ms, hf_model, hf_prefill_ms, parity, time_ms, transfer_benchmark
+from engine_gpu_baselines import (
+    hf_decode_ms,
+    hf_model,
+    hf_prefill_ms,
+    parity,
+    pipelined_ms,
+    time_ms,
+    transfer_benchmark,
+)
 from engine_gpu_fp8kv import fp8_kv_rows
 
 from pdserve.engine import model as engine_model
 from pdserve.engine.attention_metadata import DecodeInput, PrefillChunk
 from pdserve.engine.config import CacheConfig, ModelConfig
+from pdserve.engine.kv_cache_spec import KVCacheSpec
 from pdserve.engine.presets import get_preset
 from pdserve.engine.runner import ModelRunner
 from pdserve.engine.weights.dummy import dummy_weights
@@ -90,12 +99,16 @@ class Report:
     fp8_w_ms: dict[str, float] = field(default_factory=dict)  # the fp8 rows again, keyed <row>_ms
 
 
-def build_runner(config: ModelConfig, device: torch.device, quantization: str = "none") -> ModelRunner:
+def build_runner(config: ModelConfig, device: torch.device, quantization: str = "none", kv: str = "auto",
+                 num_blocks: int | None = None) -> ModelRunner:
+    """The llama3-8b-shaped runner the rows time (`kv`: the KV cache dtype, as --kv-cache-dtype; `num_blocks`:
+    the pool, by default b64 ctx 512 and two 4k rows)."""
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    blocks = 64 * -(-(512 + 1) // BLOCK) + 2 * -(-(PREFILL_TOKENS + 1) // BLOCK)  # b64 ctx 512 + two 4k rows
+    blocks = num_blocks or 64 * -(-(512 + 1) // BLOCK) + 2 * -(-(PREFILL_TOKENS + 1) // BLOCK)
     weights = dummy_weights(config, dtype, str(device))
     return ModelRunner(config, CacheConfig(num_blocks=blocks, block_size=BLOCK), weights, device, dtype,
-                       max_num_seqs=64, quantization=quantization)
+                       max_num_seqs=64, quantization=quantization,
+                       kv_spec=KVCacheSpec.build(kv, dtype, config.num_layers))
 
 
 def decode_items(batch: int, context: int, first_block: int = 0) -> list[DecodeInput]:
@@ -121,7 +134,8 @@ def check_graphs(runner: ModelRunner, report: Report) -> None:
 
 
 def time_ours(runner: ModelRunner, repeat: int) -> tuple[dict[str, float], dict[str, list[float]]]:
-    """Our times (decode: the mean of two passes' medians) and each decode workload's two pass medians."""
+    """Our times (decode: the mean of two passes' medians; *_pipelined: back to back, pipelined_ms) and each
+    decode workload's two pass medians."""
     prompt = [(7 * j) % runner.config.vocab_size for j in range(PREFILL_TOKENS)]
     runner.prefill([PrefillChunk(prompt, 0, list(range(PREFILL_TOKENS // BLOCK)))])  # fills KV the decodes read
     warm = decode_items(1, 512)
@@ -136,6 +150,10 @@ def time_ours(runner: ModelRunner, repeat: int) -> tuple[dict[str, float], dict[
                 time_ms(lambda items=items: runner.decode(items), runner.device, repeat, warmup=3))
     for name, both in passes.items():
         times[name] = statistics.fmean(both)
+    for batch, context in DECODE_SHAPES:  # back to back, as the served loop runs them (pipelined_ms)
+        items = decode_items(batch, context)
+        times[f"decode_b{batch}_ctx{context}_pipelined"] = pipelined_ms(lambda items=items: runner.decode(items),
+                                                                        runner.device, max(3, repeat // 2))
     chunk = [PrefillChunk(prompt, 0, list(range(PREFILL_TOKENS // BLOCK)))]
     times[f"prefill_{PREFILL_TOKENS}"] = time_ms(lambda: runner.prefill(chunk), runner.device, max(3, repeat // 4),
                                                  warmup=2)

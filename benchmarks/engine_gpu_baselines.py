@@ -50,6 +50,30 @@ def time_ms(fn: Callable[[], object], device: torch.device, repeat: int, warmup:
     return statistics.median(times)
 
 
+def pipelined_ms(fn: Callable[[], object], device: torch.device, repeat: int, steps: int = 16) -> float:
+    """Median time per call of `steps` calls back to back (one sync after them), of `repeat` such runs, in ms:
+    the host's work for call N+1 overlaps the device's for call N, as in the decode worker's loop (async
+    scheduling stages step N+1 while step N runs), where time_ms's per-call sync adds that work to each call."""
+    fn()
+    times = []
+    for _ in range(repeat):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(steps):
+                fn()
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end) / steps)
+        else:
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                fn()
+            times.append((time.perf_counter() - t0) * 1e3 / steps)
+    return statistics.median(times)
+
+
 def hf_model(config: ModelConfig, device: torch.device) -> torch.nn.Module:
     """LlamaForCausalLM of the same shape, random bf16 weights, built in bf16 on the device (16 GB, not 32)."""
     from transformers import LlamaConfig, LlamaForCausalLM
