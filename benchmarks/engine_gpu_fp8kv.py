@@ -48,7 +48,7 @@ def _decode_ms(config: ModelConfig, device: torch.device, dtype: torch.dtype, kv
                          quantization=quantization)
     step = functools.partial(runner.decode, _items(per_seq))
     ms = time_ms(step, device, repeat, warmup=3), pipelined_ms(step, device, max(3, repeat // 2))
-    del runner  # the pool (and its graphs) go before the next one is allocated
+    del step, runner  # the pool (and its graphs) go before the next one is allocated
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
