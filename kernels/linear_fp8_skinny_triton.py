@@ -23,6 +23,10 @@ H200, CUDA-graph replay, rotated weights, quantization included, best config per
 13.2 us (1.9 TB/s of fp8 weight), o 10.9 (1.5), gate_up 33.0 (3.6), down 23.6 (2.5), against bf16's 15.2, 11.4,
 61.7, 30.2 and the W8A8 GEMM's 43.4, 30.4, 70.7, 77.4; at 64 rows 15.2, 13.0, 36.5, 28.3 (GEMM 13.2, 10.9, 36.6,
 29.0). The small shapes stay far from the bandwidth: ~8 us of each is the three launches' fixed cost.
+That H200 sweep timed x pre-quantized in three configs only (all split >= 2; the rest quantized inside the
+kernel). The H100's sweep (2026-12-06, results/linear_fp8_skinny_h100.json, every config pre-quantized) found
+split-1 tiles best almost everywhere: at 64 rows qkv 12.8 us, o 10.4, gate_up 47.1, down 27.5, where the H200's
+picks run 4-35 % slower on the H100; the H200's entries want the same sweep.
 
 What is compiled: per weight shape class (EVEN, the scale/bias flags) one kernel per BLOCK_M bucket (16, 32, 64)
 and config; M and the partials' stride are do_not_specialize, so every batch of a bucket shares one kernel. The
