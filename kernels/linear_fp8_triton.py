@@ -190,7 +190,8 @@ def gemm_config(m: int, n: int, k: int) -> Fp8GemmConfig:
     alternated in one call (benchmarks/fp8_scaled_mm_ab_h200.sh at bf5927b) gave 67.99, 68.41 against 67.40,
     66.12 ms (not traced), so this GEMM runs at every size. Graph-timed on an H100 with x pre-quantized
     (2026-12-06, results/fp8_scaled_mm_graph_h100.json), a layer's four products against torch._scaled_mm: 0.70-0.80x
-    its time up to 32 rows (the skinny kernel), 1.00x at 64, 1.05x at 128, 1.17x at 512, 0.97x at 4,096."""
+    its time up to 32 rows (the skinny kernel, before the H100 had its table), 1.00x at 64, 1.05x at 128, 1.17x
+    at 512, 0.97x at 4,096."""
     if m <= 64:
         if n >= 16384:
             return Fp8GemmConfig(block_m=64, block_n=128, block_k=128, num_warps=4, num_stages=4)
