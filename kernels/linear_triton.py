@@ -22,7 +22,10 @@ What is compiled: per weight shape (N, K) and dtype, one kernel per batch bucket
 (1, 2, 4, 8, 16): the config (BLOCK_N, BLOCK_K, SPLIT_K, USE_DOT, warps, stages) is looked up by bucket, and
 BLOCK_M is 16 (dot) or the bucket's power of two (FMA path), so rows 3 and 4 share a kernel. M and the split
 partials' stride (M * N) are do_not_specialize; N, K, k_per_split and EVEN are the weight's. Rows above 16 go
-to cuBLAS, which compiles nothing. The prefill warm-up runs every bucket (engine/prefill_warm_up.py).
+to cuBLAS, which compiles nothing: at 32 and 64 rows this kernel (any power-of-two BLOCK_M, best of 48 configs)
+only ties it, cuBLAS taking 1.004x and 1.015x its time over a llama3-8b layer's four products and 1.06-1.08x on
+lm_head (H100, 2026-12-06, `python benchmarks/gemv_wide_rows_gpu.py`, results/gemv_wide_rows_h100.json), so the
+limit stays. The prefill warm-up runs every bucket (engine/prefill_warm_up.py).
 """
 
 import functools
