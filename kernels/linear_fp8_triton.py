@@ -184,8 +184,8 @@ def gemm_config(m: int, n: int, k: int) -> Fp8GemmConfig:
     against 76, 45, 64 us for 64 x 64 x 128), 64 x 128 x 128 for gate_up's 28,672 columns; 128 x 256 x 128 for
     prefill (4,096 rows: 191, 138, 828, 362 us, 2-6 % behind torch._scaled_mm; 128 x 128 x 128: 222, 152, 874,
     397 us). cuBLASLt's fp8 GEMM (torch._scaled_mm, row-wise scales) is faster per call from 128 rows
-    (benchmarks/fp8_scaled_mm_gpu.py, 2026-12-02, results/fp8_scaled_mm_h200.json: a llama3-8b layer's four
-    GEMMs 1.20x at 128 rows, 1.30x at 256, 1.34x at 512, 1.13x at 1,024, 1.04x at 2,048, 1.08x at 4,096), but
+    (benchmarks/fp8_scaled_mm_gpu.py as it was on 2026-12-02, eager-timed, results/fp8_scaled_mm_h200.json: a
+    llama3-8b layer's four GEMMs 1.20x at 128 rows, 1.30x at 256, 1.34x at 512, 1.13x at 1,024, 1.04x at 2,048, 1.08x at 4,096), but
     dispatched to from 128 rows it did not make the engine's 4,096-token fp8 prefill faster: on / off
     alternated in one call (benchmarks/fp8_scaled_mm_ab_h200.sh at bf5927b) gave 67.99, 68.41 against 67.40,
     66.12 ms (not traced), so this GEMM runs at every size. Graph-timed on an H100 with x pre-quantized
