@@ -68,6 +68,7 @@ import triton
 import triton.language as tl
 
 from pdserve.kernels.fp8 import cache_strides, is_fp8
+from pdserve.kernels.fp8_triton import fp8_v_tile, tile_pages
 from pdserve.kernels.pdl import launch_options
 
 _LOG2E = 1.4426950408889634
@@ -87,14 +88,6 @@ def _token_rows(table, offs_n, n_mask, stride_cblk, stride_ctok, PAGE: tl.conste
     """Each key's row offset in the cache: its page from the block table (one entry read per key)."""
     page = tl.load(table + offs_n // PAGE, mask=n_mask, other=0).to(tl.int64)
     return page * stride_cblk + (offs_n % PAGE) * stride_ctok
-
-
-@triton.jit
-def _tile_pages(table, n0, end, PAGE: tl.constexpr, BLOCK_N: tl.constexpr):
-    """The pages of keys n0 .. n0 + BLOCK_N (n0 page-aligned), one table entry each, and which hold keys < end."""
-    pidx = n0 // PAGE + tl.arange(0, BLOCK_N // PAGE)
-    live = pidx * PAGE < end
-    return tl.load(table + pidx, mask=live, other=0).to(tl.int64), live
 
 
 @triton.jit(do_not_specialize=["num_splits"])  # SINGLE and the part strides carry it
@@ -142,7 +135,7 @@ def _decode_split_kernel(
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_mask = offs_n < end
         if PAGE_ROWS:  # one table entry per page of the tile (n0 is page-aligned: BLOCK_N is a multiple of PAGE)
-            pages, _ = _tile_pages(table, n0, end, PAGE, BLOCK_N)
+            pages, _ = tile_pages(table, n0, end, PAGE, BLOCK_N)
             rows = tl.reshape(pages[:, None] * stride_cblk + tl.arange(0, PAGE)[None, :] * stride_ctok, [BLOCK_N])
         else:
             rows = _token_rows(table, offs_n, n_mask, stride_cblk, stride_ctok, PAGE)  # [BLOCK_N]
@@ -168,15 +161,9 @@ def _decode_split_kernel(
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        if V_T:  # an fp8 cache's V, [Hkv, D, PAGE] a block: loaded as [BLOCK_D, pages, PAGE], a page's tokens
-            # contiguous (16-byte loads), masked per page only: the last page's slots past the end are read, and
-            # their p is 0 (n0 is page-aligned: BLOCK_N is a multiple of PAGE)
-            pages, live = _tile_pages(table, n0, end, PAGE, BLOCK_N)
-            vt_base = cache_ptr + stride_ckv + kv_head * (HEAD_DIM * PAGE)
-            vt = tl.load(vt_base + pages[None, :, None] * stride_cblk + d[:, None, None] * PAGE
-                         + tl.arange(0, PAGE)[None, None, :],
-                         mask=(d < HEAD_DIM)[:, None, None] & live[None, :, None], other=0.0)
-            v = tl.trans(tl.reshape(vt, [BLOCK_D, BLOCK_N]))
+        if V_T:  # an fp8 cache's V, [Hkv, D, PAGE] a block, a page's tokens one load (kernels/fp8_triton.py)
+            v = fp8_v_tile(cache_ptr + stride_ckv + kv_head * (HEAD_DIM * PAGE), table, n0, end, stride_cblk, d,
+                           HEAD_DIM, PAGE, BLOCK_N, BLOCK_D)
         else:
             v = tl.load(v_base + rows[:, None] + d[None, :], mask=kv_mask, other=0.0)
         if BITS:

@@ -35,6 +35,7 @@ import triton
 import triton.language as tl
 
 from pdserve.kernels.fp8 import cache_strides, is_fp8
+from pdserve.kernels.fp8_triton import fp8_v_tile
 
 _LOG2E = 1.4426950408889634
 
@@ -67,15 +68,9 @@ def _attend_block(
         k = tl.load(k_base + rows).to(q.dtype)  # a no-op unless the cache is fp8
         if not V_T:
             v = tl.load(v_base + rows).to(q.dtype)
-    if V_T:  # an fp8 cache's V, [Hkv, D, PAGE] a block (kernels/fp8.py; v_base is the head's): [BLOCK_D, pages,
-        # PAGE], a page's tokens contiguous, masked by page (n0 is page-aligned; keys past the end get p = 0)
-        pidx = n0 // PAGE + tl.arange(0, BLOCK_N // PAGE)
-        p_ok = pidx * PAGE < seq_len
-        pages = tl.load(table + pidx, mask=p_ok, other=0).to(tl.int64)
-        vt = tl.load(v_base + pages[None, :, None] * stride_cblk + d[:, None, None] * PAGE
-                     + tl.arange(0, PAGE)[None, None, :],
-                     mask=(d < HEAD_DIM)[:, None, None] & p_ok[None, :, None], other=0.0)
-        v = tl.trans(tl.reshape(vt, [BLOCK_D, BLOCK_N])).to(q.dtype)
+    if V_T:  # an fp8 cache's V, [Hkv, D, PAGE] a block (kernels/fp8_triton.py; v_base is the head's; n0 is
+        # page-aligned, keys past the end get p = 0)
+        v = fp8_v_tile(v_base, table, n0, seq_len, stride_cblk, d, HEAD_DIM, PAGE, BLOCK_N, BLOCK_D).to(q.dtype)
     s = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # [BLOCK_M, BLOCK_N]
     if MASKED:
         s = tl.where((offs_n[None, :] <= pos[:, None]) & n_ok[None, :], s * qk_scale, float("-inf"))
