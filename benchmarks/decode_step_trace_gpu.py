@@ -26,7 +26,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from engine_gpu import PREFILL_TOKENS, build_runner, decode_items, run_suffix
+from engine_gpu import BLOCK, PREFILL_TOKENS, build_runner, decode_items, run_suffix
 
 from pdserve.engine.attention_metadata import PrefillChunk
 from pdserve.engine.presets import get_preset
@@ -89,15 +89,15 @@ def main() -> None:
               "model": "llama3-8b (dummy weights)", "runs": {}}
     default = pdl.ENABLED, pdl.PREFETCH_WEIGHTS
     batches = [int(b) for b in args.batches.split(",")]
-    per_seq = -(-(args.context + 1) // 16)
+    per_seq = -(-(args.context + 1) // BLOCK)
     for run in args.runs.split(","):
         for kv in args.kv.split(","):
             mods = run.split("-")[1:]
             pdl.ENABLED, pdl.PREFETCH_WEIGHTS = "nopdl" not in mods, "prefetch" in mods
             runner = build_runner(get_preset("llama3-8b"), device, run.split("-")[0], kv,
-                                  num_blocks=max(batches) * per_seq + PREFILL_TOKENS // 16 + 1)
+                                  num_blocks=max(batches) * per_seq + PREFILL_TOKENS // BLOCK + 1)
             prompt = [(7 * j) % runner.config.vocab_size for j in range(PREFILL_TOKENS)]
-            runner.prefill([PrefillChunk(prompt, 0, list(range(PREFILL_TOKENS // 16)))])
+            runner.prefill([PrefillChunk(prompt, 0, list(range(PREFILL_TOKENS // BLOCK)))])
             rows = [step_trace(runner, b, args.context, args.replays) for b in batches]
             name = (run_suffix(run) or "_bf16") + ("" if kv == "auto" else f"_{kv}kv")
             report["runs"][name] = rows
