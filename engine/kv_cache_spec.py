@@ -13,8 +13,9 @@ docs/quantization.md); values beyond it saturate. e4m3 keeps 3 mantissa bits wha
 moves the range, not the precision, until values fall into the subnormals (below 2^-6).
 
 `fingerprint` is the KV compatibility key: it replaces the model fingerprint in every block hash, tier key and
-P-D target check, so KV of two specs never mixes; an fp8 key also names the fp8 block layout (kernels/fp8.py). For `auto` it is the model fingerprint itself (which names the
-model dtype, hence the KV dtype), so bf16 caches keep their keys.
+P-D target check, so KV of two specs never mixes; an fp8 key also names the fp8 block layout (kernels/fp8.py).
+For `auto` it is the model fingerprint itself (which names the model dtype, hence the KV dtype), so bf16 caches
+keep their keys.
 """
 
 from __future__ import annotations
