@@ -7,8 +7,8 @@
 #      has not run on a GPU since it was shared), with the new tables;
 #   5. the rows again, and the fp8 KV rows (b64 ctx 4,096, both caches with both linears, three runner builds,
 #      synchronised and back to back).
-# The tables come back in $OUT (commit them with the JSON). Its parts took ~300 s on the H100 (2026-12-06); the H200's fp8
-# table predates pre-quantized split-1 configs and wants this first (docs/quantization.md).
+# The tables come back in $OUT (commit them with the JSON). Its parts took ~300 s on the H100 (2026-12-06); the
+# H200's fp8 table predates pre-quantized split-1 configs and wants this first (docs/quantization.md).
 # Carry .whl (bash ../shared/hooks/device-wheels xgrammar apache-tvm-ffi).    OUT=dir bash benchmarks/tables_gpu.sh
 set -uo pipefail
 source benchmarks/device_env.sh
