@@ -7,7 +7,8 @@
 #      has not run on a GPU since it was shared), with the new tables;
 #   5. the rows again, and the fp8 KV rows (b64 ctx 4,096, both caches with both linears, three runner builds,
 #      synchronised and back to back).
-# The tables come back in $OUT (commit them with the JSON). Its parts took ~300 s on the H100 (2026-12-06); the
+# The tables and JSON come back in $OUT, the logs packed into logs_<card>.tgz (a call returns at most 8 files;
+# commit them with the JSON). Its parts took ~300 s on the H100 (2026-12-06); the
 # H200's fp8 table predates pre-quantized split-1 configs and wants this first (docs/quantization.md).
 # Carry .whl (bash ../shared/hooks/device-wheels xgrammar apache-tvm-ffi).    OUT=dir bash benchmarks/tables_gpu.sh
 set -uo pipefail
@@ -43,4 +44,5 @@ left=$((560 - (SECONDS - t0)))
 (cd benchmarks && timeout "$left" python3 engine_gpu.py --skip-hf --skip-transfer --quantization none,fp8 --repeat 10 \
   --fp8-kv --fp8-kv-rounds 3 --out "$OUT/engine_gpu_tables_after_$card.json") >"$OUT/engine_gpu_tables_after_$card.log" 2>&1
 grep -E "^(decode_b|prefill)|round" "$OUT/engine_gpu_tables_after_$card.log"
+(cd "$OUT" && tar -czf "logs_$card.tgz" ./*.log gpu.csv && rm -f ./*.log gpu.csv)
 step "done"
