@@ -50,7 +50,7 @@ from triton.runtime.errors import OutOfResources
 from pdserve.kernels.activation_triton import silu_and_mul_fp8_triton, silu_and_mul_triton
 from pdserve.kernels.fp8_activation import Fp8Activation
 from pdserve.kernels.fp8_weight import Fp8Weight, quantize_weight_fp8
-from pdserve.kernels.linear_fp8_triton import fp8_gemm_triton, quantize_rows_fp8_triton
+from pdserve.kernels.linear_fp8_triton import fp8_gemm_triton, grouped_tile, quantize_rows_fp8_triton
 
 
 @dataclass(frozen=True)
@@ -71,18 +71,7 @@ def _gate_up_silu_kernel(
 ):
     # a: [M, K]; w: [2 I, K] (gate | up rows); SCALED: a_scale [M], w_scale [2 I] (fp8); out: [M, I]
     # grid: (cdiv(M, BLOCK_M) * cdiv(I, BLOCK_N),)
-    pid = tl.program_id(0)
-    num_m = tl.cdiv(M, BLOCK_M)
-    num_n = tl.cdiv(I, BLOCK_N)
-    per_group = GROUP_M * num_n
-    first_m = (pid // per_group) * GROUP_M
-    rows_in_group = min(num_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % per_group) % rows_in_group
-    pid_n = (pid % per_group) // rows_in_group
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rm = tl.max_contiguous(tl.multiple_of(offs_m % M, BLOCK_M), BLOCK_M)
-    rn = tl.max_contiguous(tl.multiple_of(offs_n % I, BLOCK_N), BLOCK_N)
+    offs_m, offs_n, rm, rn = grouped_tile(M, I, BLOCK_M, BLOCK_N, GROUP_M)
     offs_k = tl.arange(0, BLOCK_K)
     a_ptrs = a_ptr + rm.to(tl.int64)[:, None] * stride_am + offs_k[None, :]  # [BLOCK_M, BLOCK_K]
     g_ptrs = w_ptr + rn.to(tl.int64)[:, None] * stride_wn + offs_k[None, :]  # [BLOCK_N, BLOCK_K], gate rows

@@ -22,7 +22,7 @@ from triton.compiler import ASTSource
 from pdserve.kernels.activation_triton import _silu_and_mul_fp8_kernel, _silu_and_mul_kernel
 from pdserve.kernels.decode_attention_triton import _decode_reduce_kernel, _decode_split_kernel
 from pdserve.kernels.linear_fp8_skinny_triton import _fp8_skinny_kernel
-from pdserve.kernels.linear_fp8_triton import _quantize_rows_kernel
+from pdserve.kernels.linear_fp8_triton import _fp8_gemm_kernel, _quantize_rows_kernel
 from pdserve.kernels.linear_triton import _gemv_kernel, _split_k_reduce_kernel
 from pdserve.kernels.prefill_attention_triton import _prefill_attention_kernel
 from pdserve.kernels.rms_norm_triton import _rms_norm_kernel
@@ -177,6 +177,10 @@ def gemv_variants(bf: str):
                   stride_wn=14336, stride_om=4096, stride_ps=4096, HAS_BIAS=C(False), SPLIT=C(True), EVEN=C(True),
                   BLOCK_M=C(16), BLOCK_N=C(64), BLOCK_K=C(256))
     yield "fp8 skinny down split4", _fp8_skinny_kernel, skinny, 4, 3
+    gemm = dict(a_ptr="*fp8e4nv", b_ptr="*fp8e4nv", a_scale_ptr="*fp32", b_scale_ptr="*fp32", bias_ptr=bf, c_ptr=bf,
+                M=4096, N=28672, K=4096, stride_am=4096, stride_bn=4096, stride_cm=28672, HAS_BIAS=C(False),
+                EVEN_K=C(True), BLOCK_M=C(128), BLOCK_N=C(256), BLOCK_K=C(128), GROUP_M=C(8))
+    yield "fp8 gemm prefill m128 n256 k128 w8 s3", _fp8_gemm_kernel, gemm, 8, 3
 
 
 def main() -> None:

@@ -98,13 +98,11 @@ def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, M, K, stride_xm, stride_qm, FP8_M
             tl.store(q_ptr + row * stride_qm + offs, q.to(q_ptr.dtype.element_ty), mask=offs < K)
 
 
-@triton.jit(do_not_specialize=["M"])
-def _fp8_gemm_kernel(
-    a_ptr, b_ptr, a_scale_ptr, b_scale_ptr, bias_ptr, c_ptr, M, N, K, stride_am, stride_bn, stride_cm,
-    HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-):
-    # a: [M, K] e4m3, a_scale: [M]; b: [N, K] e4m3, b_scale: [N]; c: [M, N]; grid: (cdiv(M, BM) * cdiv(N, BN),)
+@triton.jit
+def grouped_tile(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    # This program's tile of an [M, N] output on a grid of cdiv(M, BLOCK_M) * cdiv(N, BLOCK_N) programs, taken in
+    # GROUP_M-row super-groups (programs sharing W's column tiles run together, for L2) -> (offs_m, offs_n): its
+    # rows and columns; (rm, rn): the same modulo M, N, to read past the edges without masks
     pid = tl.program_id(0)
     num_m = tl.cdiv(M, BLOCK_M)
     num_n = tl.cdiv(N, BLOCK_N)
@@ -117,6 +115,17 @@ def _fp8_gemm_kernel(
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rm = tl.max_contiguous(tl.multiple_of(offs_m % M, BLOCK_M), BLOCK_M)
     rn = tl.max_contiguous(tl.multiple_of(offs_n % N, BLOCK_N), BLOCK_N)
+    return offs_m, offs_n, rm, rn
+
+
+@triton.jit(do_not_specialize=["M"])
+def _fp8_gemm_kernel(
+    a_ptr, b_ptr, a_scale_ptr, b_scale_ptr, bias_ptr, c_ptr, M, N, K, stride_am, stride_bn, stride_cm,
+    HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):
+    # a: [M, K] e4m3, a_scale: [M]; b: [N, K] e4m3, b_scale: [N]; c: [M, N]; grid: (cdiv(M, BM) * cdiv(N, BN),)
+    offs_m, offs_n, rm, rn = grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     offs_k = tl.arange(0, BLOCK_K)
     a_ptrs = a_ptr + rm.to(tl.int64)[:, None] * stride_am + offs_k[None, :]  # [BLOCK_M, BLOCK_K]
     b_ptrs = b_ptr + rn.to(tl.int64)[:, None] * stride_bn + offs_k[None, :]  # [BLOCK_N, BLOCK_K]
