@@ -39,7 +39,7 @@ import functools
 import json
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -50,17 +50,12 @@ from triton.runtime.errors import OutOfResources
 from pdserve.kernels.activation_triton import silu_and_mul_fp8_triton, silu_and_mul_triton
 from pdserve.kernels.fp8_activation import Fp8Activation
 from pdserve.kernels.fp8_weight import Fp8Weight, quantize_weight_fp8
-from pdserve.kernels.linear_fp8_triton import fp8_gemm_triton, grouped_tile, quantize_rows_fp8_triton
-
-
-@dataclass(frozen=True)
-class GateUpSiluConfig:
-    block_m: int = 128
-    block_n: int = 128
-    block_k: int = 64
-    group_m: int = 8
-    num_warps: int = 8
-    num_stages: int = 3
+from pdserve.kernels.linear_fp8_triton import (  # Fp8GemmConfig: a GEMM's tile config, here for both dtypes
+    Fp8GemmConfig,
+    fp8_gemm_triton,
+    grouped_tile,
+    quantize_rows_fp8_triton,
+)
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -105,7 +100,7 @@ def _gate_up_silu_kernel(
 
 
 def gate_up_silu_triton(x: torch.Tensor | Fp8Activation, weight: torch.Tensor | Fp8Weight,
-                        cfg: GateUpSiluConfig | None = None) -> torch.Tensor:
+                        cfg: Fp8GemmConfig) -> torch.Tensor:
     """silu_and_mul(linear(x, weight)) in one kernel: x [M, K] (a tensor, or an Fp8Activation for an Fp8Weight)
     and weight [2 I, K] -> [M, I] in x's dtype. A plain x with an Fp8Weight is quantized per row first."""
     if isinstance(weight, Fp8Weight):
@@ -124,7 +119,6 @@ def gate_up_silu_triton(x: torch.Tensor | Fp8Activation, weight: torch.Tensor | 
         raise ValueError(f"x {tuple(a.shape)} and gate_up weight {tuple(w.shape)} must share K with unit stride, "
                          f"the weight's rows even (gate | up)")
     inter = n2 // 2
-    cfg = cfg or GateUpSiluConfig()
     out = torch.empty((m, inter), dtype=out_dtype, device=a.device)
     if m == 0 or inter == 0:
         return out
@@ -140,15 +134,15 @@ def gate_up_silu_triton(x: torch.Tensor | Fp8Activation, weight: torch.Tensor | 
 
 
 K, INTER = 4096, 14336
-BF16_CONFIGS = [GateUpSiluConfig(bm, bn, bk, 8, w, st) for bm, bn, bk, w, st in (
+BF16_CONFIGS = [Fp8GemmConfig(bm, bn, bk, 8, w, st) for bm, bn, bk, w, st in (
     (128, 128, 64, 8, 3), (128, 128, 64, 8, 4), (128, 64, 64, 4, 4), (128, 64, 64, 8, 4), (64, 128, 64, 4, 4),
     (256, 64, 64, 8, 3), (128, 64, 128, 8, 3), (128, 128, 32, 8, 5))]
-FP8_CONFIGS = [GateUpSiluConfig(bm, bn, bk, 8, w, st) for bm, bn, bk, w, st in (
+FP8_CONFIGS = [Fp8GemmConfig(bm, bn, bk, 8, w, st) for bm, bn, bk, w, st in (
     (128, 128, 128, 8, 3), (128, 128, 128, 8, 4), (128, 64, 128, 4, 4), (128, 64, 128, 8, 4), (64, 128, 128, 4, 4),
     (256, 64, 128, 8, 3), (128, 64, 256, 8, 3))]
 
 
-def name(cfg: GateUpSiluConfig) -> str:
+def name(cfg: Fp8GemmConfig) -> str:
     return f"m{cfg.block_m} n{cfg.block_n} k{cfg.block_k} w{cfg.num_warps} st{cfg.num_stages}"
 
 
@@ -160,7 +154,7 @@ def codes(act: Fp8Activation) -> torch.Tensor:
     return act.dequantize()
 
 
-def fused_fp8(xa: Fp8Activation, w8, cfg: GateUpSiluConfig) -> tuple[torch.Tensor, torch.Tensor]:
+def fused_fp8(xa: Fp8Activation, w8, cfg: Fp8GemmConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """What the engine's fp8 MLP runs fused: the product, then its rows quantized for down."""
     return quantize_rows_fp8_triton(gate_up_silu_triton(xa, w8, cfg))
 
