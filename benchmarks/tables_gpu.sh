@@ -3,12 +3,12 @@
 #   1. benchmarks/engine_gpu.py's decode and prefill rows, bf16 and fp8 linears, with the tables as committed;
 #   2. benchmarks/linear_fp8_skinny_gpu.py: the fp8 skinny linear's config sweep -> kernels/linear_fp8_configs.json;
 #   3. benchmarks/kernels.py --only gemv --tune-linear: the bf16 GEMV's -> kernels/linear_configs.json;
-#   4. the GPU tests of both linears, the CUDA graphs and the fp8 KV kernels (kernels/fp8_triton.py's V tile
-#      has not run on a GPU since it was shared), with the new tables;
+#   4. the GPU tests of both linears, the CUDA graphs and the fp8 KV kernels, with the new tables (on an H100,
+#      2026-12-06: 336 passed);
 #   5. the rows again, and the fp8 KV rows (b64 ctx 4,096, both caches with both linears, three runner builds,
 #      synchronised and back to back).
 # The tables and JSON come back in $OUT, the logs packed into logs_<card>.tgz (a call returns at most 8 files;
-# commit them with the JSON). Its parts took ~300 s on the H100 (2026-12-06); the
+# commit them with the JSON). The whole took 310 s on an H100 (2026-12-06); the
 # H200's fp8 table predates pre-quantized split-1 configs and wants this first (docs/quantization.md).
 # Carry .whl (bash ../shared/hooks/device-wheels xgrammar apache-tvm-ffi).    OUT=dir bash benchmarks/tables_gpu.sh
 set -uo pipefail
