@@ -12,7 +12,9 @@ with the norms and silu_and_mul not quantizing for them (engine/model.py FUSE_FP
 runs its own quantization kernel), rows `<workload>_fp8_w_unfused`: the A/B of that fusion. `-nopdl` runs without
 programmatic dependent launch and `-prefetch` with it and the weight kernels' L2 prefetch before the wait (off by
 default; `-noprefetch` is the default, named), kernels/pdl.py, e.g. `none,none-nopdl,fp8,fp8-nopdl,fp8-prefetch`:
-rows `<workload>_fp8_w_nopdl`.
+rows `<workload>_fp8_w_nopdl`. `-heuristic` runs the fp8 skinny linear as on a device its table has no entry for
+(kernels/linear_fp8_skinny_triton.py skinny_config's fallback), `-splitk` with the fallback before 2026-12-06
+(split along K until ~4 programs a SM, kept here only to time against it).
 Checks: graph-replayed logits = the eager forward's at batch 1, 3, 8 (on CUDA); --parity: the default model's
 first 16 greedy tokens in bf16 on the GPU = fp32 on the CPU for >= 90 % of 20 prompts. Times: median of --repeat after warm-ups, CUDA events. Every decode step streams the 16 GB of
 weights, so L2 (60 MB) holds nothing from one step to the next and inputs need no rotation; the transfer
@@ -52,7 +54,9 @@ from pdserve.engine.kv_cache_spec import KVCacheSpec
 from pdserve.engine.presets import get_preset
 from pdserve.engine.runner import ModelRunner
 from pdserve.engine.weights.dummy import dummy_weights
-from pdserve.kernels import pdl
+from pdserve.kernels import linear_fp8_skinny_triton as skinny
+from pdserve.kernels import linear_fp8_triton, pdl
+from pdserve.kernels.tuning import TuningTable
 
 DECODE_SHAPES = ((1, 512), (8, 512), (64, 512), (1, 4096))  # (batch, context)
 PREFILL_TOKENS = 4096
@@ -63,7 +67,7 @@ TARGETS_MS = {"decode_b1_ctx512": 4.4, "decode_b8_ctx512": 4.6, "decode_b64_ctx5
               # issue 19, fp8 linears (W8A8): halving the 16 GB a decode step reads
               "decode_b1_ctx512_fp8_w": 2.6, "decode_b64_ctx512_fp8_w": 4.0, "prefill_4096_fp8_w": 65.0}
 SUFFIX = {"none": "", "fp8": "_fp8_w"}  # row-name suffix per --quantization; each modifier adds "_<modifier>"
-MODIFIERS = ("unfused", "nopdl", "noprefetch", "prefetch")
+MODIFIERS = ("unfused", "nopdl", "noprefetch", "prefetch", "heuristic", "splitk")
 
 
 def run_suffix(quantization: str) -> str:
@@ -168,6 +172,25 @@ def time_hf(config: ModelConfig, device: torch.device) -> dict[str, float]:
     return times
 
 
+SHIPPED_SKINNY_TABLE, SHIPPED_SKINNY_CONFIG = skinny.configs_table, linear_fp8_triton.skinny_config
+
+
+def splitk_config(m: int, n: int, k: int, device: torch.device) -> skinny.Fp8SkinnyConfig:
+    """skinny_config's fallback before 2026-12-06: 64-wide tiles split along K until ~4 programs a SM (of 132),
+    each split at least 4 K-blocks long."""
+    tiles, split = -(-n // 64), 1
+    while split < 16 and tiles * split * 2 <= 4 * 132 and k // (split * 2) >= 4 * 256:
+        split *= 2
+    return skinny.Fp8SkinnyConfig(block_n=64, block_k=256, split_k=split)
+
+
+def skinny_fallback(mods: list[str]) -> None:
+    """-heuristic / -splitk: the fp8 skinny linear without its table entries (read at every launch)."""
+    skinny.configs_table = TuningTable if {"heuristic", "splitk"} & set(mods) else SHIPPED_SKINNY_TABLE
+    linear_fp8_triton.skinny_config = splitk_config if "splitk" in mods else SHIPPED_SKINNY_CONFIG
+    SHIPPED_SKINNY_CONFIG.cache_clear()
+
+
 def free(device: torch.device) -> None:
     gc.collect()
     if device.type == "cuda":
@@ -189,6 +212,7 @@ def run(args: argparse.Namespace) -> Report:
         suffix, mods = run_suffix(quantization), quantization.split("-")[1:]
         engine_model.FUSE_FP8_ACTIVATIONS = "unfused" not in mods  # read at every forward and capture
         pdl.ENABLED, pdl.PREFETCH_WEIGHTS = "nopdl" not in mods, "prefetch" in mods  # read at every launch
+        skinny_fallback(mods)
         runner = build_runner(config, device, quantization.split("-")[0])
         check_graphs(runner, report)
         times, passes = time_ours(runner, args.repeat)
@@ -197,6 +221,7 @@ def run(args: argparse.Namespace) -> Report:
         del runner
         free(device)
     engine_model.FUSE_FP8_ACTIVATIONS, (pdl.ENABLED, pdl.PREFETCH_WEIGHTS) = True, pdl_default
+    skinny_fallback([])
     report.fp8_w_ms = {f"{k}_ms": v for k, v in ours.items() if k.endswith(SUFFIX["fp8"])}
     hf: dict[str, float] = {}
     if device.type == "cuda" and not args.skip_hf:

@@ -179,5 +179,6 @@ def test_fp8_skinny_configs_come_from_the_device_table() -> None:
     assert key in configs_table().entries  # measured on the H200 (benchmarks/linear_fp8_skinny_gpu.py)
     assert config_key("NVIDIA H200", 4096, 14336, 2) == config_key("NVIDIA H200", 4096, 14336, 8)
     assert config_key("NVIDIA H200", 4096, 14336, 33) == config_key("NVIDIA H200", 4096, 14336, 64)
-    cpu = skinny_config(1, 4096, 14336, torch.device("cpu"))
-    assert cpu == Fp8SkinnyConfig(block_n=64, block_k=256, split_k=8)  # 64 tiles: 8 splits make 512 programs
+    # no entry for the device: the H100 sweep's picks (unsplit; wider tiles for gate_up's 28,672 rows)
+    assert skinny_config(1, 4096, 14336, torch.device("cpu")) == Fp8SkinnyConfig(64, 256, 1, 4, 5)
+    assert skinny_config(64, 28672, 4096, torch.device("cpu")) == Fp8SkinnyConfig(128, 256, 1, 4, 3)
