@@ -164,7 +164,9 @@ def skinny_config(m: int, n: int, k: int, device: torch.device) -> Fp8SkinnyConf
     shapes (results/linear_fp8_skinny_h100.json): no split, 256-deep K blocks, 64 rows of W a program in 5 stages,
     128 in 3 for N >= 16,384 (gate_up). Over the sweep's 20 shape x batch cells these sum to 459.9 us against
     459.2 for the best of each cell, where the earlier heuristic (split along K until ~4 programs a SM) summed to
-    525-536 us (its 4 stages were not swept: 3 and 5)."""
+    525-536 us (its 4 stages were not swept: 3 and 5). In the engine on an H100 with the table set aside
+    (`engine_gpu.py --quantization fp8,fp8-heuristic,fp8-splitk`, results/engine_gpu_skinny_fallback_h100.json),
+    decode b64 ctx 512: table 5.90 ms, this fallback 5.92, the split-K one 6.95; b1 3.72, 3.72, 3.95."""
     entry = configs_table().entries.get(config_key(device_name(device), n, k, m))
     if entry is not None:
         return Fp8SkinnyConfig(**entry["config"]) if entry["backend"] == "triton" else None
