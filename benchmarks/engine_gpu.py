@@ -14,7 +14,9 @@ programmatic dependent launch and `-prefetch` with it and the weight kernels' L2
 default; `-noprefetch` is the default, named), kernels/pdl.py, e.g. `none,none-nopdl,fp8,fp8-nopdl,fp8-prefetch`:
 rows `<workload>_fp8_w_nopdl`. `-heuristic` runs the fp8 skinny linear as on a device its table has no entry for
 (kernels/linear_fp8_skinny_triton.py skinny_config's fallback), `-splitk` with the fallback before 2026-12-06
-(split along K until ~4 programs a SM, kept here only to time against it).
+(split along K until ~4 programs a SM, kept here only to time against it). `-fp8kv` runs every row over an fp8
+KV cache (--kv-cache-dtype fp8): `none-fp8kv` is fp8 KV alone, `fp8-fp8kv` both (rows `<workload>_fp8kv`,
+`<workload>_fp8_w_fp8kv`), beside --fp8-kv's b64 ctx 4,096 rows.
 Checks: graph-replayed logits = the eager forward's at batch 1, 3, 8 (on CUDA); --parity: the default model's
 first 16 greedy tokens in bf16 on the GPU = fp32 on the CPU for >= 90 % of 20 prompts. Times: median of --repeat after warm-ups, CUDA events. Every decode step streams the 16 GB of
 weights, so L2 (60 MB) holds nothing from one step to the next and inputs need no rotation; the transfer
@@ -67,7 +69,7 @@ TARGETS_MS = {"decode_b1_ctx512": 4.4, "decode_b8_ctx512": 4.6, "decode_b64_ctx5
               # issue 19, fp8 linears (W8A8): halving the 16 GB a decode step reads
               "decode_b1_ctx512_fp8_w": 2.6, "decode_b64_ctx512_fp8_w": 4.0, "prefill_4096_fp8_w": 65.0}
 SUFFIX = {"none": "", "fp8": "_fp8_w"}  # row-name suffix per --quantization; each modifier adds "_<modifier>"
-MODIFIERS = ("unfused", "nopdl", "noprefetch", "prefetch", "heuristic", "splitk")
+MODIFIERS = ("unfused", "nopdl", "noprefetch", "prefetch", "heuristic", "splitk", "fp8kv")
 
 
 def run_suffix(quantization: str) -> str:
@@ -213,7 +215,7 @@ def run(args: argparse.Namespace) -> Report:
         engine_model.FUSE_FP8_ACTIVATIONS = "unfused" not in mods  # read at every forward and capture
         pdl.ENABLED, pdl.PREFETCH_WEIGHTS = "nopdl" not in mods, "prefetch" in mods  # read at every launch
         skinny_fallback(mods)
-        runner = build_runner(config, device, quantization.split("-")[0])
+        runner = build_runner(config, device, quantization.split("-")[0], kv="fp8" if "fp8kv" in mods else "auto")
         check_graphs(runner, report)
         times, passes = time_ours(runner, args.repeat)
         ours.update({k + suffix: v for k, v in times.items()})
