@@ -26,7 +26,6 @@ from pdserve.engine.kv_cache import allocate_kv_caches
 from pdserve.engine.kv_cache_spec import KVCacheSpec
 from pdserve.engine.model import LayerDone, LlamaModel, ModelWeights, Tick, fuse_weights
 from pdserve.engine.prefill_warm_up import warm_up_block_copies, warm_up_chunks, warm_up_limit, warm_up_plan
-from pdserve.kernels.fp8 import is_fp8
 from pdserve.kernels.prefill_attention import warm_up_sdpa
 
 logger = logging.getLogger(__name__)
@@ -152,9 +151,7 @@ class ModelRunner:
     def warm_up_sdpa(self, max_tokens: int) -> int:
         """SDPA once at each padded length the device's entry gives whole prompts of up to the warm-up's limit
         (kernels/prefill_attention.py warm_up_sdpa): cuDNN's plans, built here instead of on a request.
-        Returns the count (0 without an entry, or with an fp8 cache, which never goes to SDPA)."""
-        if is_fp8(self.kv_spec.dtype):
-            return 0
+        Returns the count (0 without an entry). An fp8 cache's prompts run the same calls on their codes."""
         c, bs = self.config, self.cache_config.block_size
         limit = warm_up_limit(max_tokens, c.max_model_len, self.cache_config.num_blocks, bs)
         return warm_up_sdpa(self.device, self.dtype, c.num_heads, c.num_kv_heads, c.head_dim, limit,

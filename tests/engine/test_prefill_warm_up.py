@@ -118,14 +118,16 @@ def sdpa_shapes(monkeypatch: pytest.MonkeyPatch, entry: dict, run: bool) -> Iter
     yield seen
 
 
-@pytest.mark.parametrize("budget", [2048, 8192])
+@pytest.mark.parametrize("budget,kv", [(2048, "auto"), (8192, "auto"), (8192, "fp8")])
 def test_served_prompts_reach_only_the_sdpa_shapes_the_warm_up_planned(
-        budget: int, as_on_the_h200: None, monkeypatch: pytest.MonkeyPatch) -> None:
+        budget: int, kv: str, as_on_the_h200: None, monkeypatch: pytest.MonkeyPatch) -> None:
     """cuDNN builds a plan (47-52 ms on the H200) for each new (dims, strides); the warm-up runs SDPA at every
-    padded length, so 200 random served batches (1 in 5 whole new prompts) must meet none it has not run."""
+    padded length, so 200 random served batches (1 in 5 whole new prompts) must meet none it has not run; over
+    an fp8 cache too, whose prompts run SDPA on their codes."""
     config = dataclasses.replace(get_preset("llama3-8b"), num_layers=2, max_model_len=16384)
     runner = ModelRunner(config, CacheConfig(num_blocks=NUM_BLOCKS, block_size=BLOCK),
-                         dummy_weights(config, torch.bfloat16, "meta"), "meta", torch.bfloat16, max_num_seqs=256)
+                         dummy_weights(config, torch.bfloat16, "meta"), "meta", torch.bfloat16, max_num_seqs=256,
+                         kv_spec=KVCacheSpec.build(kv, torch.bfloat16, config.num_layers))
     gen = torch.Generator().manual_seed(29)
     with sdpa_shapes(monkeypatch, BUCKETED, run=False) as seen:
         assert runner.warm_up_sdpa(budget) == len(range(512, budget + 1, 256))
@@ -136,21 +138,25 @@ def test_served_prompts_reach_only_the_sdpa_shapes_the_warm_up_planned(
     assert not seen - warm, f"SDPA shapes no warm-up call ran: {sorted(seen - warm)[:2]}"
 
 
-def test_an_fp8_cache_plans_no_sdpa(monkeypatch: pytest.MonkeyPatch) -> None:
-    """An fp8 KV cache never goes to SDPA (its k, v are not what the decode steps read), so nothing to plan;
-    with the model's dtype the same entry plans its buckets."""
+def test_an_fp8_cache_plans_the_same_sdpa_shapes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An fp8 KV cache's whole prompts run SDPA on their codes in the model dtype's fused layout
+    (kernels/prefill_attention.py prefill_attention_sdpa_fp8), so its warm-up plans what the model dtype's does;
+    the limits (the entry's shortest prompt, the model length) bound both alike."""
     runners = [ModelRunner(TINY, CacheConfig(num_blocks=64, block_size=BLOCK), dummy_weights(TINY, torch.bfloat16,
                                                                                            "meta"), "meta",
                            torch.bfloat16, max_num_seqs=4, kv_spec=KVCacheSpec.build(kv, torch.bfloat16, 2))
                for kv in ("fp8", "auto")]
     with sdpa_shapes(monkeypatch, BUCKETED, run=False) as seen:
-        assert runners[0].warm_up_sdpa(511) == 0 and not seen
-        assert runners[1].warm_up_sdpa(511) == 0  # TINY's limit is 511 tokens: under min_tokens 512
-        assert runners[1].warm_up_sdpa(2048) == 0  # the model length bounds the limit too
+        assert [r.warm_up_sdpa(511) for r in runners] == [0, 0]  # TINY's limit is 511 tokens: under min_tokens 512
+        assert [r.warm_up_sdpa(2048) for r in runners] == [0, 0]  # the model length bounds the limit too
+        assert not seen
     small = {**BUCKETED, "min_tokens": 100, "bucket": 128}
-    with sdpa_shapes(monkeypatch, small, run=False) as seen:
-        assert runners[0].warm_up_sdpa(511) == 0 and not seen
-        assert runners[1].warm_up_sdpa(511) == len(seen) == 4  # 128, 256, 384, 512 rows
+    planned = []
+    for runner in runners:
+        with sdpa_shapes(monkeypatch, small, run=False) as seen:
+            assert runner.warm_up_sdpa(511) == 4  # 128, 256, 384, 512 rows
+        planned.append(set(seen))
+    assert planned[0] == planned[1] and len(planned[0]) == 4
 
 
 def test_without_buckets_served_lengths_would_need_new_plans(as_on_the_h200: None,
@@ -198,14 +204,16 @@ def test_no_compile_after_warm_up_on_a_gpu(budget: int) -> None:
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="runs cuDNN: needs a GPU")
-def test_no_cudnn_plan_after_warm_up_on_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("kv", ["auto", "fp8"])
+def test_no_cudnn_plan_after_warm_up_on_a_gpu(kv: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """With a cuDNN entry (whole prompts of >= 512 tokens padded to 256s): the warm-up runs cuDNN at every padded
     length, then 200 random prefills send it only shapes the warm-up ran (its plans' keys), compile no Triton
-    kernel, and give the logits ours gives (within bf16's rounding) on a whole prompt of an odd length."""
+    kernel, and give the logits ours gives (within bf16's rounding) on a whole prompt of an odd length; over an
+    fp8 cache too (SDPA on the codes against ours reading the pages)."""
     config = dataclasses.replace(get_preset("llama3-8b"), num_layers=2, max_model_len=16384)
     runner = ModelRunner(config, CacheConfig(num_blocks=NUM_BLOCKS, block_size=BLOCK),
                          dummy_weights(config, torch.bfloat16, "cuda"), "cuda", torch.bfloat16, max_num_seqs=256,
-                         enforce_eager=True)
+                         enforce_eager=True, kv_spec=KVCacheSpec.build(kv, torch.bfloat16, config.num_layers))
     prompt = [PrefillChunk([(7 * j + 3) % 512 for j in range(1000)], 0, list(range(63)))]
     ours = runner.prefill(prompt).logits
     with sdpa_shapes(monkeypatch, BUCKETED, run=True) as seen:

@@ -10,6 +10,7 @@ which only load fp8, run here too."""
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 
 import pytest
@@ -226,17 +227,45 @@ def test_prefill_attention_fp8_matches_ref(
     check(out, ref, dtype, scale=8.0)
 
 
-def test_prefill_attention_fp8_never_takes_sdpa(randn: Callable, paged_kv: Callable, device: str) -> None:
-    """Whole uncached prompts with k and v given: an fp8 cache is still read from the pages (the values k/v
-    hold are not the quantized ones decode reads), on the kernel of the dispatcher's device."""
+@pytest.mark.parametrize("bucket", [0, 16])
+def test_prefill_attention_sdpa_fp8_reads_the_codes(bucket: int, randn: Callable, paged_kv: Callable,
+                                                     device: str) -> None:
+    """Whole prompts over an fp8 cache through SDPA (the math backend, which runs anywhere): each prompt's codes
+    gathered from its shuffled blocks, K's scale in the softmax scale, V's on the output, padded or not to
+    `bucket` rows: the reference's answer over the same cache."""
+    from pdserve.kernels.prefill_attention import prefill_attention_sdpa_fp8
+
+    lens = [20, 37]
+    cache, tables = _fp8_cache(paged_kv, lens, 2, 64, 16)
+    q = randn(sum(lens), 4, 64)
+    cu = torch.tensor([0, 20, 57], dtype=torch.int32, device=device)
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device=device)
+    out = prefill_attention_sdpa_fp8(q, cache, tables, tuple(lens), 0.125, K_SCALE, V_SCALE, "math", bucket)
+    ref = prefill_attention_ref(q, cache, cu, seq_lens, tables, 0.125, K_SCALE, V_SCALE)
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_prefill_attention_fp8_takes_sdpa_on_the_codes(randn: Callable, paged_kv: Callable, device: str,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The dispatcher with an SDPA entry: a whole uncached prompt over an fp8 cache goes to SDPA, which reads
+    the cache's codes, not k and v (wrong here on purpose: whoever reads them gets another answer)."""
+    from pdserve.kernels import dispatch
+
+    module = importlib.import_module("pdserve.kernels.prefill_attention")  # the package exports the function
+    monkeypatch.setattr(module, "sdpa_entry", lambda *args: {"backend": "math", "min_tokens": 1, "bucket": 16})
+    calls = []
+    real = module.prefill_attention_sdpa_fp8
+    monkeypatch.setattr(module, "prefill_attention_sdpa_fp8", lambda *a, **kw: calls.append(a) or real(*a, **kw))
     cache, tables = _fp8_cache(paged_kv, [20], 2, 64, 16)
     cu = torch.tensor([0, 20], dtype=torch.int32, device=device)
     lens = torch.tensor([20], dtype=torch.int32, device=device)
     q = randn(20, 4, 64)
-    k = torch.zeros(20, 2, 64, device=device)  # wrong on purpose: whoever reads these gets another answer
+    k = torch.zeros(20, 2, 64, device=device)
+    monkeypatch.setattr(dispatch, "_backend", "triton")  # the GPU's dispatch, on this device
     out = prefill_attention(q, cache, cu, lens, tables, 0.125, k, k, PrefillShape((20,), False), K_SCALE, V_SCALE)
     ref = prefill_attention_ref(q, cache, cu, lens, tables, 0.125, K_SCALE, V_SCALE)
-    torch.testing.assert_close(out, ref, rtol=1e-3, atol=1e-3)
+    assert len(calls) == 1
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
 
 
 def test_rope_kv_write_ref_fp8_stores_scaled_rotated_keys(randn: Callable, device: str) -> None:
