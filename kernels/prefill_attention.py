@@ -65,7 +65,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from pdserve.kernels.dispatch import use_triton
-from pdserve.kernels.fp8 import dequantize_kv_ref, is_fp8
+from pdserve.kernels.fp8 import dequantize_kv_ref, fp8_k_tokens, fp8_v_tokens, is_fp8
 from pdserve.kernels.paged import attend_ref, gather_sequence_kv
 from pdserve.kernels.tuning import default_prefill_table, device_name, prefill_key
 
@@ -170,19 +170,41 @@ def prefill_attention_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_
     return out
 
 
+def _sdpa_prompt_fp8(q: torch.Tensor, kv_cache: torch.Tensor, blocks: torch.Tensor, scale: float,
+                     step: int) -> torch.Tensor:
+    """One causal prompt [n, Hq, D] over its fp8 blocks: q and the blocks' codes (widened to q's dtype, exact;
+    token order through kernels/fp8.py's layouts) written whole blocks at a time into _sdpa_prompt's padded fused
+    layout, the rows past n zeroed after, then _sdpa_prompt on its views (no further copy)."""
+    n, hq, d = q.shape
+    page, hkv = kv_cache.shape[2], kv_cache.shape[3]
+    num = -(-n // page)
+    rows, heads = sdpa_bucket(n, step), hq + 2 * hkv
+    buf = torch.empty(max(rows, num * page), heads, d, dtype=q.dtype, device=q.device)
+    buf[:n, :hq] = q
+    whole = buf[: num * page].view(num, page, heads, d)
+    ids = blocks[:num].long()
+    whole[:, :, hq:hq + hkv] = fp8_k_tokens(kv_cache[0, ids])
+    whole[:, :, hq + hkv:] = fp8_v_tokens(kv_cache[1, ids])
+    buf[n:].zero_()
+    return _sdpa_prompt(*buf[:rows].split([hq, hkv, hkv], dim=1), scale, step)[:n]
+
+
 def prefill_attention_sdpa_fp8(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
                                q_lens: tuple[int, ...], scale: float, k_scale: float, v_scale: float, backend: str,
                                bucket: int = 0) -> torch.Tensor:
-    """Whole uncached prompts over an fp8 cache (their K/V already written): each prompt's codes gathered from
-    its blocks in token order (gather_sequence_kv: both fp8 layouts) and widened to q's dtype, exactly; attention
-    at scale * k_scale, times v_scale after. Otherwise prefill_attention_sdpa's calls (bucketed, fused layout)."""
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    start = 0
+    """Whole uncached prompts over an fp8 cache (their K/V already written): each prompt's codes read from its
+    blocks (_sdpa_prompt_fp8), attention at scale * k_scale, times v_scale after; one SDPA call per prompt,
+    padded as prefill_attention_sdpa's, one prompt's output handed on as a view."""
     with sdpa_kernel(SDPA_BACKENDS[backend]):
-        for i, n in enumerate(q_lens):
-            k, v = gather_sequence_kv(kv_cache, block_tables[i], n)
-            out[start:start + n] = _sdpa_prompt(q[start:start + n], k, v, scale * k_scale, bucket)
-            start += n
+        if len(q_lens) == 1:
+            out = _sdpa_prompt_fp8(q, kv_cache, block_tables[0], scale * k_scale, bucket)
+        else:
+            out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+            start = 0
+            for i, n in enumerate(q_lens):
+                out[start:start + n] = _sdpa_prompt_fp8(q[start:start + n], kv_cache, block_tables[i],
+                                                        scale * k_scale, bucket)
+                start += n
     if v_scale != 1.0:
         out *= v_scale
     return out

@@ -227,7 +227,7 @@ def test_prefill_attention_fp8_matches_ref(
     check(out, ref, dtype, scale=8.0)
 
 
-@pytest.mark.parametrize("bucket", [0, 16])
+@pytest.mark.parametrize("bucket", [0, 16, 24, 64])  # 24: fewer rows than whole blocks
 def test_prefill_attention_sdpa_fp8_reads_the_codes(bucket: int, randn: Callable, paged_kv: Callable,
                                                      device: str) -> None:
     """Whole prompts over an fp8 cache through SDPA (the math backend, which runs anywhere): each prompt's codes
