@@ -49,8 +49,8 @@ heads (32 q / 8 kv, d 128), bf16:
 An fp8 cache goes to SDPA too, but not with k and v: those are the unquantized values, and attending to them
 would give a prompt other numbers than its decode steps, which read the fp8 cache. prefill_attention_sdpa_fp8
 gathers each prompt's codes from its blocks (what decode reads; e4m3 is exact in bf16 and fp16) and folds the
-layer's scales in: K's into the softmax scale (a runtime value of cuDNN's plan, not part of its key), V's into
-the output. Before it, an fp8 cache always ran ours: the 4,096-token llama3-8b prefill with an fp8 cache took
+layer's scales in: K's into q as q is copied into the padded buffer (so the softmax scale stays the model's: some
+torch builds key cuDNN's plans by it), V's into the output. Before it, an fp8 cache always ran ours: the 4,096-token llama3-8b prefill with an fp8 cache took
 111.8 ms against 102.3 with bf16's (fp8 linears 76.9 against 65.3; H100, one call,
 results/engine_gpu_four_settings_h100.json); with it 101.1 against 98.2 (67.1 against 63.5; another call,
 results/engine_gpu_fp8kv_sdpa2_h100.json): q's copy into the padded buffer and the codes' gather remain.
@@ -171,17 +171,21 @@ def prefill_attention_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_
     return out
 
 
-def _sdpa_prompt_fp8(q: torch.Tensor, kv_cache: torch.Tensor, blocks: torch.Tensor, scale: float,
+def _sdpa_prompt_fp8(q: torch.Tensor, kv_cache: torch.Tensor, blocks: torch.Tensor, scale: float, k_scale: float,
                      step: int) -> torch.Tensor:
-    """One causal prompt [n, Hq, D] over its fp8 blocks: q and the blocks' codes (widened to q's dtype, exact;
-    token order through kernels/fp8.py's layouts) written whole blocks at a time into _sdpa_prompt's padded fused
-    layout, the rows past n zeroed after, then _sdpa_prompt on its views (no further copy)."""
+    """One causal prompt [n, Hq, D] over its fp8 blocks: q times k_scale and the blocks' codes (widened to q's
+    dtype, exact; token order through kernels/fp8.py's layouts) written, whole blocks at a time, into
+    _sdpa_prompt's padded fused layout, the rows past n zeroed after, then _sdpa_prompt on its views (no further
+    copy)."""
     n, hq, d = q.shape
     page, hkv = kv_cache.shape[2], kv_cache.shape[3]
     num = -(-n // page)
     rows, heads = sdpa_bucket(n, step), hq + 2 * hkv
     buf = torch.empty(max(rows, num * page), heads, d, dtype=q.dtype, device=q.device)
-    buf[:n, :hq] = q
+    if k_scale != 1.0:
+        torch.mul(q, k_scale, out=buf[:n, :hq])
+    else:
+        buf[:n, :hq] = q
     whole = buf[: num * page].view(num, page, heads, d)
     ids = blocks[:num].long()
     whole[:, :, hq:hq + hkv] = fp8_k_tokens(kv_cache[0, ids])
@@ -194,17 +198,17 @@ def prefill_attention_sdpa_fp8(q: torch.Tensor, kv_cache: torch.Tensor, block_ta
                                q_lens: tuple[int, ...], scale: float, k_scale: float, v_scale: float, backend: str,
                                bucket: int = 0) -> torch.Tensor:
     """Whole uncached prompts over an fp8 cache (their K/V already written): each prompt's codes read from its
-    blocks (_sdpa_prompt_fp8), attention at scale * k_scale, times v_scale after; one SDPA call per prompt,
-    padded as prefill_attention_sdpa's, one prompt's output handed on as a view."""
+    blocks, q times k_scale (_sdpa_prompt_fp8), the output times v_scale; one SDPA call per prompt at the
+    model's softmax scale, padded as prefill_attention_sdpa's, one prompt's output handed on as a view."""
     with sdpa_kernel(SDPA_BACKENDS[backend]):
         if len(q_lens) == 1:
-            out = _sdpa_prompt_fp8(q, kv_cache, block_tables[0], scale * k_scale, bucket)
+            out = _sdpa_prompt_fp8(q, kv_cache, block_tables[0], scale, k_scale, bucket)
         else:
             out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
             start = 0
             for i, n in enumerate(q_lens):
-                out[start:start + n] = _sdpa_prompt_fp8(q[start:start + n], kv_cache, block_tables[i],
-                                                        scale * k_scale, bucket)
+                out[start:start + n] = _sdpa_prompt_fp8(q[start:start + n], kv_cache, block_tables[i], scale,
+                                                        k_scale, bucket)
                 start += n
     if v_scale != 1.0:
         out *= v_scale

@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 
 import numpy as np
+import pytest
 import torch
 
 from pdserve.engine.attention_metadata import DecodeInput
@@ -62,3 +63,19 @@ def test_a_freed_lists_copy_is_dropped_so_a_new_list_at_its_address_is_converted
     for n in range(1, 40):  # new lists each step: whatever addresses they get, each is converted afresh
         check(staging, [list(range(n, 2 * n)), [n]])
     assert len(staging._tables) == 2, "only the last fill's lists keep a copy"
+
+
+def test_each_rows_scalars_the_padding_rows_carried_tokens_and_the_limits() -> None:
+    """Token, position, source row, seq_len and slot of every row, the padding rows' (-1 slot, seq_len 0, no
+    source), whether any token is carried from the previous step, and the two refusals."""
+    staging = HostStaging(4, MAX_BLOCKS, BLOCK, torch.device("cpu"))
+    staged, carried = staging.fill([DecodeInput(11, 5, [1, 2]), DecodeInput(12, 0, [3], source_row=1)], 4)
+    assert staged.ids[:4].tolist() == [11, 12, 0, 0] and staged.pos[:4].tolist() == [5, 0, 0, 0]
+    assert staged.src[:4].tolist() == [-1, 1, -1, -1] and staged.lens[:4].tolist() == [6, 1, 0, 0]
+    assert staged.slots[:4].tolist() == [2 * BLOCK + 1, 3 * BLOCK, -1, -1]
+    assert carried
+    assert not staging.fill([DecodeInput(11, 6, [1, 2])], 2)[1]
+    with pytest.raises(ValueError, match=f"{MAX_BLOCKS + 1} blocks exceeds the limit {MAX_BLOCKS}"):
+        staging.fill([DecodeInput(1, 0, [0]), DecodeInput(1, 0, list(range(MAX_BLOCKS + 1)))], 2)
+    with pytest.raises(ValueError, match="decode item 1: block table has 1 blocks"):
+        staging.fill([DecodeInput(1, 0, [0]), DecodeInput(1, BLOCK, [0])], 2)

@@ -245,6 +245,23 @@ def test_prefill_attention_sdpa_fp8_reads_the_codes(bucket: int, randn: Callable
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="cuDNN's attention: a GPU")
+@pytest.mark.parametrize("bucket", [0, 256])
+def test_prefill_attention_sdpa_fp8_on_cudnn(bucket: int, randn: Callable, paged_kv: Callable) -> None:
+    """The served backend: bf16 queries through cuDNN over the codes, both scales folded (K's into q, V's on
+    the output), against the reference over the same cache, within bf16's rounding."""
+    from pdserve.kernels.prefill_attention import prefill_attention_sdpa_fp8
+
+    lens = [300, 77]
+    cache, tables = _fp8_cache(paged_kv, lens, 8, 128, 16)
+    q = randn(sum(lens), 32, 128, dtype=torch.bfloat16)
+    cu = torch.tensor([0, 300, 377], dtype=torch.int32, device="cuda")
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    out = prefill_attention_sdpa_fp8(q, cache, tables, tuple(lens), 128**-0.5, K_SCALE, V_SCALE, "cudnn", bucket)
+    ref = prefill_attention_ref(q, cache, cu, seq_lens, tables, 128**-0.5, K_SCALE, V_SCALE)
+    assert float((out.float() - ref.float()).norm() / ref.float().norm()) < 1e-2
+
+
 def test_prefill_attention_fp8_takes_sdpa_on_the_codes(randn: Callable, paged_kv: Callable, device: str,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """The dispatcher with an SDPA entry: a whole uncached prompt over an fp8 cache goes to SDPA, which reads
