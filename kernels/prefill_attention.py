@@ -191,7 +191,8 @@ def _sdpa_prompt_fp8(q: torch.Tensor, kv_cache: torch.Tensor, blocks: torch.Tens
     whole[:, :, hq:hq + hkv] = fp8_k_tokens(kv_cache[0, ids])
     whole[:, :, hq + hkv:] = fp8_v_tokens(kv_cache[1, ids])
     buf[n:].zero_()
-    return _sdpa_prompt(*buf[:rows].split([hq, hkv, hkv], dim=1), scale, step)[:n]
+    qs, ks, vs = buf[:rows].split([hq, hkv, hkv], dim=1)
+    return _sdpa_prompt(qs, ks, vs, scale, step)[:n]
 
 
 def prefill_attention_sdpa_fp8(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
