@@ -5,11 +5,13 @@
 #   3. benchmarks/kernels.py --only gemv --tune-linear: the bf16 GEMV's -> kernels/linear_configs.json;
 #   4. the GPU tests of both linears, the CUDA graphs and the fp8 KV kernels, with the new tables (on an H100,
 #      2026-12-06: 336 passed);
-#   5. the rows again, and the fp8 KV rows (b64 ctx 4,096, both caches with both linears, three runner builds,
-#      synchronised and back to back).
+#   5. the rows again in issue 19's four settings (bf16, fp8 linears, fp8 KV, both: engine_gpu.py's -fp8kv), and
+#      the fp8 KV rows (b64 ctx 4,096, both caches with both linears, three runner builds, synchronised and back
+#      to back).
 # The tables and JSON come back in $OUT, the logs packed into logs_<card>.tgz (a call returns at most 8 files;
-# commit them with the JSON). The whole took 310 s on an H100 (2026-12-06); the
-# H200's fp8 table predates pre-quantized split-1 configs and wants this first (docs/quantization.md).
+# commit them with the JSON). The whole took 310 s on an H100 (2026-12-06) before step 5 had the fp8 KV settings
+# (~50 s more). The H200's fp8 table predates pre-quantized split-1 configs and wants this first
+# (docs/quantization.md).
 # Carry .whl (bash ../shared/hooks/device-wheels xgrammar apache-tvm-ffi).    OUT=dir bash benchmarks/tables_gpu.sh
 set -uo pipefail
 source benchmarks/device_env.sh
@@ -41,7 +43,8 @@ echo "tests rc $?"; tail -n 2 "$OUT/tables_tests_$card.log"; grep -E "^(FAILED|E
 
 step "engine rows after"
 left=$((560 - (SECONDS - t0)))
-(cd benchmarks && timeout "$left" python3 engine_gpu.py --skip-hf --skip-transfer --quantization none,fp8 --repeat 10 \
+(cd benchmarks && timeout "$left" python3 engine_gpu.py --skip-hf --skip-transfer --repeat 10 \
+  --quantization none,fp8,none-fp8kv,fp8-fp8kv \
   --fp8-kv --fp8-kv-rounds 3 --out "$OUT/engine_gpu_tables_after_$card.json") >"$OUT/engine_gpu_tables_after_$card.log" 2>&1
 grep -E "^(decode_b|prefill)|round" "$OUT/engine_gpu_tables_after_$card.log"
 (cd "$OUT" && tar -czf "logs_$card.tgz" ./*.log gpu.csv && rm -f ./*.log gpu.csv)
