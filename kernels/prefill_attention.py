@@ -49,16 +49,18 @@ heads (32 q / 8 kv, d 128), bf16:
 An fp8 cache goes to SDPA too, but not with k and v: those are the unquantized values, and attending to them
 would give a prompt other numbers than its decode steps, which read the fp8 cache. prefill_attention_sdpa_fp8
 gathers each prompt's codes from its blocks (what decode reads; e4m3 is exact in bf16 and fp16) and folds the
-layer's scales in: K's into q as q is copied into the padded buffer (so the softmax scale stays the model's: some
-torch builds key cuDNN's plans by it), V's into the output. Before it, an fp8 cache always ran ours: the 4,096-token llama3-8b prefill with an fp8 cache took
-111.8 ms against 102.3 with bf16's (fp8 linears 76.9 against 65.3; H100, one call,
-results/engine_gpu_four_settings_h100.json); with it 101.1 against 98.2 (67.1 against 63.5; another call,
-results/engine_gpu_fp8kv_sdpa2_h100.json): q's copy into the padded buffer and the codes' gather remain.
+layer's scales in: K's into q as q is copied into the padded buffer (so the softmax scale stays the model's:
+some torch builds key cuDNN's plans by it), V's into the output. Before it, an fp8 cache always ran ours: the
+4,096-token llama3-8b prefill with an fp8 cache took 111.8 ms against 102.3 with bf16's (fp8 linears 76.9
+against 65.3; H100, one call, results/engine_gpu_four_settings_h100.json); with it 101.1 against 98.2 (67.1
+against 63.5; another call, results/engine_gpu_fp8kv_sdpa2_h100.json): q's copy into the padded buffer and the
+codes' gather remain.
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -154,21 +156,26 @@ def _sdpa_prompt(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
     return o[0].transpose(0, 1)[:n]
 
 
+def _each_prompt(q: torch.Tensor, q_lens: tuple[int, ...], backend: str,
+                 attend: Callable[[int, slice], torch.Tensor]) -> torch.Tensor:
+    """attend(i, rows) for each prompt i of the packed batch, under `backend`: one prompt's output handed on as
+    it is (a view, no copy into a packed buffer), several copied into one [T, Hq, D]."""
+    with sdpa_kernel(SDPA_BACKENDS[backend]):
+        if len(q_lens) == 1:
+            return attend(0, slice(0, q_lens[0]))
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        start = 0
+        for i, n in enumerate(q_lens):
+            out[start:start + n] = attend(i, slice(start, start + n))
+            start += n
+    return out
+
+
 def prefill_attention_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_lens: tuple[int, ...],
                            scale: float, backend: str, bucket: int = 0) -> torch.Tensor:
     """Whole uncached prompts packed along T: one causal SDPA call per prompt (GQA through enable_gqa, no K/V
-    expansion), each padded up to a multiple of `bucket` rows (_sdpa_prompt). One prompt: its output is
-    handed on as a view (no copy into a packed buffer)."""
-    with sdpa_kernel(SDPA_BACKENDS[backend]):
-        if len(q_lens) == 1:
-            return _sdpa_prompt(q, k, v, scale, bucket)
-        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        start = 0
-        for n in q_lens:
-            rows = slice(start, start + n)
-            out[rows] = _sdpa_prompt(q[rows], k[rows], v[rows], scale, bucket)
-            start += n
-    return out
+    expansion), each padded up to a multiple of `bucket` rows (_sdpa_prompt)."""
+    return _each_prompt(q, q_lens, backend, lambda i, rows: _sdpa_prompt(q[rows], k[rows], v[rows], scale, bucket))
 
 
 def _sdpa_prompt_fp8(q: torch.Tensor, kv_cache: torch.Tensor, blocks: torch.Tensor, scale: float, k_scale: float,
@@ -200,17 +207,9 @@ def prefill_attention_sdpa_fp8(q: torch.Tensor, kv_cache: torch.Tensor, block_ta
                                bucket: int = 0) -> torch.Tensor:
     """Whole uncached prompts over an fp8 cache (their K/V already written): each prompt's codes read from its
     blocks, q times k_scale (_sdpa_prompt_fp8), the output times v_scale; one SDPA call per prompt at the
-    model's softmax scale, padded as prefill_attention_sdpa's, one prompt's output handed on as a view."""
-    with sdpa_kernel(SDPA_BACKENDS[backend]):
-        if len(q_lens) == 1:
-            out = _sdpa_prompt_fp8(q, kv_cache, block_tables[0], scale, k_scale, bucket)
-        else:
-            out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-            start = 0
-            for i, n in enumerate(q_lens):
-                out[start:start + n] = _sdpa_prompt_fp8(q[start:start + n], kv_cache, block_tables[i], scale,
-                                                        k_scale, bucket)
-                start += n
+    model's softmax scale, padded as prefill_attention_sdpa's."""
+    out = _each_prompt(q, q_lens, backend, lambda i, rows: _sdpa_prompt_fp8(q[rows], kv_cache, block_tables[i],
+                                                                            scale, k_scale, bucket))
     if v_scale != 1.0:
         out *= v_scale
     return out
