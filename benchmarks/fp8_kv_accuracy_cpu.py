@@ -3,8 +3,9 @@ the Triton kernels'):
 
     .venv/bin/python benchmarks/fp8_kv_accuracy_cpu.py [--new-tokens 16] [--out benchmarks/results/fp8_kv_accuracy_cpu.json]
 
-For weights in fp32, bf16 and fp16, each with the KV cache in its own dtype (auto) and in fp8 (float8_e4m3fn,
-scale 1.0: the GGUF checkpoint has no KV scales):
+For weights in fp32, bf16 and fp16, each with the KV cache in its own dtype (auto), in fp8 (float8_e4m3fn,
+scale 1.0: the GGUF checkpoint has no KV scales) and in fp8 with scales calculated at start from the built-in text
+(fp8-calc: --calculate-kv-scales, engine/kv_scale_calibration.py):
 
   parity      the first --new-tokens greedy tokens of benchmarks/engine_gpu_baselines.PARITY_PROMPTS (the 20
               prompts of benchmarks/dtype_parity_cpu.py) against fp32 weights with an fp32 cache; per prompt, the
@@ -14,7 +15,8 @@ scale 1.0: the GGUF checkpoint has no KV scales):
               chunk after the first reads the earlier ones from the (fp8) cache as decode would
 
 Also the largest |K| and |V| the fp8 cache was asked to hold over the perplexity text (after RoPE; e4m3 saturates
-at 448), which says whether scale 1.0 is safe for this model.
+at 448), which says whether scale 1.0 is safe for this model; for fp8-calc in codes (|x| / scale), which says how
+near 448 the held-out text came with the calculated scales.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from pdserve.engine.sampling_params import SamplingParams
 from pdserve.llm import LLM
 
 HELD_OUT = Path(__file__).resolve().parents[1] / "docs" / "architecture.md"
-SETTINGS = [(w, kv) for w in ("float32", "bfloat16", "float16") for kv in ("auto", "fp8")]
+SETTINGS = [(w, kv) for w in ("float32", "bfloat16", "float16") for kv in ("auto", "fp8", "fp8-calc")]
 
 
 def greedy(llm: LLM, new_tokens: int) -> list[list[int]]:
@@ -67,12 +69,14 @@ def divergence(ours: list[int], ref: list[int]) -> int:
 
 
 def run(weights: str, kv: str, args: argparse.Namespace, held_out: list[int] | None) -> dict:
-    llm = LLM(device="cpu", dtype=weights, kv_cache_dtype=kv, progress=False, num_blocks=256)
+    llm = LLM(device="cpu", dtype=weights, kv_cache_dtype=kv.removesuffix("-calc"), progress=False, num_blocks=256,
+              calculate_kv_scales=kv.endswith("-calc"))
     ids = held_out if held_out is not None else llm.tokenizer.encode(HELD_OUT.read_text())[:args.ppl_tokens]
     started = time.perf_counter()
     row = {"weights": weights, "kv_cache_dtype": kv, "tokens": greedy(llm, args.new_tokens),
            "perplexity": perplexity(llm, ids, args.ppl_chunk), "held_out_ids": ids}
     row["kv_amax"] = kv_amax(llm, len(ids) - 1)
+    row["kv_scales"] = {"k": list(llm.runner.kv_spec.k_scales), "v": list(llm.runner.kv_spec.v_scales)}
     row["seconds"] = time.perf_counter() - started
     return row
 
@@ -100,17 +104,17 @@ def main() -> int:
         same = sum(a == b for a, b in zip(r["tokens"], ref, strict=True))
         results[f"{r['weights']}_kv_{r['kv_cache_dtype']}"] = {
             "identical_to_fp32": same, "prompts": len(ref), "first_divergence": first,
-            "perplexity": r["perplexity"], "kv_amax": r["kv_amax"]}
+            "perplexity": r["perplexity"], "kv_amax": r["kv_amax"], "kv_scales": r["kv_scales"]}
     report = {"date": time.strftime("%Y-%m-%d %H:%M"), "device": "cpu", "new_tokens": args.new_tokens,
               "held_out": f"docs/architecture.md, first {len(rows[0]['held_out_ids'])} tokens, chunks of "
-                          f"{args.ppl_chunk}", "kv_scales": "1.0 (the GGUF has none)",
+                          f"{args.ppl_chunk}", "kv_scales": "fp8: 1.0 (the GGUF has none); fp8-calc: calculated at start",
               "command": f"benchmarks/fp8_kv_accuracy_cpu.py --new-tokens {args.new_tokens} --ppl-tokens "
                          f"{args.ppl_tokens} --ppl-chunk {args.ppl_chunk} --threads {args.threads}",
               "results": results, "seconds": time.perf_counter() - started}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=1))
     for name, r in results.items():
-        print(f"{name:22} {r['identical_to_fp32']}/{r['prompts']} prompts as fp32, perplexity {r['perplexity']:.4f}")
+        print(f"{name:27} {r['identical_to_fp32']}/{r['prompts']} prompts as fp32, perplexity {r['perplexity']:.4f}")
     return 0
 
 

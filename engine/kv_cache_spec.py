@@ -3,14 +3,17 @@
     --kv-cache-dtype auto ─▶ the model's dtype, no scales (every scale 1.0, unused)
     --kv-cache-dtype fp8  ─▶ float8_e4m3fn; scales from the checkpoint (model.layers.{i}.self_attn.k_scale /
                              v_scale: engine/weights/kv_scales.py), else 1.0 for every layer (vLLM's default)
+      + --calculate-kv-scales ─▶ computed once at start from a built-in text, the same on every worker
+                                 (engine/kv_scale_calibration.py)
 
 The scales are fixed when the worker starts and never change. A P and its D must quantize alike, so the rule
-has to be one both can apply without talking: the checkpoint's numbers, or 1.0. Calibrating from the first
-prefill's amax (amax / 448) would give each worker its own scales, which P would have to publish to D and the
-tiers would have to key on, and a cached block would depend on which prompt a worker saw first. 1.0 keeps
-|x| <= 448 exact in range, and a Llama-family model's rotated keys and values stay far below that (SmolLM2-135M:
-docs/quantization.md); values beyond it saturate. e4m3 keeps 3 mantissa bits whatever the scale, so a scale
-moves the range, not the precision, until values fall into the subnormals (below 2^-6).
+has to be one each can apply without talking: the checkpoint's numbers, 1.0, or the built-in text's. Calibrating
+from the first prefill a worker serves (as vLLM's flag does) would give each worker its own scales, which P would
+have to publish to D and the tiers would have to key on, and a cached block would depend on which prompt a
+worker saw first. 1.0 keeps |x| <= 448 exact in range, and a Llama-family model's rotated keys and values stay
+far below that (SmolLM2-135M: docs/quantization.md); values beyond it saturate. e4m3 keeps 3 mantissa bits
+whatever the scale, so a scale moves the range, not the precision, until values fall into the subnormals
+(below 2^-6 x scale): what a calibrated scale gains.
 
 `fingerprint` is the KV compatibility key: it replaces the model fingerprint in every block hash, tier key and
 P-D target check, so KV of two specs never mixes; an fp8 key also names the fp8 block layout (kernels/fp8.py).
@@ -51,14 +54,15 @@ class KVCacheSpec:
     @classmethod
     def build(cls, kv_cache_dtype: str, model_dtype: torch.dtype, num_layers: int,
               checkpoint_scales: tuple[Sequence[float], Sequence[float]] | None = None) -> KVCacheSpec:
-        """`kv_cache_dtype` as the flag gives it; checkpoint_scales: (K, V) per layer, or None."""
+        """`kv_cache_dtype` as the flag gives it; checkpoint_scales: (K, V) per layer (the checkpoint's or
+        calculated ones), or None."""
         if kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"unknown KV cache dtype {kv_cache_dtype!r}; choose one of {KV_CACHE_DTYPES}")
         if kv_cache_dtype == "auto":
             return cls(model_dtype)
         k, v = checkpoint_scales if checkpoint_scales is not None else ([1.0] * num_layers, [1.0] * num_layers)
         if len(k) != num_layers or len(v) != num_layers:
-            raise ValueError(f"the checkpoint has {len(k)} K and {len(v)} V scales for {num_layers} layers")
+            raise ValueError(f"{len(k)} K and {len(v)} V scales for {num_layers} layers")
         return cls(_FP8, tuple(_as_float32(s) for s in k), tuple(_as_float32(s) for s in v))
 
     @property

@@ -27,6 +27,8 @@ from pdserve.decode_node.request import DecodeRequest
 from pdserve.engine.config import CacheConfig
 from pdserve.engine.detokenizer import IncrementalDetokenizer, StopChecker
 from pdserve.engine.grammar import GrammarBackend, Matcher
+from pdserve.engine.kv_scale_calibration import calibrated_kv_scales
+from pdserve.engine.model import fuse_weights
 from pdserve.engine.output import OutputProcessor, logprobs_from_wire
 from pdserve.engine.prompt_logprobs import PromptLogprobs
 from pdserve.engine.runner import ModelRunner
@@ -91,11 +93,13 @@ class LLM:
         hub: HubOptions | None = None,
         kv_cache_dtype: str = "auto",
         quantization: str | None = None,
+        calculate_kv_scales: bool = False,
     ) -> None:
         """`max_num_seqs` prompts are live at once (reserved, prefilling or decoding); one prefill forward packs
         at most min(`max_num_batched_tokens`, `chunk_size`) prompt tokens (longer prompts take several).
         `kv_cache_dtype`: auto (the weights' dtype) or fp8 (float8_e4m3fn, engine/kv_cache_spec.py);
-        `quantization`: fp8 linears, none, or None (as the checkpoint is)."""
+        `quantization`: fp8 linears, none, or None (as the checkpoint is); `calculate_kv_scales`: an fp8 cache's
+        scales computed once from the built-in text (engine/kv_scale_calibration.py), as every worker does."""
         if max_num_seqs <= 0 or max_num_batched_tokens <= 0:
             raise ValueError(f"need max_num_seqs ({max_num_seqs}) and max_num_batched_tokens "
                              f"({max_num_batched_tokens}) > 0")
@@ -107,14 +111,18 @@ class LLM:
         self.config = loaded.config
         self.tokenizer: Tokenizer = loaded.tokenizer
         torch_dtype = parse_dtype(dtype, device)
-        kv_spec = load_kv_cache_spec(kv_cache_dtype, torch_dtype, loaded)
+        if calculate_kv_scales and kv_cache_dtype != "fp8":
+            raise ValueError(f"calculate_kv_scales needs kv_cache_dtype='fp8', not {kv_cache_dtype!r}")
+        weights = fuse_weights(loaded.config, loaded.weights, torch.device(device), torch_dtype, loaded.quantization)
+        loaded.weights = {}
+        calibrated = calibrated_kv_scales(loaded.config, weights, loaded.tokenizer) if calculate_kv_scales else None
+        kv_spec = load_kv_cache_spec(kv_cache_dtype, torch_dtype, loaded, calibrated)
         self.fingerprint = kv_spec.fingerprint(loaded.fingerprint)  # prefix-cache keys: fp8 and bf16 never mix
         self.cache_config = CacheConfig(num_blocks=num_blocks, block_size=block_size)
         self.eos_token_ids = frozenset(self.tokenizer.eos_token_ids) | frozenset(self.config.eos_token_ids)
         self.output = OutputProcessor(tuple(sorted(self.eos_token_ids)), self.config.max_model_len)
-        self.runner = ModelRunner(self.config, self.cache_config, loaded.weights, device,
-                                  torch_dtype, max_num_seqs=max_num_seqs,
-                                  enforce_eager=enforce_eager, kv_spec=kv_spec, quantization=loaded.quantization)
+        self.runner = ModelRunner(self.config, self.cache_config, weights, device, torch_dtype,
+                                  max_num_seqs=max_num_seqs, enforce_eager=enforce_eager, kv_spec=kv_spec)
         self.sampler = Sampler(device)
         self.pool = BlockPool(num_blocks)
         # the batcher commits to it always; with prefix caching off no prompt is hashed, so nothing is named

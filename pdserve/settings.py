@@ -77,6 +77,7 @@ class ModelSettings:
     device: str = "auto"  # auto: cuda when available, else cpu
     dtype: str = "auto"  # auto: bfloat16 on cuda, float32 on cpu
     kv_cache_dtype: str = "auto"  # auto: `dtype`; fp8: float8_e4m3fn with per-layer scales
+    calculate_kv_scales: bool = False  # fp8 cache: scales from a built-in text at start (engine/kv_scale_calibration.py)
     quantization: str | None = None  # "fp8" | "none"; None: as the checkpoint is (engine/weights/loader.py)
     cache_dir: str | None = None
     max_model_len: int | None = None
@@ -94,6 +95,8 @@ class ModelSettings:
             raise ValueError(f"unknown dtype {self.dtype!r}; choose one of {DTYPES}")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"unknown KV cache dtype {self.kv_cache_dtype!r}; choose one of {KV_CACHE_DTYPES}")
+        if self.calculate_kv_scales and self.kv_cache_dtype != "fp8":
+            raise ValueError(f"--calculate-kv-scales needs --kv-cache-dtype fp8, not {self.kv_cache_dtype!r}")
         if self.quantization not in (None, *QUANTIZATIONS):
             raise ValueError(f"unknown quantization {self.quantization!r}; choose one of {QUANTIZATIONS}")
         if self.max_model_len is not None and self.max_model_len <= 0:

@@ -57,6 +57,8 @@ VLLM_FLAGS: tuple[VllmFlag, ...] = (
              "fp8 (W8A8: weights per channel, activations per token, dynamic) or none; FP8 checkpoints load as "
              "stored; GGUF files are dequantised once at load"),
     VllmFlag("--kv-cache-dtype", ("--kv-cache-dtype",), "auto, fp8 (e4m3; fp8_e5m2 is not supported)"),
+    VllmFlag("--calculate-kv-scales", ("--calculate-kv-scales",),
+             "computed once at start from a built-in text, not from the first batch: every worker gets the same"),
     VllmFlag("--cpu-offload-gb", (), "weights stay on the worker's device"),
     VllmFlag("--enable-lora, --lora-modules", (), "no adapters"),
     VllmFlag("--speculative-config", (), "no speculative decoding"),

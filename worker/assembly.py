@@ -38,6 +38,8 @@ from pdserve.decode_node.service import DecodeService
 from pdserve.engine.config import CacheConfig, ModelConfig
 from pdserve.engine.grammar import GrammarBackend
 from pdserve.engine.kv_cache import gpu_kv_budget
+from pdserve.engine.kv_cache_spec import KVCacheSpec
+from pdserve.engine.kv_scale_calibration import calibrated_kv_scales
 from pdserve.engine.model import ModelWeights, fuse_weights
 from pdserve.engine.output import OutputProcessor
 from pdserve.engine.runner import ModelRunner
@@ -105,10 +107,10 @@ class Worker:
         self.model_name = served_model_name(settings.model)
         self.loaded = load_engine_model(settings.model, self.device, self.dtype)
         self.config: ModelConfig = self.loaded.config
-        self.kv_spec = load_kv_cache_spec(settings.model.kv_cache_dtype, self.dtype, self.loaded)
+        weights = self._fuse_weights()
+        self.kv_spec = self._kv_spec(weights)
         # the KV compatibility key (engine/kv_cache_spec.py): in every block hash, tier key and P-D target check
         self.fingerprint = self.kv_spec.fingerprint(self.loaded.fingerprint)
-        weights = self._fuse_weights()
         self.cache_config = self._cache_config()
         self.runner = ModelRunner(self.config, self.cache_config, weights, self.device, self.dtype,
                                   max_num_seqs=settings.scheduler.max_num_seqs,
@@ -153,6 +155,18 @@ class Worker:
         if torch.device(self.device).type == "cuda":
             torch.cuda.empty_cache()
         return fused
+
+    def _kv_spec(self, weights: ModelWeights) -> KVCacheSpec:
+        """The pool's dtype and fp8 scales; with --calculate-kv-scales, computed here from the built-in text
+        before the pool exists (engine/kv_scale_calibration.py), so every worker of this model has the same."""
+        model = self.settings.model
+        calibrated = None
+        if model.calculate_kv_scales:
+            calibrated = calibrated_kv_scales(self.config, weights, self.loaded.tokenizer)
+            if torch.device(self.device).type == "cuda":
+                torch.cuda.empty_cache()  # the scratch pass's memory, before the pool is sized by what is free
+            logger.info("fp8 KV scales calculated from the built-in text: K %s, V %s", calibrated[0], calibrated[1])
+        return load_kv_cache_spec(model.kv_cache_dtype, self.dtype, self.loaded, calibrated)
 
     def _cache_config(self) -> CacheConfig:
         cache = self.settings.cache

@@ -69,6 +69,9 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES,
                        help="KV pool dtype; auto: --dtype; fp8: float8_e4m3fn, half the bytes of bf16, with the "
                             "checkpoint's per-layer k/v scales or 1.0 (docs/quantization.md); P and D must agree")
+    group.add_argument("--calculate-kv-scales", action="store_true",
+                       help="with --kv-cache-dtype fp8: compute the per-layer k/v scales once at start from a "
+                            "built-in text (every worker gets the same ones), instead of the checkpoint's or 1.0")
     group.add_argument("--quantization", default=None, choices=QUANTIZATIONS, help=QUANTIZATION_HELP)
     group.add_argument("--seed", type=int, default=ModelSettings.seed,
                        help="seed of the worker's random generator (sampling of requests without their own "
@@ -182,7 +185,8 @@ def add_transfer_store_arguments(parser: argparse.ArgumentParser) -> None:
 def model_settings_from_args(args: argparse.Namespace, cache_dir: str | None) -> ModelSettings:
     return ModelSettings(model=args.model, load_format=args.load_format, model_preset=args.model_preset,
                          tokenizer=args.tokenizer, device=args.device, dtype=args.dtype,
-                         kv_cache_dtype=args.kv_cache_dtype, quantization=args.quantization,
+                         kv_cache_dtype=args.kv_cache_dtype, calculate_kv_scales=args.calculate_kv_scales,
+                         quantization=args.quantization,
                          cache_dir=cache_dir,
                          max_model_len=args.max_model_len, seed=args.seed, torch_threads=args.torch_threads,
                          enforce_eager=args.enforce_eager, revision=args.revision, download_dir=args.download_dir,

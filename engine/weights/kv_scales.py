@@ -37,9 +37,15 @@ def checkpoint_kv_scales(path: Path | None, num_layers: int) -> tuple[list[float
     return [found[("k", i)] for i in range(num_layers)], [found[("v", i)] for i in range(num_layers)]
 
 
-def load_kv_cache_spec(kv_cache_dtype: str, dtype: torch.dtype, loaded: LoadedModel) -> KVCacheSpec:
+def load_kv_cache_spec(kv_cache_dtype: str, dtype: torch.dtype, loaded: LoadedModel,
+                       calibrated: tuple[list[float], list[float]] | None = None) -> KVCacheSpec:
     """The pool's spec for `--kv-cache-dtype` (auto | fp8) over a loaded model of weights dtype `dtype`; an fp8
-    cache takes the checkpoint's scales when it has them (read only then)."""
+    cache takes `calibrated` scales when given (`--calculate-kv-scales`: engine/kv_scale_calibration.py, which
+    win over the checkpoint's, as in vLLM), else the checkpoint's when it has them (read only then)."""
     layers = loaded.config.num_layers
-    scales = checkpoint_kv_scales(loaded.path, layers) if kv_cache_dtype == "fp8" else None
+    if calibrated is not None and kv_cache_dtype != "fp8":
+        raise ValueError(f"calculated KV scales are for an fp8 cache, not --kv-cache-dtype {kv_cache_dtype}")
+    scales = calibrated
+    if scales is None and kv_cache_dtype == "fp8":
+        scales = checkpoint_kv_scales(loaded.path, layers)
     return KVCacheSpec.build(kv_cache_dtype, dtype, layers, scales)

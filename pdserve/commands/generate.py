@@ -36,6 +36,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     parser.add_argument("--dtype", default=None, help="float32 | float16 | bfloat16 (default: fp32 on CPU)")
     parser.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES,
                         help="auto: the --dtype; fp8: float8_e4m3fn with per-layer scales (docs/quantization.md)")
+    parser.add_argument("--calculate-kv-scales", action="store_true",
+                        help="with --kv-cache-dtype fp8: scales computed once from a built-in text, not 1.0")
     parser.add_argument("--quantization", default=None, choices=QUANTIZATIONS, help=QUANTIZATION_HELP)
     parser.add_argument("--num-blocks", type=int, default=256, help="KV blocks of 16 tokens (default 256)")
     parser.add_argument("--cache-dir", type=Path, default=None,
@@ -71,6 +73,10 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"pdserve generate: {exc}", file=sys.stderr)
         return 2
+    if args.calculate_kv_scales and args.kv_cache_dtype != "fp8":
+        print(f"pdserve generate: --calculate-kv-scales needs --kv-cache-dtype fp8, not {args.kv_cache_dtype!r}",
+              file=sys.stderr)
+        return 2
     env_cache = os.environ.get("PDSERVE_CACHE_DIR")
     cache_dir = args.cache_dir or (Path(env_cache) if env_cache else None)
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
@@ -79,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
         with _stdout_to_stderr():
             llm = LLM(args.model or DEFAULT_MODEL, dtype=args.dtype, device=device, num_blocks=args.num_blocks,
                       max_num_seqs=1, cache_dir=cache_dir, hub=hub, kv_cache_dtype=args.kv_cache_dtype,
+                      calculate_kv_scales=args.calculate_kv_scales,
                       quantization=args.quantization)
     except ModelNotFoundError as exc:
         print(f"pdserve generate: {exc}", file=sys.stderr)

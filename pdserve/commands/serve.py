@@ -31,7 +31,7 @@ from pdserve.worker.flags import (
 # what the router needs of the model (it loads the tokenizer and config), and the log level: to every process
 _MODEL_FLAGS = ("model", "revision", "download_dir", "served_model_name", "load_format", "model_preset",
                 "tokenizer", "max_model_len", "block_size", "log_level")
-_WORKER_ONLY_FLAGS = ("device", "dtype", "kv_cache_dtype", "quantization", "seed", "torch_threads", "enforce_eager", "num_blocks",
+_WORKER_ONLY_FLAGS = ("device", "dtype", "kv_cache_dtype", "calculate_kv_scales", "quantization", "seed", "torch_threads", "enforce_eager", "num_blocks",
                       "kv_cache_memory", "gpu_memory_utilization", "enable_prefix_caching", "decode_prefix_cache", "max_num_seqs",
                       "max_num_batched_tokens", "kv_lease_timeout", "kv_load_failure_policy", "max_queued_requests",
                       "async_scheduling", "transfer_store", "transfer_store_dir", "transfer_chunk_size")

@@ -7,6 +7,9 @@
                 decode worker (the layout check), and with D's dtype but another compatibility key (as a D with
                 other fp8 scales or weights would send: the key check), each a 400 naming why
                 D's key is the offline engine's fp8 key (the same rule, the same scales: 1.0)
+    calculated  `--calculate-kv-scales`: P and D each compute the scales from the built-in text at start; D's key
+                is the offline engine's with the same flag (so P's too: it took D's targets), not scale 1.0's,
+                and the text is that engine's
 
 --local-prefill-threshold 0: every prompt's KV goes through P and the tcp transfer.
 """
@@ -54,6 +57,17 @@ def fp8_llm(model_cache_dir: Path, default_model_dir: Path):
     # P's first chunk of the long prompt ends on a block edge (496), so does the offline engine's
     return LLM(MODEL, num_blocks=256, max_num_seqs=4, max_num_batched_tokens=BUDGET, chunk_size=496,
                cache_dir=model_cache_dir, progress=False, kv_cache_dtype="fp8")
+
+
+@pytest.fixture(scope="module")
+def calculated_deployment(tmp_path_factory: pytest.TempPathFactory, model_cache_dir: Path,
+                          default_model_dir: Path) -> Iterator[Deployment]:
+    deployment = launch("fp8calc", [*FLAGS, "--calculate-kv-scales"], tmp_path_factory.mktemp("fp8calc"),
+                        model_cache_dir)
+    try:
+        yield deployment.wait_ready()
+    finally:
+        deployment.kill_everything()
 
 
 def _offline_texts(llm, prompts: list[str]) -> list[str]:
@@ -114,3 +128,29 @@ async def test_prefill_refuses_a_decode_worker_of_another_kv_dtype(fp8_deploymen
     reply = await _refusal(fp8_deployment, "other-scales", {"kv_fingerprint": "0" * 32}, key)
     assert reply.status == 400 and "compatibility key" in reply.message, reply
     assert fp8_deployment.status("prefill")["free_blocks"] == status["free_blocks"]  # nothing computed or held
+
+
+async def _decode_key(deployment: Deployment) -> str:
+    """The KV compatibility key D puts in a real reservation's transfer target (then the reservation is aborted)."""
+    decode = await _link(deployment, "decode")
+    decode.send(Reserve("key-probe", list(range(1000, 1040)), GREEDY, None, time.time()))
+    reserved = await asyncio.wait_for(decode.recv(), 10)
+    decode.send(Abort("key-probe", "test"))
+    decode.close()
+    assert isinstance(reserved, Reserved), reserved
+    return str(reserved.transfer["kv_fingerprint"])
+
+
+async def test_calculated_kv_scales_agree_across_p_d_and_the_offline_engine(calculated_deployment: Deployment,
+                                                                            fp8_llm, model_cache_dir: Path) -> None:
+    from pdserve.llm import LLM
+
+    offline = LLM(MODEL, num_blocks=64, max_num_seqs=1, cache_dir=model_cache_dir, progress=False,
+                  kv_cache_dtype="fp8", calculate_kv_scales=True)
+    assert set(offline.runner.kv_spec.k_scales) != {1.0}
+    key = await _decode_key(calculated_deployment)
+    assert key == offline.fingerprint and key != fp8_llm.fingerprint
+    client = openai.OpenAI(base_url=f"{calculated_deployment.url}/v1", api_key="unused", max_retries=0, timeout=300)
+    for prompt, want in zip(PROMPTS, _offline_texts(offline, PROMPTS), strict=True):
+        got = client.completions.create(model=MODEL, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0)
+        assert got.choices[0].text == want, prompt  # P took D's targets: its key is D's, so its scales are too
