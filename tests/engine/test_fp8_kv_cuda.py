@@ -1,6 +1,7 @@
 """An fp8 KV cache on the GPU (skipped elsewhere): a bf16 model over a float8_e4m3fn pool, Triton kernels and
 decode CUDA graphs, against the same model and pool on the plain-torch references; and decode attention at
-Llama-3-8B's head shape over a 4,096-token fp8 context against its reference."""
+Llama-3-8B's head shape over a 4,096-token fp8 context against its reference; scales calculated on the GPU
+(--calculate-kv-scales) with either backend."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from pdserve import kernels
 from pdserve.engine.attention_metadata import DecodeInput, PrefillChunk
 from pdserve.engine.config import CacheConfig, ModelConfig
 from pdserve.engine.kv_cache_spec import KVCacheSpec
+from pdserve.engine.kv_scale_calibration import calibrate_kv_scales, calibration_tokens
+from pdserve.engine.model import fuse_weights
 from pdserve.engine.runner import ModelRunner
 from pdserve.engine.weights.dummy import dummy_weights
 from pdserve.kernels.decode_attention import decode_attention_ref
@@ -50,6 +53,28 @@ def test_fp8_pool_with_triton_and_graphs_matches_the_references() -> None:
     assert torch.isfinite(ours).all()
     diff = (ours - ref).abs().max().item()
     assert diff < 0.05 * ref.abs().max().item(), diff  # bf16 activations, rounded differently along the way
+
+
+@pytest.mark.parametrize("backend", ["auto", "ref"])
+def test_calculated_scales_on_the_gpu_put_the_texts_codes_in_112_to_224(backend: str) -> None:
+    """--calculate-kv-scales on the GPU: a bf16 scratch prefill (Triton / SDPA, or the references) gives powers of
+    two, and an fp8 pool with them holds the calibration tokens' largest K and V code of each layer in [112, 224]
+    (the RoPE + K/V write kernel applying each layer's scales)."""
+    kernels.set_backend(backend)
+    try:
+        weights = fuse_weights(MODEL, dummy_weights(MODEL, torch.bfloat16, "cuda", seed=3), torch.device("cuda"),
+                               torch.bfloat16, "none")
+        tokens = calibration_tokens(None, MODEL)
+        k, v = calibrate_kv_scales(MODEL, weights, tokens)
+        spec = KVCacheSpec.build("fp8", torch.bfloat16, MODEL.num_layers, (k, v))
+        runner = ModelRunner(MODEL, CacheConfig(num_blocks=64, block_size=16), weights, "cuda", torch.bfloat16,
+                             max_num_seqs=4, enforce_eager=True, kv_spec=spec)
+        runner.prefill([PrefillChunk(tokens, 0, list(range(-(-len(tokens) // 16))))])
+        for kv in runner.kv_caches:
+            for half in (0, 1):
+                assert 112 <= kv[half].float().abs().max().item() <= 224, (k, v)
+    finally:
+        kernels.set_backend("auto")
 
 
 @pytest.mark.parametrize("batch", [1, 8, 64])
