@@ -212,7 +212,8 @@ class PrefillNode:
         if target.kv_fingerprint != cfg.model_fingerprint:
             raise ValueError(f"decode worker's KV compatibility key {target.kv_fingerprint!r} differs from ours "
                              f"{cfg.model_fingerprint!r} ({cfg.kv_dtype}): its model, --dtype, --kv-cache-dtype or fp8 "
-                             f"KV scales are not ours")
+                             f"KV scales are not ours (--calculate-kv-scales on one side only, or on devices "
+                             f"whose calibration pass rounds differently)")
         needed = blocks_needed(num_tokens, cfg.block_size)
         if not self.engine.sender.shares_pool and target.first_block + len(target.block_ids) != needed:
             raise ValueError(f"transfer target has {len(target.block_ids)} blocks after the {target.first_block} D "
