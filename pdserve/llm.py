@@ -112,7 +112,7 @@ class LLM:
         self.tokenizer: Tokenizer = loaded.tokenizer
         torch_dtype = parse_dtype(dtype, device)
         if calculate_kv_scales and kv_cache_dtype != "fp8":
-            raise ValueError(f"calculate_kv_scales needs kv_cache_dtype='fp8', not {kv_cache_dtype!r}")
+            raise ValueError(f"--calculate-kv-scales needs --kv-cache-dtype fp8, not {kv_cache_dtype!r}")
         weights = fuse_weights(loaded.config, loaded.weights, torch.device(device), torch_dtype, loaded.quantization)
         loaded.weights = {}
         calibrated = calibrated_kv_scales(loaded.config, weights, loaded.tokenizer) if calculate_kv_scales else None

@@ -73,10 +73,6 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"pdserve generate: {exc}", file=sys.stderr)
         return 2
-    if args.calculate_kv_scales and args.kv_cache_dtype != "fp8":
-        print(f"pdserve generate: --calculate-kv-scales needs --kv-cache-dtype fp8, not {args.kv_cache_dtype!r}",
-              file=sys.stderr)
-        return 2
     env_cache = os.environ.get("PDSERVE_CACHE_DIR")
     cache_dir = args.cache_dir or (Path(env_cache) if env_cache else None)
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
@@ -87,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
                       max_num_seqs=1, cache_dir=cache_dir, hub=hub, kv_cache_dtype=args.kv_cache_dtype,
                       calculate_kv_scales=args.calculate_kv_scales,
                       quantization=args.quantization)
-    except ModelNotFoundError as exc:
+    except (ModelNotFoundError, ValueError) as exc:  # ValueError: flags the engine refuses
         print(f"pdserve generate: {exc}", file=sys.stderr)
         return 2
     try:
