@@ -57,7 +57,8 @@ from pdserve.engine.presets import get_preset
 
 REPO = Path(__file__).resolve().parents[1]
 DEPLOYMENTS = {"disaggregated": [], "colocated": ["--colocated"],
-               "disaggregated_fp8kv": ["--kv-cache-dtype", "fp8"]}  # issue 19: the same with an fp8 KV cache
+               "disaggregated_fp8kv": ["--kv-cache-dtype", "fp8"],  # issue 19: the same with an fp8 KV cache
+               "disaggregated_fp8kv_calc": ["--kv-cache-dtype", "fp8", "--calculate-kv-scales"]}  # scales calculated
 
 Case = tuple[list[Conversation], LoadSpec, float]  # requests, arrivals, temperature
 KEYS = ("completed", "failed", "duration", "request_throughput", "output_throughput", "total_token_throughput",
