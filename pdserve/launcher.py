@@ -13,8 +13,13 @@ Every child is a `pdserve <role>` command line, so `ps` shows the roles. Readine
 `/health` at all (it listens), then every child's `/health` says 200 (a router: it has a prefill and a decode
 worker; a worker: it is registered). None of these needs the API key.
 
-Supervision, once the deployment is ready (a child that exits before that fails `pdserve serve`: a wrong
-flag or a missing model would only fail again):
+Ports: the launcher chooses every child's ports before any child binds one, each free now and none chosen
+twice (nor the router's --port). Another process can still bind one first; the worker then exits with
+PORT_TAKEN_EXIT (pdserve/supervision.py) and is started again on fresh ports, even before the deployment is
+ready (at most _PORT_RETRIES times).
+
+Supervision, once the deployment is ready (any other child that exits before that fails `pdserve serve`: a
+wrong flag or a missing model would only fail again):
 - a child that exits is restarted after a backoff (pdserve/supervision.py: 0.5 s, doubling, at most
   `--max-restarts` per minute, then given up with a log line); the others keep serving meanwhile. The router
   sees a dead worker at once (its data-plane connection breaks: the worker is skipped until it registers
@@ -43,7 +48,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, replace
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -51,11 +56,12 @@ from urllib.parse import urlsplit
 import httpx
 
 from pdserve.settings import LaunchSettings
-from pdserve.supervision import Child, RestartHistory, describe_exit
+from pdserve.supervision import PORT_TAKEN_EXIT, Child, RestartHistory, describe_exit
 
 _PR_SET_PDEATHSIG = 1
 _POLL_S = 0.2  # how often the launcher looks at its children (a dead worker is routed around at once anyway)
 _PORT_FLAGS = ("--port", "--transfer-port")  # the ports a worker gets afresh when it is restarted
+_PORT_RETRIES = 3  # starts on fresh ports for a worker whose chosen port another process took before it bound
 
 
 @dataclass(frozen=True)
@@ -66,24 +72,41 @@ class ChildSpec:
     up_url: str | None = None  # a router: answers at all once it listens
     role: str = "router"  # router | prefill | decode | both
 
-    def with_fresh_ports(self, host: str) -> ChildSpec:
-        """A worker's spec for its restart: new --port and --transfer-port. A router keeps its own."""
+    @property
+    def ports(self) -> set[int]:
+        """The ports its command line names (--port, --transfer-port, a router's --internal-port)."""
+        return {int(self.argv[i + 1]) for i, arg in enumerate(self.argv[:-1])
+                if arg in (*_PORT_FLAGS, "--internal-port")}
+
+    def with_fresh_ports(self, host: str, avoid: Collection[int] = ()) -> ChildSpec:
+        """A worker's spec for its restart: new --port and --transfer-port, none of them its old ones or in
+        `avoid` (the other children's). A router keeps its own."""
         if self.role == "router":
             return self
         argv = list(self.argv)
+        taken = set(avoid) | self.ports
         for flag in _PORT_FLAGS:
             if flag in argv:
-                argv[argv.index(flag) + 1] = str(free_port(host))
+                argv[argv.index(flag) + 1] = str(free_port(host, taken))
         port = argv[argv.index("--port") + 1]
         return replace(self, argv=argv, health_url=f"http://{host}:{port}/health")
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port nothing listens on now (every deployment, test and benchmark takes its ports from here)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        port: int = sock.getsockname()[1]
-        return port
+def free_port(host: str = "127.0.0.1", taken: set[int] | None = None) -> int:
+    """A port nothing listens on now (every deployment, test and benchmark takes its ports from here). With
+    `taken`: none of those either, and the one returned is added to it. A launcher chooses all its children's
+    ports before any of them binds, so "nothing listens" alone gave one port twice: the kernel handed the
+    router's --port (chosen by the caller, its router still starting) to a decode worker as well, which
+    could not bind it (CI, 2026-12-06)."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((host, 0))
+            port: int = sock.getsockname()[1]
+        if taken is None:
+            return port
+        if port not in taken:
+            taken.add(port)
+            return port
 
 
 def plan_children(settings: LaunchSettings, python: str = sys.executable,
@@ -91,7 +114,8 @@ def plan_children(settings: LaunchSettings, python: str = sys.executable,
     """The router first, then the workers, with ports chosen now and GPUs shared out (`num_gpus`: None asks
     torch; 0 on a machine without CUDA)."""
     base = [python, "-m", "pdserve.cli"]
-    children = router_children(settings, base)
+    taken = {settings.port}  # every port chosen here, so none is chosen twice
+    children = router_children(settings, base, taken)
     router_url = ",".join(child.health_url.removesuffix("/health") for child in children)
     if settings.colocated:
         workers = [("decode", "both", i) for i in range(settings.num_colocated)]
@@ -110,27 +134,28 @@ def plan_children(settings: LaunchSettings, python: str = sys.executable,
     placements = place_on_gpus(extra, len(workers), num_gpus or 0)
     extra += transfer_flags(settings, on_gpus=device.startswith("cuda") or (device == "auto" and bool(num_gpus)))
     for (command, role, index), placement in zip(workers, placements, strict=True):
-        port = free_port(settings.host)
+        port = free_port(settings.host, taken)
         name = f"{'colocated' if role == 'both' else role}-{index}"
         argv = [*base, command, "--role", role, "--router", router_url, "--host", settings.host,
                 "--port", str(port), "--worker-id", name]
         if role != "prefill":
-            argv += ["--transfer-port", str(free_port(settings.host))]
+            argv += ["--transfer-port", str(free_port(settings.host, taken))]
         children.append(ChildSpec(name, argv + extra + placement, f"http://{settings.host}:{port}/health",
                                   role=role))
     return children
 
 
-def router_children(settings: LaunchSettings, base: list[str]) -> list[ChildSpec]:
-    """The routers: `router` on --port, then `router-1`, ... on free ports. With TLS, workers and health checks
-    use each router's plain loopback listener (--internal-port, pdserve/router_server.py)."""
-    ports = [settings.port] + [free_port(settings.host) for _ in range(settings.num_routers - 1)]
+def router_children(settings: LaunchSettings, base: list[str], taken: set[int]) -> list[ChildSpec]:
+    """The routers: `router` on --port, then `router-1`, ... on free ports (none in `taken`, each added to it).
+    With TLS, workers and health checks use each router's plain loopback listener (--internal-port,
+    pdserve/router_server.py)."""
+    ports = [settings.port] + [free_port(settings.host, taken) for _ in range(settings.num_routers - 1)]
     children = []
     for index, port in enumerate(ports):
         url = f"http://{settings.host}:{port}"
         argv = [*base, "router", "--host", settings.host, "--port", str(port), *settings.router_args]
         if settings.router_tls:
-            internal = free_port("127.0.0.1")
+            internal = free_port("127.0.0.1", taken)
             url = f"http://127.0.0.1:{internal}"
             argv += ["--internal-port", str(internal)]
         children.append(ChildSpec("router" if index == 0 else f"router-{index}", argv, f"{url}/health",
@@ -256,37 +281,52 @@ class Launcher:
         # the workers start beside the routers, not after them: their ports are known, and a worker retries
         # its registration until its router listens (on a busy 2-core machine a router took 2-3 s to listen,
         # which every start waited through before its workers began loading)
-        routers = [child.spec for child in self.children if child.spec.up_url is not None]
-        self._wait_for([s.up_url for s in routers if s.up_url], [s.name for s in routers],
-                       self.settings.ready_timeout_s, listening=True)
+        routers = [child.name for child in self.children if child.spec.up_url is not None]
+        self._wait_for(routers, self.settings.ready_timeout_s, listening=True)
 
     def wait_ready(self) -> None:
-        specs = [child.spec for child in self.children]
-        self._wait_for([s.health_url for s in specs], [s.name for s in specs], self.settings.ready_timeout_s)
+        self._wait_for([child.name for child in self.children], self.settings.ready_timeout_s)
         scheme = "https" if self.settings.router_tls else "http"
         self.log(f"pdserve ready: {scheme}://{self.settings.host}:{self.settings.port}/v1 "
                  f"({', '.join(child.name for child in self.children)})")
 
-    def _wait_for(self, urls: list[str], names: list[str], timeout_s: float, listening: bool = False) -> None:
-        """Until each URL answers 200 (`listening`: answers at all)."""
+    def _wait_for(self, names: list[str], timeout_s: float, listening: bool = False) -> None:
+        """Until each named child's health URL answers 200 (`listening`: a router's answers at all). A child's
+        URL is looked up each time: one started again on fresh ports has a new one."""
         deadline = time.monotonic() + timeout_s
-        pending = dict(zip(urls, names, strict=True))
+        pending = list(names)
         with httpx.Client(timeout=2.0, trust_env=False) as client:
             while pending:
                 if self._stop.is_set():
                     raise InterruptedError("stopping before the deployment was ready")
                 self._check_alive()
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"not ready after {timeout_s:g} s: {sorted(pending.values())}")
-                pending = {url: name for url, name in pending.items() if not _answers(client, url, listening)}
+                    raise TimeoutError(f"not ready after {timeout_s:g} s: {sorted(pending)}")
+                pending = [name for name in pending if not _answers(client, self._ready_url(name, listening),
+                                                                    listening)]
                 if pending:
                     self._stop.wait(0.2)
 
+    def _ready_url(self, name: str, listening: bool) -> str:
+        spec = self.child(name).spec
+        return spec.up_url if listening and spec.up_url else spec.health_url
+
     def _check_alive(self) -> None:
+        """Before the deployment is ready, an exit fails it (a wrong flag or a missing model would only fail
+        again), except a worker's PORT_TAKEN_EXIT: another process bound a port chosen for it between the
+        choice and its bind, so it is started again on fresh ports, at most _PORT_RETRIES times."""
         for child in self.children:
             code = child.process.poll()
-            if code is not None:
-                raise ChildProcessError(f"{child.name} (pid {child.process.pid}) exited with {describe_exit(code)}")
+            if code is None:
+                continue
+            if code == PORT_TAKEN_EXIT and child.spec.role != "router" and child.restarts < _PORT_RETRIES:
+                old = urlsplit(child.spec.health_url).port
+                self._respawn(child)
+                self.log(f"{child.name}: a port chosen for it was taken by another process before it bound it "
+                         f"(port {old} or its transfer port); started again (pid {child.process.pid}, port "
+                         f"{urlsplit(child.spec.health_url).port})")
+                continue
+            raise ChildProcessError(f"{child.name} (pid {child.process.pid}) exited with {describe_exit(code)}")
 
     def wait(self) -> int:
         """Supervise until a stop is requested (0) or nothing can serve any more (1)."""
@@ -336,13 +376,18 @@ class Launcher:
                  f"{policy.window_s:g} s); the others keep serving")
 
     def _restart(self, child: Child, now: float) -> None:
-        child.spec = child.spec.with_fresh_ports(self.settings.host)
-        child.process = spawn(child.spec, self.env, self.log_path(child.name))
+        self._respawn(child)
         child.history.restarted(now)
         child.restart_at, child.restarted_at = None, now
-        child.restarts += 1
         port = urlsplit(child.spec.health_url).port
         self.log(f"restarted {child.name} (pid {child.process.pid}, port {port})")
+
+    def _respawn(self, child: Child) -> None:
+        """Start `child` again; a worker on fresh ports, none of them another child's."""
+        others = {port for other in self.children if other is not child for port in other.spec.ports}
+        child.spec = child.spec.with_fresh_ports(self.settings.host, others)
+        child.process = spawn(child.spec, self.env, self.log_path(child.name))
+        child.restarts += 1
 
     def _check_serving(self) -> None:
         for child in self.children:

@@ -23,6 +23,9 @@ if TYPE_CHECKING:
     from pdserve.launcher import ChildSpec
 
 
+PORT_TAKEN_EXIT = 98  # a worker's exit status when a port it was given is bound by another process (EADDRINUSE)
+
+
 @dataclass(frozen=True)
 class RestartPolicy:
     """`max_restarts` restarts of one child within any `window_s`; 0 never restarts (an exit gives it up)."""

@@ -1,7 +1,8 @@
 """The worker's HTTP app and its process: what `pdserve prefill` / `pdserve decode` run (pdserve/commands/).
 
-    run_worker(settings)   logging, torch threads and seed ─▶ Worker (engine, roles, tiers: worker/assembly.py)
-      bind the HTTP port ─▶ create_app(worker) ─▶ uvicorn (DrainOnSigterm with --drain-on-sigterm)
+    run_worker(settings)   logging, torch threads and seed ─▶ bind the HTTP port ─▶ Worker (engine, roles, tiers:
+      worker/assembly.py) ─▶ create_app(worker) ─▶ uvicorn (DrainOnSigterm with --drain-on-sigterm); exit status
+      PORT_TAKEN_EXIT when its HTTP or transfer port is bound by another process (the launcher then picks others)
     create_app(worker)     lifespan: worker.start(), the router links' registration task; worker.stop() at exit
       GET /internal/status, /health (503 until the engines run and a router took the registration), /metrics;
       the control routes (worker/control.py), the cache routes (worker/cache.py);
@@ -11,6 +12,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import hmac
 import logging
 import socket
@@ -26,6 +28,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from pdserve.gc_tuning import quiet_garbage_collector
 from pdserve.settings import WorkerSettings
+from pdserve.supervision import PORT_TAKEN_EXIT
 from pdserve.worker.assembly import Worker
 from pdserve.worker.cache import build_cache_router
 from pdserve.worker.control import DrainOnSigterm, build_control_router
@@ -55,7 +58,11 @@ class InternalSecret:
 def create_app(worker: Worker) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        await worker.start()
+        try:
+            await worker.start()
+        except OSError as exc:  # uvicorn logs it and ends; run_worker turns it into the exit status
+            app.state.port_taken = exc.errno == errno.EADDRINUSE
+            raise
         registration = asyncio.create_task(worker.links.run())
         try:
             yield
@@ -101,8 +108,15 @@ def run_worker(settings: WorkerSettings) -> int:
     if settings.model.torch_threads is not None:
         torch.set_num_threads(settings.model.torch_threads)
     torch.manual_seed(settings.model.seed)  # requests without a `seed` of their own sample from this generator
+    try:  # before the model loads: a port taken meanwhile is told in milliseconds, not after the load
+        sock = bind_socket(settings.server.host, settings.server.port)
+    except OSError as exc:
+        if exc.errno != errno.EADDRINUSE:
+            raise
+        logger.error("port %d on %s is taken by another process: %s", settings.server.port, settings.server.host,
+                     exc)
+        return PORT_TAKEN_EXIT
     worker = Worker(settings)
-    sock = bind_socket(settings.server.host, settings.server.port)
     port = sock.getsockname()[1]
     worker.url = f"http://{worker.advertised(settings.server.host)}:{port}"
     app = create_app(worker)
@@ -113,5 +127,10 @@ def run_worker(settings: WorkerSettings) -> int:
     server = DrainOnSigterm(config, worker.control) if settings.server.drain_on_sigterm else uvicorn.Server(config)
     worker.control.request_exit = lambda: setattr(server, "should_exit", True)  # a drain with exit ends here
     quiet_garbage_collector()
-    server.run(sockets=[sock])
+    try:
+        server.run(sockets=[sock])
+    except SystemExit:  # uvicorn's exit when the lifespan failed (it logged why): its status 3, or ours
+        if getattr(app.state, "port_taken", False):
+            return PORT_TAKEN_EXIT
+        raise
     return 0

@@ -14,7 +14,7 @@ import pytest
 
 from pdserve.cli import build_parser
 from pdserve.commands.serve import _MODEL_FLAGS, _WORKER_ONLY_FLAGS, forwarded_flags
-from pdserve.launcher import place_on_gpus, plan_children
+from pdserve.launcher import free_port, place_on_gpus, plan_children
 from pdserve.settings import LaunchSettings
 
 
@@ -128,3 +128,26 @@ def running(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
+
+
+def test_free_port_skips_the_ports_already_taken_and_records_its_own() -> None:
+    """The kernel's choice is random in ip_local_port_range: with its lower half taken, half the kernel's
+    answers would be taken ports, so 40 draws without the check would all be free with odds 2^-40."""
+    low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    taken = set(range(low, (low + high) // 2))
+    for _ in range(40):
+        before = set(taken)
+        port = free_port("127.0.0.1", taken)
+        assert port not in before and taken == before | {port}
+
+
+def test_a_plan_chooses_no_port_twice_nor_the_routers_own() -> None:
+    """CI, 2026-12-06: the kernel handed `pdserve serve --port 36165`'s port, free until its router bound it,
+    to decode-0 as well, which exited with "Address already in use" and failed the docs' deployment."""
+    for _ in range(20):
+        settings = LaunchSettings(port=free_port(), num_routers=2, num_prefill=2, num_decode=3)
+        children = plan_children(settings, python="py", num_gpus=0)
+        ports = [port for child in children for port in child.ports]
+        assert len(ports) == len(set(ports)) == 2 + 2 + 3 * 2 and ports[0] == settings.port
+        fresh = children[-1].with_fresh_ports("127.0.0.1", set(ports))
+        assert not fresh.ports & set(ports) and len(fresh.ports) == 2

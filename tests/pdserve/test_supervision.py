@@ -6,6 +6,7 @@ same loop are killed in tests/reliability/test_worker_failures.py."""
 from __future__ import annotations
 
 import signal
+import socket
 import sys
 import threading
 import time
@@ -18,17 +19,21 @@ import pytest
 
 from pdserve.launcher import ChildSpec, Launcher, free_port, spawn
 from pdserve.settings import LaunchSettings
-from pdserve.supervision import Child, RestartHistory, RestartPolicy, describe_exit
+from pdserve.supervision import PORT_TAKEN_EXIT, Child, RestartHistory, RestartPolicy, describe_exit
 
-SERVER = """
-import http.server, sys
+SERVER = f"""
+import errno, http.server, sys
 port = int(sys.argv[sys.argv.index("--port") + 1])
 class Health(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         self.send_response(200); self.end_headers(); self.wfile.write(b"ok")
     def log_message(self, *args):
         pass
-http.server.HTTPServer(("127.0.0.1", port), Health).serve_forever()
+try:
+    server = http.server.HTTPServer(("127.0.0.1", port), Health)
+except OSError as exc:  # as a pdserve worker does (worker/app.py)
+    sys.exit({PORT_TAKEN_EXIT} if exc.errno == errno.EADDRINUSE else 1)
+server.serve_forever()
 """
 CRASH = "import sys; sys.exit(3)"
 
@@ -151,3 +156,39 @@ def test_a_stop_during_the_backoff_makes_no_restart(healthy_specs: list[ChildSpe
         victim.process.send_signal(signal.SIGKILL)
         run.wait_for("restarting it in 5 s")
     assert victim.restarts == 0 and not any("restarted prefill-0" in line for line in run.lines)
+
+
+def _held_port() -> socket.socket:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen()
+    return sock
+
+
+def test_a_worker_whose_port_was_taken_before_it_bound_starts_again_on_fresh_ports_before_ready(
+        tmp_path: Path) -> None:
+    """Another process binds a port the launcher chose for a worker first: the worker exits PORT_TAKEN_EXIT
+    and the deployment still comes up, that worker on fresh ports. A router keeps its port, so there it fails."""
+    with _held_port() as held:
+        port = held.getsockname()[1]
+        taken = ChildSpec("decode-0", [sys.executable, "-c", SERVER, "decode", "--port", str(port)],
+                          f"http://127.0.0.1:{port}/health", role="decode")
+        run = Supervised([_spec("router", "router"), _spec("prefill-0", "prefill"), taken], RestartPolicy(),
+                         tmp_path)
+        try:
+            run.launcher.wait_ready()
+            decode = run.launcher.child("decode-0")
+            assert decode.restarts == 1 and port not in decode.spec.ports and _up(decode.spec.health_url)
+            assert any(f"decode-0: a port chosen for it was taken by another process before it bound it (port "
+                       f"{port}" in line for line in run.lines)
+        finally:
+            run.launcher.stop()
+
+        router = ChildSpec("router", [sys.executable, "-c", SERVER, "router", "--port", str(port)],
+                           f"http://127.0.0.1:{port}/health", role="router")
+        run = Supervised([router, _spec("decode-0", "decode")], RestartPolicy(), tmp_path)
+        try:
+            with pytest.raises(ChildProcessError, match=f"router .* exited with status {PORT_TAKEN_EXIT}"):
+                run.launcher.wait_ready()
+        finally:
+            run.launcher.stop()
