@@ -80,7 +80,8 @@ def run_path(mode: str, args: argparse.Namespace, env: dict[str, str], logs: Pat
     pace = ["--step-ms", str(args.paced_step_ms)] if mode == "data_plane_paced" else []
     cpus = sorted(os.sched_getaffinity(0))
     router_cpu, load_cpu = cpus[0], cpus[-1]
-    fake_port, router_port = free_port("127.0.0.1"), free_port("127.0.0.1")
+    taken: set[int] = set()
+    fake_port, router_port = free_port("127.0.0.1", taken), free_port("127.0.0.1", taken)
     fake_url, router_url = f"http://127.0.0.1:{fake_port}", f"http://127.0.0.1:{router_port}"
     fake = pinned([sys.executable, str(REPO / "benchmarks/relay_fakes.py"), "--mode",
                    "http" if mode == "http" else "data", "--port", str(fake_port), "--secret", env["PDSERVE_SECRET"],

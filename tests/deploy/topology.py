@@ -108,6 +108,7 @@ class Topology:
     router_env: dict[str, str] = field(default_factory=dict)  # more of the router's environment (PDSERVE_<FLAG>)
     router: Process | None = None
     workers: list[Process] = field(default_factory=list)
+    ports: set[int] = field(default_factory=set)  # every port chosen here: none is chosen twice
 
     # ---- building the processes ------------------------------------------------------------------
 
@@ -115,10 +116,10 @@ class Topology:
         spec = self.services[service]
         env = {k: v for k, v in os.environ.items() if not k.startswith("PDSERVE_")}
         env |= {k: str(v) for k, v in (spec.get("environment") or {}).items() if v is not None}
-        port = free_port()
+        port = free_port("127.0.0.1", self.ports)
         env |= {"PDSERVE_HOST": "127.0.0.1", "PDSERVE_PORT": str(port), "PDSERVE_CACHE_DIR": str(self.cache_dir)}
         if "PDSERVE_TRANSFER_PORT" in env:
-            env["PDSERVE_TRANSFER_PORT"] = str(free_port())
+            env["PDSERVE_TRANSFER_PORT"] = str(free_port("127.0.0.1", self.ports))
         env = {k: self._loopback(v) for k, v in env.items()}
         if self.redis_url is None:
             env.pop("PDSERVE_REDIS_URL", None)

@@ -67,7 +67,8 @@ def test_dead_decode_worker_gets_503_within_2_s(disaggregated: Deployment, model
                                                  tmp_path: Path) -> None:
     """Its own router: the session's P (static) and a D that registers, then is killed with SIGKILL."""
     env = {**os.environ, "PDSERVE_CACHE_DIR": str(model_cache_dir), "PDSERVE_SECRET": SECRET}
-    router_port, decode_port = free_port(), free_port()
+    taken: set[int] = set()
+    router_port, decode_port = free_port("127.0.0.1", taken), free_port("127.0.0.1", taken)
     router_url = f"http://127.0.0.1:{router_port}"
     router = start(["router", "--port", str(router_port), "--prefill", disaggregated.worker_url("prefill")],
                    tmp_path / "router.log", env)

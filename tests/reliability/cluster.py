@@ -142,6 +142,7 @@ class Cluster:
     extras: dict[str, Proc] = field(default_factory=dict)
     retired: list[Proc] = field(default_factory=list)
     launcher_log: list[str] = field(default_factory=list)
+    ports: set[int] = field(default_factory=set)  # every port chosen for the cluster: none is chosen twice
     _supervisor: threading.Thread | None = None
 
     def env(self) -> dict[str, str]:
@@ -160,11 +161,12 @@ class Cluster:
     def launch(self, *router_flags: str) -> None:
         """The deployment, as `pdserve serve --num-prefill 2 --num-decode 2` starts it; returns once the router
         is up (the workers load meanwhile: `wait_deployment` waits for them)."""
-        settings = LaunchSettings(host=HOST, port=free_port(HOST), num_prefill=2, num_decode=2,
+        settings = LaunchSettings(host=HOST, port=free_port(HOST, self.ports), num_prefill=2, num_decode=2,
                                   worker_args=WORKER_FLAGS, router_args=(*ROUTER_FLAGS, *router_flags),
                                   ready_timeout_s=READY_TIMEOUT_S, restart=RestartPolicy())
         self.launcher = Launcher(settings, grace_s=10, log=self._log, env=self.env(), log_dir=self.tmp)
         self.launcher.start()
+        self.ports |= {port for child in self.launcher.children for port in child.spec.ports}
 
     def supervise(self) -> None:
         """Once ready: the launcher's supervision loop, in a thread."""
@@ -181,15 +183,20 @@ class Cluster:
         self.extras[name] = proc
         return proc
 
+    def _port(self) -> int:
+        """A port free now and not the cluster's already (a restarted child's new ones may be: a clash only
+        costs that child a start on other ports)."""
+        return free_port(HOST, self.ports)
+
     def spawn_router(self, name: str, *extra: str) -> Proc:
         """An extra router process (the caller's to stop)."""
-        return self._spawn(name, "router", ["router", "--host", HOST, "--port", str(free_port(HOST)), *ROUTER_FLAGS,
+        return self._spawn(name, "router", ["router", "--host", HOST, "--port", str(self._port()), *ROUTER_FLAGS,
                                             *extra], registered=False)
 
     def start_worker(self, role: str, name: str, *extra: str, register: bool = True) -> Proc:
         """An extra worker beside the deployment: registered with its router, or static (nobody routes to it)."""
-        argv = [role, "--host", HOST, "--port", str(free_port(HOST)), "--worker-id", name, "--transfer-port",
-                str(free_port(HOST)), *extra]
+        argv = [role, "--host", HOST, "--port", str(self._port()), "--worker-id", name, "--transfer-port",
+                str(self._port()), *extra]
         if register:
             argv += ["--router", self.url]
         return self._spawn(name, role, argv, registered=register)

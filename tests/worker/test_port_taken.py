@@ -24,9 +24,10 @@ def test_a_worker_given_a_taken_port_exits_with_port_taken(flag: str, model_cach
         held.bind(("127.0.0.1", 0))
         held.listen()
         port = held.getsockname()[1]
-        ports = {"--port": str(free_port()), "--transfer-port": str(free_port())} | {flag: str(port)}
+        taken = {port}
+        ports = {name: str(free_port("127.0.0.1", taken)) for name in ("--port", "--transfer-port")} | {flag: str(port)}
         argv = [sys.executable, "-m", "pdserve.cli", "decode", "--role", "decode", "--host", "127.0.0.1",
-                "--router", f"http://127.0.0.1:{free_port()}", "--num-blocks", "64", "--torch-threads", "1",
+                "--router", f"http://127.0.0.1:{free_port('127.0.0.1', taken)}", "--num-blocks", "64", "--torch-threads", "1",
                 *(word for item in ports.items() for word in item)]
         env = {**os.environ, "PDSERVE_CACHE_DIR": str(model_cache_dir)}
         done = subprocess.run(argv, check=False, env=env, capture_output=True, text=True, timeout=180)
