@@ -38,7 +38,7 @@ from typing import Any
 import httpx
 import openai
 
-from pdserve.launcher import free_port
+from pdserve.launch_plan import free_port
 from pdserve.process_group import ProcessGroup, serve_command
 
 REPO = Path(__file__).resolve().parents[1]

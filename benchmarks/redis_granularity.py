@@ -26,7 +26,7 @@ from pathlib import Path
 
 import redis
 
-from pdserve.launcher import free_port
+from pdserve.launch_plan import free_port
 
 BLOCK_BYTES = {"64KiB": 64 << 10, "smollm2_bf16_360KiB": 368_640, "llama3_8b_bf16_2MiB": 2 << 20}
 CHUNKS = (1, 4, 16)

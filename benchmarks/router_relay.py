@@ -32,7 +32,7 @@ from pathlib import Path
 import httpx
 import psutil
 
-from pdserve.launcher import free_port
+from pdserve.launch_plan import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("engine", "kernels", "cache_store", "router", "prefill_node", "decode_node", "kv_transfer", "protocol")

@@ -75,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--redis-url", default=None, help="store-redis: this server (default: start one)")
     parser.add_argument("--torch-threads", type=int, default=max(1, (os.cpu_count() or 1) // 2),
                         help="torch threads of P and of D, default half the cores each, as `pdserve serve` gives "
-                             "a P and a D (pdserve/launcher.py): with 2 each on 2 busy cores one 256 KiB "
+                             "a P and a D (pdserve/launch_plan.py): with 2 each on 2 busy cores one 256 KiB "
                              "index_copy_ took 4.8 ms instead of 0.13 ms (OpenMP threads waiting for each other)")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/transfer_backends.json"))
     return parser

@@ -10,7 +10,7 @@ its own `device_ids`:
                  ──▶ prefill-0 (GPU 0), prefill-1 (GPU 1), decode-0 (GPU 2), decode-1 (GPU 3)  ──▶ compose.gpus.yaml
 
 Workers sharing a GPU (a GPU id given twice) take `--gpu-memory-utilization` 0.8/k each, as `pdserve serve`
-shares one (pdserve/launcher.py). The template is compose.yaml itself (read with its anchors resolved), so the
+shares one (pdserve/launch_plan.py). The template is compose.yaml itself (read with its anchors resolved), so the
 two files cannot drift: the environment, health checks, volumes and secrets are compose.yaml's. The result is
 checked with `docker compose config` by tests/deploy/test_compose_gpus.py.
 """

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from pdserve.launcher import ChildSpec
+    from pdserve.launch_plan import ChildSpec
 
 
 PORT_TAKEN_EXIT = 98  # a worker's exit status when a port it was given is bound by another process (EADDRINUSE)

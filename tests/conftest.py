@@ -111,7 +111,7 @@ class RedisServerProcess:
     """
 
     def __init__(self, binary: str, extra_args: tuple[str, ...] = ()) -> None:
-        from pdserve.launcher import free_port
+        from pdserve.launch_plan import free_port
 
         self.port = 0
         while not 0 < self.port <= 55535:  # a cluster node also listens on port + 10000

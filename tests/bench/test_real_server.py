@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from pdserve.cli import main
-from pdserve.launcher import free_port
+from pdserve.launch_plan import free_port
 from pdserve.process_group import ProcessGroup, serve_command
 
 REPO = Path(__file__).resolve().parents[2]

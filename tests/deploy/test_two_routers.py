@@ -1,4 +1,4 @@
-"""Two routers in front of one pool, as `pdserve serve --num-routers 2` plans them (pdserve/launcher.py) and as
+"""Two routers in front of one pool, as `pdserve serve --num-routers 2` plans them (pdserve/launch_plan.py) and as
 deploy/k8s runs them behind a headless Service: every worker registers with both, and the cache-aware
 prefill choice of each router follows the prefix events of every worker.
 
@@ -24,7 +24,8 @@ from typing import Any
 import httpx
 import pytest
 
-from pdserve.launcher import ChildSpec, Launcher, free_port, spawn
+from pdserve.launch_plan import ChildSpec, free_port
+from pdserve.launcher import Launcher, spawn
 from pdserve.protocol.prefix_summary import decode_summary
 from pdserve.settings import LaunchSettings
 from tests.deploy.kustomize import adapter_series

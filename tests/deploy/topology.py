@@ -28,7 +28,7 @@ from typing import Any
 
 import httpx
 
-from pdserve.launcher import free_port
+from pdserve.launch_plan import free_port
 from pdserve.process_group import ProcessGroup, http_ok
 
 REPO = Path(__file__).resolve().parents[2]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from pdserve.launcher import free_port
+from pdserve.launch_plan import free_port
 from pdserve.process_group import ProcessGroup, http_ok, serve_command
 from tests.docs.markdown_blocks import REPO
 

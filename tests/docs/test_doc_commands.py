@@ -24,7 +24,7 @@ import pytest
 
 from pdserve.cli import build_parser
 from pdserve.commands.docs import hidden_pdserve_env
-from pdserve.launcher import free_port
+from pdserve.launch_plan import free_port
 from tests.docs.conftest import READY_TIMEOUT_S, SERVE_FLAGS, DocsServer, docs_env
 from tests.docs.markdown_blocks import (
     REASONS,

@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from pdserve.launcher import free_port
+from pdserve.launch_plan import free_port
 from pdserve.process_group import ProcessGroup, serve_command
 
 REPO = Path(__file__).resolve().parents[2]
@@ -22,7 +22,7 @@ MODEL = "smollm2-135m-instruct"
 READY_TIMEOUT_S = 240.0
 # 512 blocks = 8,192 tokens of KV per worker, 377 MB in fp32 (46 KB per token for SmolLM2-135M): 1.1 GB for the
 # session's three workers, and room for the 32 concurrent requests (~360 blocks). One torch thread per worker:
-# five model processes share the 2 cores of the CI machine (see pdserve/launcher.py).
+# five model processes share the 2 cores of the CI machine (see pdserve/launch_plan.py).
 WORKER_FLAGS = ["--num-blocks", "512", "--max-num-seqs", "48", "--max-num-batched-tokens", "1024",
                 "--torch-threads", "1"]
 # The internal API's shared secret: `pdserve serve` would generate one; the tests give theirs, to call /internal/*.

@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from pdserve.launcher import free_port
+from pdserve.launch_plan import free_port
 from pdserve.process_group import ProcessGroup, http_ok
 from tests.e2e.deployments import MODEL, REPO, SECRET, Deployment
 

@@ -14,7 +14,7 @@ import pytest
 
 from pdserve.cli import build_parser
 from pdserve.commands.serve import _MODEL_FLAGS, _WORKER_ONLY_FLAGS, forwarded_flags
-from pdserve.launcher import free_port, place_on_gpus, plan_children
+from pdserve.launch_plan import free_port, place_on_gpus, plan_children
 from pdserve.settings import LaunchSettings
 
 

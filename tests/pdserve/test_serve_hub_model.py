@@ -22,7 +22,7 @@ import httpx
 import openai
 import pytest
 
-from pdserve.launcher import free_port
+from pdserve.launch_plan import free_port
 from pdserve.process_group import ProcessGroup
 from tests.engine.hub_cache import REPO_ID, make_hub_cache
 

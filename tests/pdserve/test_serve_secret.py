@@ -7,7 +7,7 @@ import re
 
 from pdserve.cli import build_parser
 from pdserve.commands.serve import child_environment
-from pdserve.launcher import plan_children
+from pdserve.launch_plan import plan_children
 from pdserve.settings import LaunchSettings
 
 

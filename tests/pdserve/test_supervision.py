@@ -17,7 +17,8 @@ from typing import Self
 import httpx
 import pytest
 
-from pdserve.launcher import ChildSpec, Launcher, free_port, spawn
+from pdserve.launch_plan import ChildSpec, free_port
+from pdserve.launcher import Launcher, spawn
 from pdserve.settings import LaunchSettings
 from pdserve.supervision import PORT_TAKEN_EXIT, Child, RestartHistory, RestartPolicy, describe_exit
 

@@ -27,7 +27,8 @@ import httpx
 import openai
 
 from pdserve.commands.serve import child_environment
-from pdserve.launcher import ChildSpec, Launcher, free_port, spawn
+from pdserve.launch_plan import ChildSpec, free_port
+from pdserve.launcher import Launcher, spawn
 from pdserve.settings import LaunchSettings
 from pdserve.supervision import Child, RestartHistory, RestartPolicy
 

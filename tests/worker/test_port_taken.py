@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from pdserve.launcher import free_port
+from pdserve.launch_plan import free_port
 from pdserve.supervision import PORT_TAKEN_EXIT
 
 

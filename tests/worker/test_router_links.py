@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from pdserve.engine.tokenizer import Tokenizer
-from pdserve.launcher import free_port
+from pdserve.launch_plan import free_port
 from pdserve.protocol.prefix_events import PrefixPublisher
 from pdserve.router.app import create_app
 from pdserve.router.config import RouterConfig
