@@ -11,9 +11,10 @@
                     Kubernetes, deploy/k8s)
 
 Ports: the launcher chooses every child's ports before any child binds one, each free now and none chosen
-twice (nor the router's --port). Another process can still bind one first; the worker then exits with
-PORT_TAKEN_EXIT (pdserve/supervision.py) and is started again on fresh ports, even before the deployment is
-ready (pdserve/launcher.py, at most _PORT_RETRIES times).
+twice (nor the router's --port). A router's are bound by the launcher itself before any child starts and
+inherited (pdserve/router_listeners.py). A worker's can still be bound by another process first; the worker
+then exits with PORT_TAKEN_EXIT (pdserve/supervision.py) and is started again on fresh ports, even before the
+deployment is ready (pdserve/launcher.py, at most _PORT_RETRIES times).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from dataclasses import dataclass, replace
 from pdserve.settings import LaunchSettings
 
 _PORT_FLAGS = ("--port", "--transfer-port")  # the ports a worker gets afresh when it is restarted
+_FD_FLAGS = ("--fd", "--internal-fd")  # a router's listening sockets, the launcher's (pdserve/router_listeners.py)
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,11 @@ class ChildSpec:
         """The ports its command line names (--port, --transfer-port, a router's --internal-port)."""
         return {int(self.argv[i + 1]) for i, arg in enumerate(self.argv[:-1])
                 if arg in (*_PORT_FLAGS, "--internal-port")}
+
+    @property
+    def fds(self) -> tuple[int, ...]:
+        """The inherited sockets its command line names (a router's --fd, --internal-fd)."""
+        return tuple(int(self.argv[i + 1]) for i, arg in enumerate(self.argv[:-1]) if arg in _FD_FLAGS)
 
     def with_fresh_ports(self, host: str, avoid: Collection[int] = ()) -> ChildSpec:
         """A worker's spec for its restart: new --port and --transfer-port, none of them its old ones or in

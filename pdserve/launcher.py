@@ -6,7 +6,9 @@ Every child is a `pdserve <role>` command line, so `ps` shows the roles. Readine
 `/health` at all (it listens), then every child's `/health` says 200 (a router: it has a prefill and a decode
 worker; a worker: it is registered). None of these needs the API key.
 
-Ports: a worker that finds a port chosen for it bound by another process first exits with PORT_TAKEN_EXIT
+Ports: every router's address is bound here before any child starts (one in use fails `pdserve serve` at
+once) and held until the launcher stops; each start of a router inherits its socket (pdserve/router_listeners.py).
+A worker that finds a port chosen for it bound by another process first exits with PORT_TAKEN_EXIT
 (pdserve/supervision.py) and is started again on fresh ports, even before the deployment is ready (at most
 _PORT_RETRIES times).
 
@@ -17,7 +19,8 @@ wrong flag or a missing model would only fail again):
   sees a dead worker at once (its data-plane connection breaks: the worker is skipped until it registers
   again), and a restarted worker registers under the same worker id, on fresh ports (its old ones may have
   been taken meanwhile), so the router replaces its link and routes to it again;
-- a router is restarted too, on its own port (clients and workers know it): its registry is rebuilt from
+- a router is restarted too, on its own port (clients and workers know it; the launcher holds its listening
+  socket throughout, pdserve/router_listeners.py): its registry is rebuilt from
   the workers' heartbeats (answered 404, they register again), so it costs the requests it held and keeps
   every worker's loaded model. Restarting it beats exiting, which would take every worker down with it;
 - when a router is given up, or every worker of a role, nothing can serve any more: everything is stopped and
@@ -45,6 +48,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from pdserve.launch_plan import ChildSpec, plan_children
+from pdserve.router_listeners import ListenError, RouterListeners
 from pdserve.settings import LaunchSettings
 from pdserve.supervision import PORT_TAKEN_EXIT, Child, RestartHistory, describe_exit
 
@@ -75,13 +79,14 @@ def _die_with_parent() -> None:
 
 def spawn(spec: ChildSpec, env: dict[str, str] | None,
           log_path: Path | None = None) -> subprocess.Popen[bytes]:
-    """Start one child; with `log_path` its stdout and stderr go there (appended: a restart adds to it)."""
+    """Start one child; with `log_path` its stdout and stderr go there (appended: a restart adds to it). A
+    router inherits the listening sockets its --fd flags name (pdserve/router_listeners.py)."""
     preexec = _die_with_parent if sys.platform == "linux" else None
     if log_path is None:
-        return subprocess.Popen(spec.argv, preexec_fn=preexec, env=env)  # noqa: PLW1509
+        return subprocess.Popen(spec.argv, preexec_fn=preexec, env=env, pass_fds=spec.fds)  # noqa: PLW1509
     with log_path.open("ab") as log:
-        return subprocess.Popen(spec.argv, preexec_fn=preexec, env=env, stdout=log,  # noqa: PLW1509
-                                stderr=subprocess.STDOUT)
+        return subprocess.Popen(spec.argv, preexec_fn=preexec, env=env, pass_fds=spec.fds,  # noqa: PLW1509
+                                stdout=log, stderr=subprocess.STDOUT)
 
 
 def _print(line: str) -> None:
@@ -106,6 +111,7 @@ class Launcher:
         self.children: list[Child] = []
         self._stop = threading.Event()
         self._client: httpx.Client | None = None
+        self.listeners = RouterListeners()
 
     def child(self, name: str) -> Child:
         return next(child for child in self.children if child.name == name)
@@ -114,7 +120,9 @@ class Launcher:
         return None if self.log_dir is None else self.log_dir / f"{name}.log"
 
     def start(self) -> None:
-        for spec in plan_children(self.settings):
+        """Bind every router's address (a port in use fails here, before any child runs), then start all."""
+        specs = [self.listeners.bind(spec, self.settings.host) for spec in plan_children(self.settings)]
+        for spec in specs:
             if self._stop.is_set():
                 raise InterruptedError("stopping before the deployment was started")
             process = spawn(spec, self.env, self.log_path(spec.name))
@@ -258,6 +266,7 @@ class Launcher:
                 self.log(f"{child.name} (pid {process.pid}) ignored SIGTERM for {self.grace_s:g} s: SIGKILL")
                 process.kill()
                 process.wait()
+        self.listeners.close()
 
 
 def _answers(client: httpx.Client, url: str, listening: bool = False) -> bool:
@@ -276,7 +285,7 @@ def run_launcher(settings: LaunchSettings, env: dict[str, str] | None = None) ->
         launcher.start()
         launcher.wait_ready()
         return launcher.wait()
-    except (ChildProcessError, TimeoutError) as exc:
+    except (ChildProcessError, TimeoutError, ListenError) as exc:
         print(f"pdserve serve: {exc}", file=sys.stderr)
         return 1
     except InterruptedError:

@@ -115,6 +115,11 @@ def _add_http_arguments(parser: argparse.ArgumentParser, internal_port: bool) ->
     group.add_argument("--internal-port", type=int, default=None,
                        help="with TLS: also listen on plain http on 127.0.0.1 at this port, for the workers of "
                             "this host (`pdserve serve` sets it; default: none)")
+    group.add_argument("--fd", type=int, default=None,
+                       help="serve on this inherited listening socket, bound to --host/--port by the parent "
+                            "(`pdserve serve` passes its own, so a restarted router keeps the port; default: bind)")
+    group.add_argument("--internal-fd", type=int, default=None,
+                       help="the same for the --internal-port listener (default: bind)")
 
 
 def cors_from_args(args: argparse.Namespace) -> CorsSettings:

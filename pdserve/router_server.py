@@ -8,12 +8,15 @@ optionally a second, plain-http one on 127.0.0.1 (`--internal-port`) for the wor
 Why a second listener rather than workers speaking TLS to the router: `pdserve serve` addresses its children
 by 127.0.0.1, which a certificate made for the host's public name does not cover, and the workers would need
 the CA; the loopback listener is reachable from this host only, and /internal/* still needs PDSERVE_SECRET.
+
+Under `pdserve serve` both sockets are the launcher's, inherited (--fd, --internal-fd: pdserve/router_listeners.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal
@@ -30,6 +33,8 @@ class ListenSettings:
     ssl_certfile: str | None = None
     internal_port: int | None = None
     log_level: str = "info"
+    fd: int | None = None  # an inherited socket already listening on host:port (pdserve/router_listeners.py)
+    internal_fd: int | None = None  # the same for internal_port
 
     def __post_init__(self) -> None:
         if (self.ssl_keyfile is None) != (self.ssl_certfile is None):
@@ -38,6 +43,9 @@ class ListenSettings:
         if self.internal_port is not None and not self.tls:
             raise ValueError(f"--internal-port {self.internal_port} is the plain listener beside a TLS one: "
                              f"give --ssl-keyfile and --ssl-certfile, or drop it")
+        if self.internal_fd is not None and self.internal_port is None:
+            raise ValueError(f"--internal-fd {self.internal_fd} is the --internal-port listener's socket: give "
+                             f"--internal-port too")
 
     @property
     def tls(self) -> bool:
@@ -75,22 +83,27 @@ class _Public(uvicorn.Server):
         super().handle_exit(sig, frame)  # type: ignore[arg-type]
 
 
+def _inherited(fd: int | None) -> list[socket.socket] | None:
+    """uvicorn's `sockets` for an inherited listening socket (None: uvicorn binds host:port itself)."""
+    return None if fd is None else [socket.socket(fileno=fd)]
+
+
 def serve_router(app: FastAPI, listen: ListenSettings) -> None:
     public_config = _config(app, listen, listen.host, listen.port, ssl_keyfile=listen.ssl_keyfile,
                             ssl_certfile=listen.ssl_certfile)
     if listen.internal_port is None:
-        uvicorn.Server(public_config).run()
+        uvicorn.Server(public_config).run(sockets=_inherited(listen.fd))
         return
     internal = _Internal(_config(app, listen, "127.0.0.1", listen.internal_port, lifespan="off"))
     public = _Public(public_config, [internal])
 
     async def public_then_internal() -> None:
         try:
-            await public.serve()
+            await public.serve(sockets=_inherited(listen.fd))
         finally:  # however the public listener ends, the internal one follows
             internal.should_exit = True
 
     async def both() -> None:
-        await asyncio.gather(public_then_internal(), internal.serve())
+        await asyncio.gather(public_then_internal(), internal.serve(sockets=_inherited(listen.internal_fd)))
 
     asyncio.run(both())

@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per call to a worker otherwise
     try:
         listen = ListenSettings(args.host, args.port, args.ssl_keyfile, args.ssl_certfile, args.internal_port,
-                                args.log_level)
+                                args.log_level, args.fd, args.internal_fd)
         cors = cors_from_args(args)
     except ValueError as exc:
         raise SystemExit(f"pdserve router: {exc}") from None

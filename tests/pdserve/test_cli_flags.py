@@ -21,7 +21,7 @@ from pdserve.router_server import ListenSettings
 from pdserve.worker.flags import add_worker_arguments, worker_settings_from_args
 
 # the router's flags that `pdserve serve` sets itself: the workers it starts, the TLS side listener's port
-SERVE_OWNS = {"--prefill", "--decode", "--internal-port"}
+SERVE_OWNS = {"--prefill", "--decode", "--internal-port", "--fd", "--internal-fd"}  # serve sets or has no use for them
 
 
 @pytest.fixture(scope="module")

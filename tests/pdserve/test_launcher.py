@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -151,3 +152,20 @@ def test_a_plan_chooses_no_port_twice_nor_the_routers_own() -> None:
         assert len(ports) == len(set(ports)) == 2 + 2 + 3 * 2 and ports[0] == settings.port
         fresh = children[-1].with_fresh_ports("127.0.0.1", set(ports))
         assert not fresh.ports & set(ports) and len(fresh.ports) == 2
+
+
+def test_serve_on_a_port_in_use_fails_at_once_naming_it_and_starts_no_child() -> None:
+    """The launcher binds each router's address before any child runs (pdserve/router_listeners.py): before,
+    the router found the port taken only after the workers had started loading, and exited with uvicorn's
+    status 3."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        started = time.monotonic()
+        serve = subprocess.run([sys.executable, "-m", "pdserve.cli", "serve", "--port", str(port)],
+                               check=False, capture_output=True, text=True, timeout=120)
+    assert serve.returncode == 1, serve.stderr
+    assert f"pdserve serve: cannot listen on 127.0.0.1:{port}: Address already in use" in serve.stderr
+    assert "started" not in serve.stdout + serve.stderr  # no router, no worker
+    print(f"\nserve on a port in use: exit 1 after {time.monotonic() - started:.2f} s")

@@ -5,6 +5,7 @@ same loop are killed in tests/reliability/test_worker_failures.py."""
 
 from __future__ import annotations
 
+import errno
 import signal
 import socket
 import sys
@@ -19,21 +20,26 @@ import pytest
 
 from pdserve.launch_plan import ChildSpec, free_port
 from pdserve.launcher import Launcher, spawn
+from pdserve.router_listeners import ListenError
 from pdserve.settings import LaunchSettings
 from pdserve.supervision import PORT_TAKEN_EXIT, Child, RestartHistory, RestartPolicy, describe_exit
 
 SERVER = f"""
-import errno, http.server, sys
+import errno, http.server, socket, sys
 port = int(sys.argv[sys.argv.index("--port") + 1])
 class Health(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         self.send_response(200); self.end_headers(); self.wfile.write(b"ok")
     def log_message(self, *args):
         pass
-try:
-    server = http.server.HTTPServer(("127.0.0.1", port), Health)
-except OSError as exc:  # as a pdserve worker does (worker/app.py)
-    sys.exit({PORT_TAKEN_EXIT} if exc.errno == errno.EADDRINUSE else 1)
+if "--fd" in sys.argv:  # the launcher's socket, as `pdserve router --fd` serves on it (pdserve/router_server.py)
+    server = http.server.HTTPServer(("127.0.0.1", port), Health, bind_and_activate=False)
+    server.socket = socket.socket(fileno=int(sys.argv[sys.argv.index("--fd") + 1]))
+else:
+    try:
+        server = http.server.HTTPServer(("127.0.0.1", port), Health)
+    except OSError as exc:  # as a pdserve worker does (worker/app.py)
+        sys.exit({PORT_TAKEN_EXIT} if exc.errno == errno.EADDRINUSE else 1)
 server.serve_forever()
 """
 CRASH = "import sys; sys.exit(3)"
@@ -66,12 +72,14 @@ def _spec(name: str, role: str, script: str = SERVER) -> ChildSpec:
 
 
 class Supervised:
-    """A Launcher over given children, supervising in a thread as `pdserve serve` does in its main thread."""
+    """A Launcher over given children, supervising in a thread as `pdserve serve` does in its main thread; a
+    router serves on the launcher's socket (--fd), as under `pdserve serve`."""
 
     def __init__(self, specs: list[ChildSpec], policy: RestartPolicy, log_dir: Path) -> None:
         self.lines: list[str] = []
         self.launcher = Launcher(LaunchSettings(restart=policy), grace_s=5, log=self.lines.append, log_dir=log_dir)
         for spec in specs:
+            spec = self.launcher.listeners.bind(spec, "127.0.0.1")  # a router: as Launcher.start binds it
             process = spawn(spec, None, self.launcher.log_path(spec.name))
             self.launcher.children.append(Child(spec, process, RestartHistory(policy)))
         self.result: list[int] = []
@@ -129,8 +137,14 @@ def test_a_killed_worker_is_restarted_on_fresh_ports_and_the_others_keep_running
         assert victim.spec.health_url != old_url and _up(victim.spec.health_url)  # fresh ports
         assert {c.name: c.process.pid for c in launcher.children if c is not victim} == others
 
-        router_url = router.spec.health_url
+        router_url, router_port = router.spec.health_url, router.spec.ports.pop()
         router.process.send_signal(signal.SIGKILL)
+        router.process.wait()
+        with socket.socket() as thief, pytest.raises(OSError) as taken:  # while it is down, its port is held
+            thief.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            thief.bind(("127.0.0.1", router_port))
+        assert taken.value.errno == errno.EADDRINUSE
+        assert _up(router_url)  # a request made while it was down waits in the backlog for the restart
         run.wait_for("router is back")
         assert router.spec.health_url == router_url  # a router keeps its port: clients and workers know it
     assert run.result == [0]  # stopped, not lost
@@ -169,7 +183,8 @@ def _held_port() -> socket.socket:
 def test_a_worker_whose_port_was_taken_before_it_bound_starts_again_on_fresh_ports_before_ready(
         tmp_path: Path) -> None:
     """Another process binds a port the launcher chose for a worker first: the worker exits PORT_TAKEN_EXIT
-    and the deployment still comes up, that worker on fresh ports. A router keeps its port, so there it fails."""
+    and the deployment still comes up, that worker on fresh ports. A router's port is bound by the launcher
+    before any child starts (pdserve/router_listeners.py), so one in use fails the start there."""
     with _held_port() as held:
         port = held.getsockname()[1]
         taken = ChildSpec("decode-0", [sys.executable, "-c", SERVER, "decode", "--port", str(port)],
@@ -187,9 +202,5 @@ def test_a_worker_whose_port_was_taken_before_it_bound_starts_again_on_fresh_por
 
         router = ChildSpec("router", [sys.executable, "-c", SERVER, "router", "--port", str(port)],
                            f"http://127.0.0.1:{port}/health", role="router")
-        run = Supervised([router, _spec("decode-0", "decode")], RestartPolicy(), tmp_path)
-        try:
-            with pytest.raises(ChildProcessError, match=f"router .* exited with status {PORT_TAKEN_EXIT}"):
-                run.launcher.wait_ready()
-        finally:
-            run.launcher.stop()
+        with pytest.raises(ListenError, match=f"cannot listen on 127.0.0.1:{port}: Address already in use"):
+            Supervised([router, _spec("decode-0", "decode")], RestartPolicy(), tmp_path)  # before any child runs

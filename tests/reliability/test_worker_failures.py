@@ -11,12 +11,16 @@ work. No pool keeps a block afterwards."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import itertools
 import os
+import socket
 import time
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
 import httpx
+import pytest
 
 from tests.reliability.cluster import AUTH, MODEL, Cluster, Proc, metric, wait_until
 from tests.reliability.streams import StreamResult, stream_completion
@@ -268,6 +272,10 @@ def test_router_killed_is_restarted_on_its_port_and_the_workers_register_again(h
     old_pid = router.pid
     killed_at = time.monotonic()
     router.kill()
+    with socket.socket() as thief, pytest.raises(OSError) as taken:  # the launcher holds its port meanwhile
+        thief.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        thief.bind(("127.0.0.1", urlsplit(url).port))
+    assert taken.value.errno == errno.EADDRINUSE
     cluster.wait_deployment()  # the launcher restarted it, and every worker registered with the new process
     back_s = time.monotonic() - killed_at
     assert cluster.router.pid != old_pid and cluster.url == url
