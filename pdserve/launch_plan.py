@@ -12,7 +12,7 @@
 
 Ports: the launcher chooses every child's ports before any child binds one, each free now and none chosen
 twice (nor the router's --port). A router's are bound by the launcher itself before any child starts and
-inherited (pdserve/router_listeners.py). A worker's can still be bound by another process first; the worker
+inherited (pdserve/listeners.py). A worker's can still be bound by another process first; the worker
 then exits with PORT_TAKEN_EXIT (pdserve/supervision.py) and is started again on fresh ports, even before the
 deployment is ready (pdserve/launcher.py, at most _PORT_RETRIES times).
 """
@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 from pdserve.settings import LaunchSettings
 
 _PORT_FLAGS = ("--port", "--transfer-port")  # the ports a worker gets afresh when it is restarted
-_FD_FLAGS = ("--fd", "--internal-fd")  # a router's listening sockets, the launcher's (pdserve/router_listeners.py)
+_FD_FLAGS = ("--fd", "--internal-fd")  # a router's listening sockets, the launcher's (pdserve/listeners.py)
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ Every child is a `pdserve <role>` command line, so `ps` shows the roles. Readine
 worker; a worker: it is registered). None of these needs the API key.
 
 Ports: every router's address is bound here before any child starts (one in use fails `pdserve serve` at
-once) and held until the launcher stops; each start of a router inherits its socket (pdserve/router_listeners.py).
+once) and held until the launcher stops; each start of a router inherits its socket (pdserve/listeners.py).
 A worker that finds a port chosen for it bound by another process first exits with PORT_TAKEN_EXIT
 (pdserve/supervision.py) and is started again on fresh ports, even before the deployment is ready (at most
 _PORT_RETRIES times).
@@ -20,7 +20,7 @@ wrong flag or a missing model would only fail again):
   again), and a restarted worker registers under the same worker id, on fresh ports (its old ones may have
   been taken meanwhile), so the router replaces its link and routes to it again;
 - a router is restarted too, on its own port (clients and workers know it; the launcher holds its listening
-  socket throughout, pdserve/router_listeners.py): its registry is rebuilt from
+  socket throughout, pdserve/listeners.py): its registry is rebuilt from
   the workers' heartbeats (answered 404, they register again), so it costs the requests it held and keeps
   every worker's loaded model. Restarting it beats exiting, which would take every worker down with it;
 - when a router is given up, or every worker of a role, nothing can serve any more: everything is stopped and
@@ -48,7 +48,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from pdserve.launch_plan import ChildSpec, plan_children
-from pdserve.router_listeners import ListenError, RouterListeners
+from pdserve.listeners import ListenError, RouterListeners
 from pdserve.settings import LaunchSettings
 from pdserve.supervision import PORT_TAKEN_EXIT, Child, RestartHistory, describe_exit
 
@@ -80,7 +80,7 @@ def _die_with_parent() -> None:
 def spawn(spec: ChildSpec, env: dict[str, str] | None,
           log_path: Path | None = None) -> subprocess.Popen[bytes]:
     """Start one child; with `log_path` its stdout and stderr go there (appended: a restart adds to it). A
-    router inherits the listening sockets its --fd flags name (pdserve/router_listeners.py)."""
+    router inherits the listening sockets its --fd flags name (pdserve/listeners.py)."""
     preexec = _die_with_parent if sys.platform == "linux" else None
     if log_path is None:
         return subprocess.Popen(spec.argv, preexec_fn=preexec, env=env, pass_fds=spec.fds)  # noqa: PLW1509

@@ -9,7 +9,7 @@ Why a second listener rather than workers speaking TLS to the router: `pdserve s
 by 127.0.0.1, which a certificate made for the host's public name does not cover, and the workers would need
 the CA; the loopback listener is reachable from this host only, and /internal/* still needs PDSERVE_SECRET.
 
-Under `pdserve serve` both sockets are the launcher's, inherited (--fd, --internal-fd: pdserve/router_listeners.py).
+Under `pdserve serve` both sockets are the launcher's, inherited (--fd, --internal-fd: pdserve/listeners.py).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ class ListenSettings:
     ssl_certfile: str | None = None
     internal_port: int | None = None
     log_level: str = "info"
-    fd: int | None = None  # an inherited socket already listening on host:port (pdserve/router_listeners.py)
+    fd: int | None = None  # an inherited socket already listening on host:port (pdserve/listeners.py)
     internal_fd: int | None = None  # the same for internal_port
 
     def __post_init__(self) -> None:

@@ -15,7 +15,6 @@ import asyncio
 import errno
 import hmac
 import logging
-import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -27,6 +26,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from pdserve.gc_tuning import quiet_garbage_collector
+from pdserve.listeners import bind_socket
 from pdserve.settings import WorkerSettings
 from pdserve.supervision import PORT_TAKEN_EXIT
 from pdserve.worker.assembly import Worker
@@ -91,14 +91,6 @@ def create_app(worker: Worker) -> FastAPI:
     app.include_router(build_cache_router(worker.tiered))
     app.add_middleware(InternalSecret, secret=worker.settings.server.secret)
     return app
-
-
-def bind_socket(host: str, port: int) -> socket.socket:
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.set_inheritable(True)
-    return sock
 
 
 def run_worker(settings: WorkerSettings) -> int:

@@ -155,7 +155,7 @@ def test_a_plan_chooses_no_port_twice_nor_the_routers_own() -> None:
 
 
 def test_serve_on_a_port_in_use_fails_at_once_naming_it_and_starts_no_child() -> None:
-    """The launcher binds each router's address before any child runs (pdserve/router_listeners.py): before,
+    """The launcher binds each router's address before any child runs (pdserve/listeners.py): before,
     the router found the port taken only after the workers had started loading, and exited with uvicorn's
     status 3."""
     with socket.socket() as held:

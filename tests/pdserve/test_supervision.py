@@ -20,7 +20,7 @@ import pytest
 
 from pdserve.launch_plan import ChildSpec, free_port
 from pdserve.launcher import Launcher, spawn
-from pdserve.router_listeners import ListenError
+from pdserve.listeners import ListenError
 from pdserve.settings import LaunchSettings
 from pdserve.supervision import PORT_TAKEN_EXIT, Child, RestartHistory, RestartPolicy, describe_exit
 
@@ -185,7 +185,7 @@ def test_a_worker_whose_port_was_taken_before_it_bound_starts_again_on_fresh_por
         tmp_path: Path) -> None:
     """Another process binds a port the launcher chose for a worker first: the worker exits PORT_TAKEN_EXIT
     and the deployment still comes up, that worker on fresh ports. A router's port is bound by the launcher
-    before any child starts (pdserve/router_listeners.py), so one in use fails the start there."""
+    before any child starts (pdserve/listeners.py), so one in use fails the start there."""
     with _held_port() as held:
         port = held.getsockname()[1]
         taken = ChildSpec("decode-0", [sys.executable, "-c", SERVER, "decode", "--port", str(port)],

@@ -1,5 +1,6 @@
-"""The routers' listening sockets, bound by `pdserve serve`'s launcher itself and inherited by every start of
-each router (`pdserve router --fd N [--internal-fd M]`, pdserve/router_server.py), as systemd's socket
+"""Listening sockets: `bind_socket`, as a worker binds its HTTP port before its model loads (worker/app.py) and
+as uvicorn binds one, and the routers' sockets, bound by `pdserve serve`'s launcher itself and inherited by every
+start of each router (`pdserve router --fd N [--internal-fd M]`, pdserve/router_server.py), as systemd's socket
 activation does.
 
     launcher: bind host:--port, listen ──fd──▶ pdserve router --fd N   (its first start, and every restart)
@@ -26,17 +27,27 @@ class ListenError(Exception):
     """A router's address cannot be listened on (in use, or not this host's)."""
 
 
-def listen_on(host: str, port: int) -> socket.socket:
-    """A TCP socket bound to host:port and listening, as uvicorn binds one (SO_REUSEADDR: a port whose last
-    connections are in TIME_WAIT can be bound again; one another socket listens on cannot)."""
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to host:port, as uvicorn binds one (SO_REUSEADDR: a port whose last connections are in
+    TIME_WAIT can be bound again; one another socket listens on cannot); uvicorn listens on it."""
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
-        sock.listen(_BACKLOG)
-    except OSError as exc:
+    except OSError:
         sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
+
+
+def listen_on(host: str, port: int) -> socket.socket:
+    """A router's socket, bound and listening now (connections wait in its backlog until a router serves it)."""
+    try:
+        sock = bind_socket(host, port)
+    except OSError as exc:
         raise ListenError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    sock.listen(_BACKLOG)
     return sock
 
 
