@@ -26,7 +26,9 @@ H200, CUDA-graph replay, rotated weights, quantization included, best config per
 That H200 sweep timed x pre-quantized in three configs only (all split >= 2; the rest quantized inside the
 kernel). The H100's sweep (2026-12-06, results/linear_fp8_skinny_h100.json, every config pre-quantized) found
 split-1 tiles best almost everywhere: at 64 rows qkv 12.8 us, o 10.4, gate_up 47.1, down 27.5, where the H200's
-picks run 4-35 % slower on the H100; the H200's entries want the same sweep.
+picks run 4-35 % slower on the H100. The same sweep on the H200 (2026-12-06, results/linear_fp8_skinny_tables_h200.json,
+the entries shipped): at 1 row qkv 9.3 us (2.7 TB/s), o 8.0 (2.1), gate_up 31.1 (3.8), down 18.6 (3.2, split 2);
+at 64 rows 10.6, 9.4, 34.8, 22.2; decode b1 ctx 512 with fp8 linears 3.20 -> 2.98 ms, b64 5.17 -> 4.86.
 
 What is compiled: per weight shape class (EVEN, the scale/bias flags) one kernel per BLOCK_M bucket (16, 32, 64)
 and config; M and the partials' stride are do_not_specialize, so every batch of a bucket shares one kernel. The
