@@ -112,20 +112,26 @@ def test_prefill_attention_compiles_per_tile_config_only(dtype: torch.dtype, on_
 
 
 def test_gemv_compiles_once_per_batch_bucket(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Rows 1..16 of the tuned H200 shapes reach one kernel per bucket of tuning.BATCH_BUCKETS at most."""
+    """Rows 1..16 of two tuned H200 shapes reach one kernel per bucket of tuning.BATCH_BUCKETS at most, and none
+    where the shipped table names cuBLAS (today every bucket of 4096 -> 28672, and none of 4096 -> 14336)."""
     from pdserve.kernels import linear_triton, tuning
 
     monkeypatch.setattr(linear_triton, "device_name", lambda device: "NVIDIA H200")
     linear_triton.choose_config.cache_clear()
-    weight = torch.empty(14336, 4096, dtype=torch.bfloat16, device=META)
-    by_bucket: dict[int, set[tuple]] = {}
-    for m in range(1, 17):
-        with spec.LaunchRecorder(run=False) as rec:
-            linear_triton.linear_triton(torch.empty(m, 4096, dtype=torch.bfloat16, device=META), weight)
-        by_bucket.setdefault(tuning.batch_bucket(m), set()).update(rec.keys)
+    table = tuning.default_table()
+    for n in (14336, 28672):
+        weight = torch.empty(n, 4096, dtype=torch.bfloat16, device=META)
+        by_bucket: dict[int, set[tuple]] = {}
+        for m in range(1, 17):
+            with spec.LaunchRecorder(run=False) as rec:
+                linear_triton.linear_triton(torch.empty(m, 4096, dtype=torch.bfloat16, device=META), weight)
+            by_bucket.setdefault(tuning.batch_bucket(m), set()).update(rec.keys)
+        for bucket, keys in by_bucket.items():
+            entry = table.lookup("NVIDIA H200", torch.bfloat16, n, 4096, bucket)
+            assert entry is not None, f"the H200 table has no entry for {n}x4096 at {bucket} rows"
+            assert len(keys) <= 2  # the GEMV, and its split-K reduction if any
+            assert (keys == set()) == (entry["backend"] == "torch"), (n, bucket, entry["backend"], keys)
     linear_triton.choose_config.cache_clear()
-    assert all(len(keys) <= 2 for keys in by_bucket.values())  # the GEMV, and its split-K reduction if any
-    assert by_bucket[16] == set()  # 16 rows of 4096 -> 14336 stay on cuBLAS (the tuned table says so)
 
 
 def test_compile_counter_chains_a_hook_set_before() -> None:
