@@ -33,7 +33,6 @@ from pdserve.kernels.linear_triton import reduce_split_k, split_k_layout
 from pdserve.kernels.pdl import launch_options
 
 INTERP = os.environ.get("TRITON_INTERPRET") == "1"
-DEV = "cpu" if INTERP else "cuda"
 
 
 @triton.jit(do_not_specialize=["M", "stride_ps"])
@@ -65,7 +64,7 @@ def _tma_kernel(x_desc, x_scale_ptr, w_desc, w_scale_ptr, out_ptr, part_ptr, M, 
         tl.store(out_ptr + offs_m[None, :] * stride_om + offs_n[:, None], acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def tma_skinny(xq, sx, weight, cfg: Fp8SkinnyConfig, descs=None, out_dtype=torch.bfloat16):
+def tma_skinny(xq, sx, weight, cfg: Fp8SkinnyConfig, out_dtype=torch.bfloat16):
     m, k = xq.shape
     n = weight.shape[0]
     block_m = max(16, triton.next_power_of_2(m))
