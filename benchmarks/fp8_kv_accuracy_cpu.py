@@ -1,11 +1,14 @@
 """What an fp8 KV cache costs the default model in accuracy, on the CPU (the reference kernels, whose fp8 math is
 the Triton kernels'):
 
-    .venv/bin/python benchmarks/fp8_kv_accuracy_cpu.py [--new-tokens 16] [--out benchmarks/results/fp8_kv_accuracy_cpu.json]
+    .venv/bin/python benchmarks/fp8_kv_accuracy_cpu.py [--new-tokens 16] [--linears none|fp8|all]
+        [--out benchmarks/results/fp8_kv_accuracy_cpu.json]
 
 For weights in fp32, bf16 and fp16, each with the KV cache in its own dtype (auto), in fp8 (float8_e4m3fn,
 scale 1.0: the GGUF checkpoint has no KV scales) and in fp8 with scales calculated at start from the built-in text
-(fp8-calc: --calculate-kv-scales, engine/kv_scale_calibration.py):
+(fp8-calc: --calculate-kv-scales, engine/kv_scale_calibration.py). With --linears fp8 (or all), fp8 linears
+(--quantization fp8, W8A8 as the GPU runs it) with fp32 and bf16 weights, each with its own cache and with fp8:
+issue 19's "fp8 weights" and "both" settings, on the same text as the cache's rows.
 
   parity      the first --new-tokens greedy tokens of benchmarks/engine_gpu_baselines.PARITY_PROMPTS (the 20
               prompts of benchmarks/dtype_parity_cpu.py) against fp32 weights with an fp32 cache; per prompt, the
@@ -35,7 +38,8 @@ from pdserve.engine.sampling_params import SamplingParams
 from pdserve.llm import LLM
 
 HELD_OUT = Path(__file__).resolve().parents[1] / "docs" / "architecture.md"
-SETTINGS = [(w, kv) for w in ("float32", "bfloat16", "float16") for kv in ("auto", "fp8", "fp8-calc")]
+SETTINGS = [(w, kv, None) for w in ("float32", "bfloat16", "float16") for kv in ("auto", "fp8", "fp8-calc")]
+FP8_LINEAR_SETTINGS = [(w, kv, "fp8") for w in ("float32", "bfloat16") for kv in ("auto", "fp8")]
 
 
 def greedy(llm: LLM, new_tokens: int) -> list[list[int]]:
@@ -68,12 +72,12 @@ def divergence(ours: list[int], ref: list[int]) -> int:
     return next((i for i, (a, b) in enumerate(zip(ours, ref)) if a != b), min(len(ours), len(ref)))
 
 
-def run(weights: str, kv: str, args: argparse.Namespace, held_out: list[int] | None) -> dict:
+def run(weights: str, kv: str, linears: str | None, args: argparse.Namespace, held_out: list[int] | None) -> dict:
     llm = LLM(device="cpu", dtype=weights, kv_cache_dtype=kv.removesuffix("-calc"), progress=False, num_blocks=256,
-              calculate_kv_scales=kv.endswith("-calc"))
+              calculate_kv_scales=kv.endswith("-calc"), quantization=linears)
     ids = held_out if held_out is not None else llm.tokenizer.encode(HELD_OUT.read_text())[:args.ppl_tokens]
     started = time.perf_counter()
-    row = {"weights": weights, "kv_cache_dtype": kv, "tokens": greedy(llm, args.new_tokens),
+    row = {"weights": weights, "kv_cache_dtype": kv, "linears": linears, "tokens": greedy(llm, args.new_tokens),
            "perplexity": perplexity(llm, ids, args.ppl_chunk), "held_out_ids": ids}
     row["kv_amax"] = kv_amax(llm, len(ids) - 1)
     row["kv_scales"] = {"k": list(llm.runner.kv_spec.k_scales), "v": list(llm.runner.kv_spec.v_scales)}
@@ -87,29 +91,35 @@ def main() -> int:
     parser.add_argument("--ppl-tokens", type=int, default=1024)
     parser.add_argument("--ppl-chunk", type=int, default=128)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--linears", choices=("none", "fp8", "all"), default="none",
+                        help="none: the nine cache rows; fp8: fp32/fp32 (the reference) and the four fp8-linear "
+                             "rows; all: both")
     parser.add_argument("--out", default="benchmarks/results/fp8_kv_accuracy_cpu.json")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     started = time.perf_counter()
     rows: list[dict] = []
-    for weights, kv in SETTINGS:
-        rows.append(run(weights, kv, args, rows[0]["held_out_ids"] if rows else None))
+    settings = {"none": SETTINGS, "fp8": SETTINGS[:1] + FP8_LINEAR_SETTINGS,
+                "all": SETTINGS + FP8_LINEAR_SETTINGS}[args.linears]
+    for weights, kv, linears in settings:
+        rows.append(run(weights, kv, linears, args, rows[0]["held_out_ids"] if rows else None))
         r = rows[-1]
-        print(f"{weights:9} kv {kv:4}: perplexity {r['perplexity']:.4f}, |K| max {r['kv_amax']['k']:.1f}, "
+        print(f"{weights:9} kv {kv:4} linears {linears or 'as-is'}: perplexity {r['perplexity']:.4f}, |K| max {r['kv_amax']['k']:.1f}, "
               f"|V| max {r['kv_amax']['v']:.1f} ({r['seconds']:.0f} s)", flush=True)
     ref = rows[0]["tokens"]
     results = {}
     for r in rows:
         first = [divergence(a, b) for a, b in zip(r["tokens"], ref, strict=True)]
         same = sum(a == b for a, b in zip(r["tokens"], ref, strict=True))
-        results[f"{r['weights']}_kv_{r['kv_cache_dtype']}"] = {
+        results[f"{r['weights']}_kv_{r['kv_cache_dtype']}" + ("_fp8_w" if r["linears"] else "")] = {
             "identical_to_fp32": same, "prompts": len(ref), "first_divergence": first,
             "perplexity": r["perplexity"], "kv_amax": r["kv_amax"], "kv_scales": r["kv_scales"]}
     report = {"date": time.strftime("%Y-%m-%d %H:%M"), "device": "cpu", "new_tokens": args.new_tokens,
               "held_out": f"docs/architecture.md, first {len(rows[0]['held_out_ids'])} tokens, chunks of "
                           f"{args.ppl_chunk}", "kv_scales": "fp8: 1.0 (the GGUF has none); fp8-calc: calculated at start",
               "command": f"benchmarks/fp8_kv_accuracy_cpu.py --new-tokens {args.new_tokens} --ppl-tokens "
-                         f"{args.ppl_tokens} --ppl-chunk {args.ppl_chunk} --threads {args.threads}",
+                         f"{args.ppl_tokens} --ppl-chunk {args.ppl_chunk} --threads {args.threads} --linears "
+                         f"{args.linears}",
               "results": results, "seconds": time.perf_counter() - started}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=1))
