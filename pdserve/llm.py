@@ -40,6 +40,7 @@ from pdserve.engine.weights.hub import HubOptions
 from pdserve.engine.weights.kv_scales import load_kv_cache_spec
 from pdserve.offline_worker import OfflineLimits, OfflineStats, OfflineWorker
 from pdserve.protocol.messages import TokenDelta
+from pdserve.settings import canonical_kv_cache_dtype
 
 
 @dataclass(frozen=True)
@@ -97,9 +98,10 @@ class LLM:
     ) -> None:
         """`max_num_seqs` prompts are live at once (reserved, prefilling or decoding); one prefill forward packs
         at most min(`max_num_batched_tokens`, `chunk_size`) prompt tokens (longer prompts take several).
-        `kv_cache_dtype`: auto (the weights' dtype) or fp8 (float8_e4m3fn, engine/kv_cache_spec.py);
+        `kv_cache_dtype`: auto (the weights' dtype) or fp8 (float8_e4m3fn, engine/kv_cache_spec.py; fp8_e4m3 too);
         `quantization`: fp8 linears, none, or None (as the checkpoint is); `calculate_kv_scales`: an fp8 cache's
         scales computed once from the built-in text (engine/kv_scale_calibration.py), as every worker does."""
+        kv_cache_dtype = canonical_kv_cache_dtype(kv_cache_dtype)
         if max_num_seqs <= 0 or max_num_batched_tokens <= 0:
             raise ValueError(f"need max_num_seqs ({max_num_seqs}) and max_num_batched_tokens "
                              f"({max_num_batched_tokens}) > 0")

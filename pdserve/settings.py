@@ -29,6 +29,9 @@ DEFAULT_MODEL = "smollm2-135m-instruct"
 LOAD_FORMATS = ("auto", "gguf", "hf", "dummy")  # hf: a Hugging Face directory of safetensors
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 KV_CACHE_DTYPES = ("auto", "fp8")  # auto: --dtype; fp8: float8_e4m3fn (engine/kv_cache_spec.py, which checks it too)
+# what --kv-cache-dtype accepts: fp8_e4m3 is vLLM's other name for fp8 and SGLang's only one (an e4m3 cache is
+# what both store on Hopper); fp8_e5m2 is not built, and argparse names what is
+KV_CACHE_DTYPE_FLAGS = (*KV_CACHE_DTYPES, "fp8_e4m3")
 QUANTIZATIONS = ("none", "fp8")  # of the layers' linears (engine/model.py fuse_weights)
 QUANTIZATION_HELP = ("fp8: the layers' linears in float8 e4m3, weights per output channel, activations per token "
                      "(embeddings, norms and lm_head stay in --dtype); none: every weight in --dtype (default: as "
@@ -45,6 +48,11 @@ _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 KV_LOAD_FAILURE_POLICIES = ("fail", "recompute")  # decode_node/scheduler.py
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20,
                "mib": 1 << 20, "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30}
+
+
+def canonical_kv_cache_dtype(flag: str) -> str:
+    """--kv-cache-dtype as given (any of KV_CACHE_DTYPE_FLAGS) -> one of KV_CACHE_DTYPES."""
+    return "fp8" if flag == "fp8_e4m3" else flag
 
 
 def parse_size(text: str) -> int:

@@ -56,7 +56,7 @@ VLLM_FLAGS: tuple[VllmFlag, ...] = (
     VllmFlag("--quantization", ("--quantization",),
              "fp8 (W8A8: weights per channel, activations per token, dynamic) or none; FP8 checkpoints load as "
              "stored; GGUF files are dequantised once at load"),
-    VllmFlag("--kv-cache-dtype", ("--kv-cache-dtype",), "auto, fp8 (e4m3; fp8_e5m2 is not supported)"),
+    VllmFlag("--kv-cache-dtype", ("--kv-cache-dtype",), "auto, fp8 or fp8_e4m3 (the same e4m3 cache); fp8_e5m2 is not supported"),
     VllmFlag("--calculate-kv-scales", ("--calculate-kv-scales",),
              "computed once at start from a built-in text, not from the first batch: every worker gets the same"),
     VllmFlag("--cpu-offload-gb", (), "weights stay on the worker's device"),

@@ -12,7 +12,7 @@ from pdserve.settings import (
     DEFAULT_MODEL,
     DTYPES,
     GPU_MAX_NUM_SEQS,
-    KV_CACHE_DTYPES,
+    KV_CACHE_DTYPE_FLAGS,
     KV_LOAD_FAILURE_POLICIES,
     LOAD_FORMATS,
     QUANTIZATION_HELP,
@@ -26,6 +26,7 @@ from pdserve.settings import (
     ServerSettings,
     TransferSettings,
     WorkerSettings,
+    canonical_kv_cache_dtype,
     parse_roles,
     parse_size,
 )
@@ -66,9 +67,10 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 ...; auto: cuda if available")
     group.add_argument("--dtype", default="auto", choices=DTYPES,
                        help="weights and KV dtype; auto: bfloat16 on CUDA, float32 on CPU")
-    group.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES,
-                       help="KV pool dtype; auto: --dtype; fp8: float8_e4m3fn, half the bytes of bf16, with the "
-                            "checkpoint's per-layer k/v scales or 1.0 (docs/quantization.md); P and D must agree")
+    group.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPE_FLAGS,
+                       help="KV pool dtype; auto: --dtype; fp8 (or fp8_e4m3, as SGLang names it): float8_e4m3fn, "
+                            "half the bytes of bf16, with the checkpoint's per-layer k/v scales or 1.0 "
+                            "(docs/quantization.md); P and D must agree")
     group.add_argument("--calculate-kv-scales", action="store_true",
                        help="with --kv-cache-dtype fp8: compute the per-layer k/v scales once at start from a "
                             "built-in text (every worker gets the same ones), instead of the checkpoint's or 1.0")
@@ -185,7 +187,8 @@ def add_transfer_store_arguments(parser: argparse.ArgumentParser) -> None:
 def model_settings_from_args(args: argparse.Namespace, cache_dir: str | None) -> ModelSettings:
     return ModelSettings(model=args.model, load_format=args.load_format, model_preset=args.model_preset,
                          tokenizer=args.tokenizer, device=args.device, dtype=args.dtype,
-                         kv_cache_dtype=args.kv_cache_dtype, calculate_kv_scales=args.calculate_kv_scales,
+                         kv_cache_dtype=canonical_kv_cache_dtype(args.kv_cache_dtype),
+                         calculate_kv_scales=args.calculate_kv_scales,
                          quantization=args.quantization,
                          cache_dir=cache_dir,
                          max_model_len=args.max_model_len, seed=args.seed, torch_threads=args.torch_threads,

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from pdserve.settings import KV_CACHE_DTYPES, QUANTIZATION_HELP, QUANTIZATIONS
+from pdserve.settings import KV_CACHE_DTYPE_FLAGS, QUANTIZATION_HELP, QUANTIZATIONS
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -34,8 +34,9 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
                         help="Hugging Face cache of repo ids (default: huggingface_hub's, from HF_HOME)")
     parser.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda:N")
     parser.add_argument("--dtype", default=None, help="float32 | float16 | bfloat16 (default: fp32 on CPU)")
-    parser.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES,
-                        help="auto: the --dtype; fp8: float8_e4m3fn with per-layer scales (docs/quantization.md)")
+    parser.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPE_FLAGS,
+                        help="auto: the --dtype; fp8 (or fp8_e4m3): float8_e4m3fn with per-layer scales "
+                             "(docs/quantization.md)")
     parser.add_argument("--calculate-kv-scales", action="store_true",
                         help="with --kv-cache-dtype fp8: scales computed once from a built-in text, not 1.0")
     parser.add_argument("--quantization", default=None, choices=QUANTIZATIONS, help=QUANTIZATION_HELP)

@@ -101,6 +101,23 @@ def test_vllm_on_off_flag_and_its_variable() -> None:
         worker_settings_from_args(parser.parse_args(["--device", "cpu", "--host-cache-gb", "1"]), None, None)
 
 
+def test_kv_cache_dtype_takes_the_vllm_and_sglang_spellings(capsys: pytest.CaptureFixture[str]) -> None:
+    """fp8 and fp8_e4m3 (vLLM's two names of its e4m3 cache, SGLang's only one) give one setting, from the command
+    line and from the environment; fp8_e5m2, which SGLang and vLLM also take, is refused naming what is taken."""
+    parser = argparse.ArgumentParser()
+    add_worker_arguments(parser, role="decode")
+    for flags in (["--kv-cache-dtype", "fp8"], ["--kv-cache-dtype", "fp8_e4m3", "--calculate-kv-scales"]):
+        settings = worker_settings_from_args(parser.parse_args(["--device", "cpu", *flags]), None, None)
+        assert settings.model.kv_cache_dtype == "fp8"
+    assert worker_settings_from_args(parser.parse_args(["--device", "cpu"]), None, None).model.kv_cache_dtype == "auto"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--kv-cache-dtype", "fp8_e5m2"])
+    err = capsys.readouterr().err  # choices quoted or not by Python version
+    assert "--kv-cache-dtype: invalid choice: 'fp8_e5m2'" in err and "fp8_e4m3" in err.split("choose from")[1]
+    apply_env_defaults(parser, {"PDSERVE_KV_CACHE_DTYPE": "fp8_e4m3"})
+    assert worker_settings_from_args(parser.parse_args(["--device", "cpu"]), None, None).model.kv_cache_dtype == "fp8"
+
+
 def test_a_cache_without_prefix_caching_never_finds_a_prefix() -> None:
     pool = BlockPool(8)
     cache = PrefixCache(pool, block_size=4, enabled=False)

@@ -37,16 +37,18 @@ def test_invalid_sampling_value_is_reported(model_cache_dir: Path) -> None:
     assert "top_p must be in (0, 1], got 0.0" in result.stderr
 
 
-@pytest.mark.parametrize("calculate", [False, True], ids=["scale-1", "calculated-scales"])
-def test_fp8_kv_cache_generates_on_the_cpu(model_cache_dir: Path, calculate: bool) -> None:
+@pytest.mark.parametrize(("calculate", "spelling"), [(False, "fp8"), (True, "fp8_e4m3")],
+                         ids=["scale-1", "calculated-scales-sglang-spelling"])
+def test_fp8_kv_cache_generates_on_the_cpu(model_cache_dir: Path, calculate: bool, spelling: str) -> None:
     """`--kv-cache-dtype fp8` through the CPU references: the offline engine's fp8 text (same torch threads);
-    with --calculate-kv-scales, the scales the built-in text gives (not 1.0)."""
-    llm = LLM(num_blocks=32, max_num_seqs=1, cache_dir=model_cache_dir, progress=False, kv_cache_dtype="fp8",
+    with --calculate-kv-scales, the scales the built-in text gives (not 1.0). fp8_e4m3 (SGLang's name, vLLM's
+    other one) is the same cache, in the offline API and on the command line."""
+    llm = LLM(num_blocks=32, max_num_seqs=1, cache_dir=model_cache_dir, progress=False, kv_cache_dtype=spelling,
               calculate_kv_scales=calculate)
     assert llm.runner.kv_caches[0].dtype == torch.float8_e4m3fn
     assert (set(llm.runner.kv_spec.k_scales) != {1.0}) == calculate
     expected = llm.generate(["The capital of France is"], SamplingParams(max_tokens=8, temperature=0))[0]
-    flags = ["--kv-cache-dtype", "fp8"] + (["--calculate-kv-scales"] if calculate else [])
+    flags = ["--kv-cache-dtype", spelling] + (["--calculate-kv-scales"] if calculate else [])
     result = run_cli(["The capital of France is", "--max-tokens", "8", *flags], model_cache_dir)
     assert result.returncode == 0, result.stderr
     assert result.stdout == expected.text + "\n" and expected.text.strip()
