@@ -35,7 +35,7 @@ SHAPES = (("b64_ctx4096", 64, 4096), ("b64_ctx512", 64, 512), ("b1_ctx4096", 1, 
 DOT_TILES = ((128, 4, 3), (128, 4, 2), (128, 4, 1), (64, 4, 3), (64, 4, 2), (64, 2, 2), (256, 4, 2), (128, 8, 2),
              (128, 8, 3), (64, 2, 1), (64, 4, 1), (128, 2, 1), (128, 8, 1), (256, 8, 1), (256, 4, 1))
 FMA_TILES = ((16, 4, 2), (32, 4, 2), (32, 4, 3), (64, 4, 2), (32, 8, 2), (16, 2, 2), (32, 2, 3))
-BF16_TILES = ((64, 4, 3), (128, 4, 3))
+BF16_TILES = [(64, 4, 3), (128, 4, 3)]  # --bf16-tiles replaces them
 L2_COPIES_BYTES = 256 << 20
 
 
@@ -148,11 +148,15 @@ def main() -> int:
     parser.add_argument("--tiles", default="", help="comma-separated BLOCK_NxWARPSxSTAGES: only these tiles")
     parser.add_argument("--shapes", default="", help="comma-separated bB_ctxC (default: " +
                         ",".join(n for n, _, _ in SHAPES) + ")")
+    parser.add_argument("--bf16-tiles", default="", help="comma-separated BLOCK_NxWARPSxSTAGES: the bf16 cache's "
+                        "tiles (default 64x4x3,128x4x3)")
     parser.add_argument("--plan", action="store_true", help="add each shape's row with the launcher's default plan")
     parser.add_argument("--splits", default="auto",
                         help="comma-separated split counts each row also runs with ('auto': num_splits_for's)")
     args = parser.parse_args()
     TILES[:] = [tuple(int(x) for x in t.split("x")) for t in args.tiles.split(",") if t]
+    if args.bf16_tiles:
+        BF16_TILES[:] = [tuple(int(x) for x in t.split("x")) for t in args.bf16_tiles.split(",")]
     SPLITS[:] = [None if s == "auto" else int(s) for s in args.splits.split(",")]
     if args.variants:
         bad = set(args.variants.split(",")) - set(VARIANTS)

@@ -68,7 +68,7 @@ import triton
 import triton.language as tl
 
 from pdserve.kernels.fp8 import cache_strides, is_fp8
-from pdserve.kernels.fp8_triton import fp8_v_tile, tile_pages
+from pdserve.kernels.fp8_triton import fp8_v_arranged, fp8_v_tile, tile_pages
 from pdserve.kernels.pdl import launch_options
 
 _LOG2E = 1.4426950408889634
@@ -90,6 +90,21 @@ def _token_rows(table, offs_n, n_mask, stride_cblk, stride_ctok, PAGE: tl.conste
     return page * stride_cblk + (offs_n % PAGE) * stride_ctok
 
 
+@triton.jit
+def _kv_pages(k_base, stride_ckv, table, n0, end, stride_cblk, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
+              BLOCK_N: tl.constexpr):
+    """Keys n0 .. n0 + BLOCK_N of an fp8 cache in one load of each page's two halves at the kv head (K [PAGE, D]
+    and V [D, PAGE], PAGE * D contiguous bytes each; none past end's page): K as [D, BLOCK_N] ("kt") and V as
+    [D, pages, PAGE] (kernels/fp8_triton.py fp8_v_arranged makes it the dot's)."""
+    pages, live = tile_pages(table, n0, end, PAGE, BLOCK_N)
+    half = tl.arange(0, 2)  # K, V
+    raw = tl.load(k_base + pages[:, None, None] * stride_cblk + tl.arange(0, PAGE * HEAD_DIM)[None, :, None]
+                  + half[None, None, :] * stride_ckv, mask=live[:, None, None], other=0.0)  # [pages, PAGE * D, 2]
+    k, v = tl.split(raw)
+    return tl.trans(tl.reshape(k, [BLOCK_N, HEAD_DIM])), tl.permute(tl.reshape(v, [BLOCK_N // PAGE, HEAD_DIM, PAGE]),
+                                                                     (1, 0, 2))
+
+
 @triton.jit(do_not_specialize=["num_splits"])  # SINGLE and the part strides carry it
 def _decode_split_kernel(
     q_ptr, cache_ptr, seq_lens_ptr, block_tables_ptr, out_ptr, part_out_ptr, part_lse_ptr,
@@ -100,7 +115,7 @@ def _decode_split_kernel(
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, SINGLE: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, F16_DOT: tl.constexpr,
     FMA: tl.constexpr, K_T: tl.constexpr, PAGE_ROWS: tl.constexpr, BITS: tl.constexpr, V_WIDE: tl.constexpr,
-    V_T: tl.constexpr = False, PDL: tl.constexpr = False,
+    V_T: tl.constexpr = False, ONE_LOAD: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
     # q: [B, Hq, D]; cache: [2, num_blocks, PAGE, Hkv, D]; block_tables: [B, max_blocks]
     # F16_DOT (an fp8 cache, bf16 queries): q and the fp8 K/V meet in fp16, e4m3's native widening on sm90
@@ -140,8 +155,11 @@ def _decode_split_kernel(
         else:
             rows = _token_rows(table, offs_n, n_mask, stride_cblk, stride_ctok, PAGE)  # [BLOCK_N]
         kv_mask = n_mask[:, None] & (d < HEAD_DIM)[None, :]
-        if K_T:  # K loaded as [BLOCK_D, BLOCK_N]: the dot's right operand as it is
+        if ONE_LOAD:  # K and V in one load: their bytes in flight together, one memory latency a tile, not two
+            kt, v_pages = _kv_pages(k_base, stride_ckv, table, n0, end, stride_cblk, HEAD_DIM, PAGE, BLOCK_N)
+        elif K_T:
             kt = tl.load(k_base + rows[None, :] + d[:, None], mask=(d < HEAD_DIM)[:, None] & n_mask[None, :], other=0.0)
+        if K_T:  # K as [BLOCK_D, BLOCK_N]: the dot's right operand as it is
             if BITS:
                 kt = _e4m3_bits_to_f16(kt)
             if FMA:
@@ -161,7 +179,9 @@ def _decode_split_kernel(
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        if V_T:  # an fp8 cache's V, [Hkv, D, PAGE] a block, a page's tokens one load (kernels/fp8_triton.py)
+        if ONE_LOAD:
+            v = fp8_v_arranged(v_pages, BLOCK_N, BLOCK_D)
+        elif V_T:  # an fp8 cache's V, [Hkv, D, PAGE] a block, a page's tokens one load (kernels/fp8_triton.py)
             v = fp8_v_tile(cache_ptr + stride_ckv + kv_head * (HEAD_DIM * PAGE), table, n0, end, stride_cblk, d,
                            HEAD_DIM, PAGE, BLOCK_N, BLOCK_D)
         else:
@@ -264,7 +284,7 @@ def _check(q, kv_cache, seq_lens, block_tables):
 
 
 VARIANTS = ("dot", "kt", "pages", "kt+pages", "bits", "kt+bits", "bits+pages", "fma", "fma+kt", "fma+pages",
-            "fma+kt+pages", "fma+bits", "vwide", "kt+vwide", "kt+pages+vwide")
+            "fma+kt+pages", "fma+bits", "vwide", "kt+vwide", "kt+pages+vwide", "kt+one")
 _FP8_VARIANT = "kt"  # an fp8 cache's default: the sweep's fastest (benchmarks/decode_attention_fp8_gpu.py)
 _FP8_TILE = (128, 4, 1)  # and its (BLOCK_N, num_warps, num_stages): with V [Hkv, D, PAGE], one stage (H100:
 # 198 us a layer at B 64 ctx 4,096 against 335 with two; docs/quantization.md)
@@ -272,17 +292,19 @@ _FP8_MANY_TILE: tuple[int, int, int] | None = (64, 2, 1)  # once B * Hkv program
 _FP8_PROGRAMS_PER_SM = 6  # split until B * Hkv * S reaches this many a SM (fp8_plan; None: _FP8_TILE throughout)
 
 
-def _variant_flags(variant: str, page: int, block_n: int, fp8: bool) -> tuple[bool, bool, bool, bool, bool]:
-    """FMA, K_T, PAGE_ROWS, BITS, V_WIDE of a variant name: "dot" (tl.dot for QK and PV, K transposed in
+def _variant_flags(variant: str, page: int, block_n: int, fp8: bool) -> tuple[bool, ...]:
+    """FMA, K_T, PAGE_ROWS, BITS, V_WIDE, ONE_LOAD of a variant name: "dot" (tl.dot for QK and PV, K transposed in
     registers) plus any of "fma" (both products as fp32 broadcast-multiply-reduce, the group unpadded), "kt" (K loaded as
     [D, BLOCK_N]), "pages" (one block-table load per page of the tile, not per token; needs PAGE | BLOCK_N),
     "bits" (an fp8 cache read as uint8 and widened to fp16 / 256 by bit moves; the 256 goes into the scales),
-    "vwide" (an fp8 V tile widened in registers as loaded, then laid out for the dot as fp16)."""
+    "vwide" (an fp8 V tile widened in registers as loaded, then laid out for the dot as fp16), "one" (with "kt", an
+    fp8 cache whose head dim is a power of two: K and V of a tile's pages in one load)."""
     parts = set(variant.split("+")) - {"dot"}
     if variant not in VARIANTS:
         raise ValueError(f"decode attention variant {variant!r} not in {VARIANTS}")
     pages = "pages" in parts and block_n % page == 0 and page & (page - 1) == 0
-    return "fma" in parts, "kt" in parts, pages, "bits" in parts and fp8, "vwide" in parts and fp8
+    one = "one" in parts and fp8
+    return "fma" in parts, "kt" in parts, pages, "bits" in parts and fp8, "vwide" in parts and fp8, one
 
 
 def _launch(q, kv_cache, seq_lens, block_tables, scale, num_splits=None, config=None, k_scale=1.0, v_scale=1.0,
@@ -312,11 +334,12 @@ def _launch(q, kv_cache, seq_lens, block_tables, scale, num_splits=None, config=
         block_n = max(block_n, page)
     if v_t and block_n % page:
         raise ValueError(f"an fp8 cache's tile of {block_n} keys must hold whole pages of {page}")
-    fma, k_t, page_rows, bits, v_wide = _variant_flags(variant, page, block_n, v_t)
+    fma, k_t, page_rows, bits, v_wide, one_load = _variant_flags(variant, page, block_n, v_t)
     strides = cache_strides(kv_cache)  # an fp8 cache's K head-major (kernels/fp8.py)
     if bits:
         kv_cache, k_scale, v_scale = kv_cache.view(torch.uint8), k_scale * 256.0, v_scale * 256.0
     block_d = triton.next_power_of_2(dim)
+    one_load = one_load and block_d == dim and page & (page - 1) == 0  # tl.arange over PAGE * D
     single = num_splits == 1
     if f16_dot is None:  # e4m3 -> fp16 is one instruction per pair on sm90, -> bf16 goes through fp32
         f16_dot = is_fp8(kv_cache.dtype) and q.dtype == torch.bfloat16
@@ -330,6 +353,7 @@ def _launch(q, kv_cache, seq_lens, block_tables, scale, num_splits=None, config=
         GROUP=group, HEAD_DIM=dim, PAGE=page, SINGLE=single, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         BLOCK_G=triton.next_power_of_2(group) if fma else max(16, triton.next_power_of_2(group)), BLOCK_N=block_n,
         BLOCK_D=block_d, F16_DOT=f16_dot, FMA=fma, K_T=k_t, PAGE_ROWS=page_rows, BITS=bits, V_WIDE=v_wide, V_T=v_t,
+        ONE_LOAD=one_load,
         num_warps=num_warps, num_stages=num_stages, **launch_options(q.device),
     )
     if not single:

@@ -171,9 +171,10 @@ def test_decode_attention_fp8_two_warp_tile_matches_ref(
 
 
 FP8_VARIANTS = ["kt", "pages", "kt+pages", "bits", "kt+bits", "bits+pages", "fma", "fma+kt", "fma+pages",
-                "fma+kt+pages", "fma+bits", "vwide", "kt+vwide", "kt+pages+vwide"]  # VARIANTS but "dot"
+                "fma+kt+pages", "fma+bits", "vwide", "kt+vwide", "kt+pages+vwide", "kt+one"]  # VARIANTS but "dot"
 # the interpreter runs each flag alone (33 s for all 11 there: suite time); the GPU every combination
-CHECKED_VARIANTS = FP8_VARIANTS if torch.cuda.is_available() else ["dot", "kt", "pages", "bits", "fma", "vwide"]
+CHECKED_VARIANTS = FP8_VARIANTS if torch.cuda.is_available() else ["dot", "kt", "pages", "bits", "fma", "vwide",
+                                                                   "kt+one"]
 
 
 @pytest.mark.parametrize("variant", CHECKED_VARIANTS)
