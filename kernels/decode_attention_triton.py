@@ -23,8 +23,8 @@ fp16 by integer bit moves (exact, value / 256, the 256 folded into both scales) 
 "vwide" lays V out for its dot from fp16, not fp8 (below). Every variant reads an fp8 cache's V in its layout,
 [Hkv, D, PAGE] a block (kernels/fp8.py; V_T), a page's tokens one 16-byte load: on an H100, kt at 128x4x1 took
 198.2 us a layer at B 64 ctx 4,096 against 220.6 with V token-major (docs/quantization.md). An fp8 cache's
-default tile and split count come from fp8_plan (two-warp tiles, split, once B * Hkv programs fill the SMs:
-190.8 us there).
+default tile and split count come from fp8_plan (two-warp tiles pipelined three stages deep, split, once B * Hkv
+programs fill the SMs: on the H200 132 us at B 64 ctx 4,096 against bf16's 246).
 benchmarks/fp8_attention_sweep_h200.sh times every variant x tile; on the H200 (2026-12-02, CUDA-graph means,
 benchmarks/results/decode_attention_fp8_h200.json), best tile each, against bf16's 243.5 / 38.3 / 13.9 us:
     B 64 ctx 4,096:  kt 219.5 us (1.11x bf16)  dot 226.6 (1.07x)  bits 313.0  pages 468.4  fma+kt 665.6
@@ -68,7 +68,7 @@ import triton
 import triton.language as tl
 
 from pdserve.kernels.fp8 import cache_strides, is_fp8
-from pdserve.kernels.fp8_triton import fp8_v_arranged, fp8_v_tile, tile_pages
+from pdserve.kernels.fp8_triton import fp8_v_tile, tile_pages
 from pdserve.kernels.pdl import launch_options
 
 _LOG2E = 1.4426950408889634
@@ -90,21 +90,6 @@ def _token_rows(table, offs_n, n_mask, stride_cblk, stride_ctok, PAGE: tl.conste
     return page * stride_cblk + (offs_n % PAGE) * stride_ctok
 
 
-@triton.jit
-def _kv_pages(k_base, stride_ckv, table, n0, end, stride_cblk, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
-              BLOCK_N: tl.constexpr):
-    """Keys n0 .. n0 + BLOCK_N of an fp8 cache in one load of each page's two halves at the kv head (K [PAGE, D]
-    and V [D, PAGE], PAGE * D contiguous bytes each; none past end's page): K as [D, BLOCK_N] ("kt") and V as
-    [D, pages, PAGE] (kernels/fp8_triton.py fp8_v_arranged makes it the dot's)."""
-    pages, live = tile_pages(table, n0, end, PAGE, BLOCK_N)
-    half = tl.arange(0, 2)  # K, V
-    raw = tl.load(k_base + pages[:, None, None] * stride_cblk + tl.arange(0, PAGE * HEAD_DIM)[None, :, None]
-                  + half[None, None, :] * stride_ckv, mask=live[:, None, None], other=0.0)  # [pages, PAGE * D, 2]
-    k, v = tl.split(raw)
-    return tl.trans(tl.reshape(k, [BLOCK_N, HEAD_DIM])), tl.permute(tl.reshape(v, [BLOCK_N // PAGE, HEAD_DIM, PAGE]),
-                                                                     (1, 0, 2))
-
-
 @triton.jit(do_not_specialize=["num_splits"])  # SINGLE and the part strides carry it
 def _decode_split_kernel(
     q_ptr, cache_ptr, seq_lens_ptr, block_tables_ptr, out_ptr, part_out_ptr, part_lse_ptr,
@@ -115,7 +100,7 @@ def _decode_split_kernel(
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, SINGLE: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, F16_DOT: tl.constexpr,
     FMA: tl.constexpr, K_T: tl.constexpr, PAGE_ROWS: tl.constexpr, BITS: tl.constexpr, V_WIDE: tl.constexpr,
-    V_T: tl.constexpr = False, ONE_LOAD: tl.constexpr = False, PDL: tl.constexpr = False,
+    V_T: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
     # q: [B, Hq, D]; cache: [2, num_blocks, PAGE, Hkv, D]; block_tables: [B, max_blocks]
     # F16_DOT (an fp8 cache, bf16 queries): q and the fp8 K/V meet in fp16, e4m3's native widening on sm90
@@ -155,11 +140,8 @@ def _decode_split_kernel(
         else:
             rows = _token_rows(table, offs_n, n_mask, stride_cblk, stride_ctok, PAGE)  # [BLOCK_N]
         kv_mask = n_mask[:, None] & (d < HEAD_DIM)[None, :]
-        if ONE_LOAD:  # K and V in one load: their bytes in flight together, one memory latency a tile, not two
-            kt, v_pages = _kv_pages(k_base, stride_ckv, table, n0, end, stride_cblk, HEAD_DIM, PAGE, BLOCK_N)
-        elif K_T:
+        if K_T:  # K loaded as [BLOCK_D, BLOCK_N]: the dot's right operand as it is
             kt = tl.load(k_base + rows[None, :] + d[:, None], mask=(d < HEAD_DIM)[:, None] & n_mask[None, :], other=0.0)
-        if K_T:  # K as [BLOCK_D, BLOCK_N]: the dot's right operand as it is
             if BITS:
                 kt = _e4m3_bits_to_f16(kt)
             if FMA:
@@ -179,9 +161,7 @@ def _decode_split_kernel(
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        if ONE_LOAD:
-            v = fp8_v_arranged(v_pages, BLOCK_N, BLOCK_D)
-        elif V_T:  # an fp8 cache's V, [Hkv, D, PAGE] a block, a page's tokens one load (kernels/fp8_triton.py)
+        if V_T:  # an fp8 cache's V, [Hkv, D, PAGE] a block, a page's tokens one load (kernels/fp8_triton.py)
             v = fp8_v_tile(cache_ptr + stride_ckv + kv_head * (HEAD_DIM * PAGE), table, n0, end, stride_cblk, d,
                            HEAD_DIM, PAGE, BLOCK_N, BLOCK_D)
         else:
@@ -256,11 +236,17 @@ def num_splits_for(batch: int, kv_heads: int, max_context: int, sm_count: int) -
 
 def fp8_plan(batch: int, kv_heads: int, max_context: int, sm_count: int) -> tuple[int, tuple[int, int, int]]:
     """An fp8 cache's split count and tile (BLOCK_N, warps, stages) for the default variant. Below one program
-    per SM, num_splits_for's splits with _FP8_TILE (128x4x1); from there on, two-warp tiles of 64 keys
-    (_FP8_MANY_TILE) split until ~_FP8_PROGRAMS_PER_SM programs a SM: one-stage fp8 programs keep little in
-    flight, so more and smaller ones hide more latency. H100, one layer B 64 ctx 4,096 (512 programs; the sweep
-    in benchmarks/decode_attention_fp8_gpu.py --splits): 128x4x1 unsplit 197.6 us, 64x2x1 unsplit 228.0, split in
-    2 190.6, in 4 197.3; at ctx 512 32.5 against 33.4; at B 1 the wide tile wins (13.0 against 64x2x1's 16.6)."""
+    per SM, num_splits_for's splits with _FP8_TILE (128x4x1); from there on, two-warp tiles of 64 keys in three
+    stages (_FP8_MANY_TILE) split until ~_FP8_PROGRAMS_PER_SM programs a SM. H100, one layer B 64 ctx 4,096 (512
+    programs; the sweep in benchmarks/decode_attention_fp8_gpu.py --splits, one-stage tiles): 128x4x1 unsplit
+    197.6 us, 64x2x1 unsplit 228.0, split in 2 190.6, in 4 197.3; at ctx 512 32.5 against 33.4; at B 1 the wide
+    tile wins (13.0 against 64x2x1's 16.6). Three stages (H200, 2026-12-06, results/decode_attention_fp8_stages_h200.json):
+    a one-stage tile issues V's loads only after the softmax's barriers, so each tile waits for memory twice;
+    Triton's pipeline, three stages deep, has the next tiles' K and V in flight meanwhile (two stages were no
+    better than one: their copies are issued at the end of a tile and waited for at the top of the next). At B 64
+    ctx 4,096 split in 2, 64x2x3 132.0-132.2 us (4.07 TB/s, 85 % of DRAM) against 64x2x1's 152.8-154.4; B 128
+    252.3 against 292.3; B 32 76.2 against 88.4 (split 4); B 64 ctx 512 25.5 against 29.1; 4 and 5 stages within
+    1 % at B 64 and 128."""
     programs = max(1, batch * kv_heads)
     if _FP8_MANY_TILE is None or programs < sm_count:
         return num_splits_for(batch, kv_heads, max_context, sm_count), _FP8_TILE
@@ -284,27 +270,25 @@ def _check(q, kv_cache, seq_lens, block_tables):
 
 
 VARIANTS = ("dot", "kt", "pages", "kt+pages", "bits", "kt+bits", "bits+pages", "fma", "fma+kt", "fma+pages",
-            "fma+kt+pages", "fma+bits", "vwide", "kt+vwide", "kt+pages+vwide", "kt+one")
+            "fma+kt+pages", "fma+bits", "vwide", "kt+vwide", "kt+pages+vwide")
 _FP8_VARIANT = "kt"  # an fp8 cache's default: the sweep's fastest (benchmarks/decode_attention_fp8_gpu.py)
 _FP8_TILE = (128, 4, 1)  # and its (BLOCK_N, num_warps, num_stages): with V [Hkv, D, PAGE], one stage (H100:
 # 198 us a layer at B 64 ctx 4,096 against 335 with two; docs/quantization.md)
-_FP8_MANY_TILE: tuple[int, int, int] | None = (64, 2, 1)  # once B * Hkv programs fill the SMs: two-warp programs,
+_FP8_MANY_TILE: tuple[int, int, int] | None = (64, 2, 3)  # once B * Hkv programs fill the SMs: two-warp programs,
 _FP8_PROGRAMS_PER_SM = 6  # split until B * Hkv * S reaches this many a SM (fp8_plan; None: _FP8_TILE throughout)
 
 
-def _variant_flags(variant: str, page: int, block_n: int, fp8: bool) -> tuple[bool, ...]:
-    """FMA, K_T, PAGE_ROWS, BITS, V_WIDE, ONE_LOAD of a variant name: "dot" (tl.dot for QK and PV, K transposed in
+def _variant_flags(variant: str, page: int, block_n: int, fp8: bool) -> tuple[bool, bool, bool, bool, bool]:
+    """FMA, K_T, PAGE_ROWS, BITS, V_WIDE of a variant name: "dot" (tl.dot for QK and PV, K transposed in
     registers) plus any of "fma" (both products as fp32 broadcast-multiply-reduce, the group unpadded), "kt" (K loaded as
     [D, BLOCK_N]), "pages" (one block-table load per page of the tile, not per token; needs PAGE | BLOCK_N),
     "bits" (an fp8 cache read as uint8 and widened to fp16 / 256 by bit moves; the 256 goes into the scales),
-    "vwide" (an fp8 V tile widened in registers as loaded, then laid out for the dot as fp16), "one" (with "kt", an
-    fp8 cache whose head dim is a power of two: K and V of a tile's pages in one load)."""
+    "vwide" (an fp8 V tile widened in registers as loaded, then laid out for the dot as fp16)."""
     parts = set(variant.split("+")) - {"dot"}
     if variant not in VARIANTS:
         raise ValueError(f"decode attention variant {variant!r} not in {VARIANTS}")
     pages = "pages" in parts and block_n % page == 0 and page & (page - 1) == 0
-    one = "one" in parts and fp8
-    return "fma" in parts, "kt" in parts, pages, "bits" in parts and fp8, "vwide" in parts and fp8, one
+    return "fma" in parts, "kt" in parts, pages, "bits" in parts and fp8, "vwide" in parts and fp8
 
 
 def _launch(q, kv_cache, seq_lens, block_tables, scale, num_splits=None, config=None, k_scale=1.0, v_scale=1.0,
@@ -334,12 +318,11 @@ def _launch(q, kv_cache, seq_lens, block_tables, scale, num_splits=None, config=
         block_n = max(block_n, page)
     if v_t and block_n % page:
         raise ValueError(f"an fp8 cache's tile of {block_n} keys must hold whole pages of {page}")
-    fma, k_t, page_rows, bits, v_wide, one_load = _variant_flags(variant, page, block_n, v_t)
+    fma, k_t, page_rows, bits, v_wide = _variant_flags(variant, page, block_n, v_t)
     strides = cache_strides(kv_cache)  # an fp8 cache's K head-major (kernels/fp8.py)
     if bits:
         kv_cache, k_scale, v_scale = kv_cache.view(torch.uint8), k_scale * 256.0, v_scale * 256.0
     block_d = triton.next_power_of_2(dim)
-    one_load = one_load and block_d == dim and page & (page - 1) == 0  # tl.arange over PAGE * D
     single = num_splits == 1
     if f16_dot is None:  # e4m3 -> fp16 is one instruction per pair on sm90, -> bf16 goes through fp32
         f16_dot = is_fp8(kv_cache.dtype) and q.dtype == torch.bfloat16
@@ -353,7 +336,6 @@ def _launch(q, kv_cache, seq_lens, block_tables, scale, num_splits=None, config=
         GROUP=group, HEAD_DIM=dim, PAGE=page, SINGLE=single, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         BLOCK_G=triton.next_power_of_2(group) if fma else max(16, triton.next_power_of_2(group)), BLOCK_N=block_n,
         BLOCK_D=block_d, F16_DOT=f16_dot, FMA=fma, K_T=k_t, PAGE_ROWS=page_rows, BITS=bits, V_WIDE=v_wide, V_T=v_t,
-        ONE_LOAD=one_load,
         num_warps=num_warps, num_stages=num_stages, **launch_options(q.device),
     )
     if not single:

@@ -26,22 +26,8 @@ def fp8_v_tile(v_head, table, n0, end, stride_cblk, d, HEAD_DIM: tl.constexpr, P
                BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     """V of keys n0 .. n0 + BLOCK_N as [BLOCK_N, BLOCK_D]; v_head: the cache's V half at its kv head's
     [D, PAGE] column of block 0 (+ head * HEAD_DIM * PAGE); d: tl.arange(0, BLOCK_D)."""
-    return fp8_v_arranged(fp8_v_bytes(v_head, table, n0, end, stride_cblk, d, HEAD_DIM, PAGE, BLOCK_N), BLOCK_N,
-                          BLOCK_D)
-
-
-@triton.jit
-def fp8_v_bytes(v_head, table, n0, end, stride_cblk, d, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
-                BLOCK_N: tl.constexpr):
-    """fp8_v_tile's load alone: [BLOCK_D, pages, PAGE] as the blocks hold it (a kernel that loads V early arranges
-    it only where its dot needs it, so that nothing waits for the bytes in between)."""
     pages, live = tile_pages(table, n0, end, PAGE, BLOCK_N)
-    return tl.load(v_head + pages[None, :, None] * stride_cblk + d[:, None, None] * PAGE
-                   + tl.arange(0, PAGE)[None, None, :],
-                   mask=(d < HEAD_DIM)[:, None, None] & live[None, :, None], other=0.0)
-
-
-@triton.jit
-def fp8_v_arranged(vt, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
-    """fp8_v_bytes' [BLOCK_D, pages, PAGE] -> V [BLOCK_N, BLOCK_D]."""
+    vt = tl.load(v_head + pages[None, :, None] * stride_cblk + d[:, None, None] * PAGE
+                 + tl.arange(0, PAGE)[None, None, :],
+                 mask=(d < HEAD_DIM)[:, None, None] & live[None, :, None], other=0.0)
     return tl.trans(tl.reshape(vt, [BLOCK_D, BLOCK_N]))
