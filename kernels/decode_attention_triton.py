@@ -23,8 +23,9 @@ fp16 by integer bit moves (exact, value / 256, the 256 folded into both scales) 
 "vwide" lays V out for its dot from fp16, not fp8 (below). Every variant reads an fp8 cache's V in its layout,
 [Hkv, D, PAGE] a block (kernels/fp8.py; V_T), a page's tokens one 16-byte load: on an H100, kt at 128x4x1 took
 198.2 us a layer at B 64 ctx 4,096 against 220.6 with V token-major (docs/quantization.md). An fp8 cache's
-default tile and split count come from fp8_plan (two-warp tiles pipelined three stages deep, split, once B * Hkv
-programs fill the SMs: on the H200 132 us at B 64 ctx 4,096 against bf16's 246).
+default tile and split count come from fp8_plan (a two-warp tile pipelined three stages deep at every batch, split
+by num_splits_for below one program a SM and to ~6 a SM above: on the H200 132 us at B 64 ctx 4,096 against
+bf16's 246).
 benchmarks/fp8_attention_sweep_h200.sh times every variant x tile; on the H200 (2026-12-02, CUDA-graph means,
 benchmarks/results/decode_attention_fp8_h200.json), best tile each, against bf16's 243.5 / 38.3 / 13.9 us:
     B 64 ctx 4,096:  kt 219.5 us (1.11x bf16)  dot 226.6 (1.07x)  bits 313.0  pages 468.4  fma+kt 665.6
@@ -236,8 +237,9 @@ def num_splits_for(batch: int, kv_heads: int, max_context: int, sm_count: int) -
 
 def fp8_plan(batch: int, kv_heads: int, max_context: int, sm_count: int) -> tuple[int, tuple[int, int, int]]:
     """An fp8 cache's split count and tile (BLOCK_N, warps, stages) for the default variant. Below one program
-    per SM, num_splits_for's splits with _FP8_TILE (128x4x1); from there on, two-warp tiles of 64 keys in three
-    stages (_FP8_MANY_TILE) split until ~_FP8_PROGRAMS_PER_SM programs a SM. H100, one layer B 64 ctx 4,096 (512
+    per SM, num_splits_for's splits with _FP8_TILE; from there on, _FP8_MANY_TILE split until
+    ~_FP8_PROGRAMS_PER_SM programs a SM. Both are two-warp tiles of 64 keys in three stages since 2026-12-06 (the
+    few-programs one was 128x4x1, the many-programs one 64x2x1). H100, one layer B 64 ctx 4,096 (512
     programs; the sweep in benchmarks/decode_attention_fp8_gpu.py --splits, one-stage tiles): 128x4x1 unsplit
     197.6 us, 64x2x1 unsplit 228.0, split in 2 190.6, in 4 197.3; at ctx 512 32.5 against 33.4; at B 1 the wide
     tile wins (13.0 against 64x2x1's 16.6). Three stages (H200, 2026-12-06, results/decode_attention_fp8_stages_h200.json):
@@ -272,8 +274,8 @@ def _check(q, kv_cache, seq_lens, block_tables):
 VARIANTS = ("dot", "kt", "pages", "kt+pages", "bits", "kt+bits", "bits+pages", "fma", "fma+kt", "fma+pages",
             "fma+kt+pages", "fma+bits", "vwide", "kt+vwide", "kt+pages+vwide")
 _FP8_VARIANT = "kt"  # an fp8 cache's default: the sweep's fastest (benchmarks/decode_attention_fp8_gpu.py)
-_FP8_TILE = (128, 4, 1)  # and its (BLOCK_N, num_warps, num_stages): with V [Hkv, D, PAGE], one stage (H100:
-# 198 us a layer at B 64 ctx 4,096 against 335 with two; docs/quantization.md)
+_FP8_TILE = (64, 2, 3)  # and its (BLOCK_N, num_warps, num_stages) below one program a SM (was 128x4x1; H100 B 4 / 8 / 16
+# ctx 4,096 21.0 / 32.6 / 55.1 us against 24.6 / 34.5 / 60.6, B 1 13.1 against 13.0: results/decode_attention_fp8_few_h100.json)
 _FP8_MANY_TILE: tuple[int, int, int] | None = (64, 2, 3)  # once B * Hkv programs fill the SMs: two-warp programs,
 _FP8_PROGRAMS_PER_SM = 6  # split until B * Hkv * S reaches this many a SM (fp8_plan; None: _FP8_TILE throughout)
 

@@ -140,8 +140,8 @@ def test_decode_attention_fp8_matches_ref(
 
 def test_fp8_plan_splits_many_programs_into_two_warp_tiles() -> None:
     """An fp8 cache's default plan (kernels/decode_attention_triton.py fp8_plan) at llama3-8b's 8 kv heads on 132
-    SMs: below one program a SM, num_splits_for's splits and the 128-key tile; from there, 64-key two-warp tiles
-    split up to ~6 programs a SM, never below 256 keys a split."""
+    SMs: below one program a SM, num_splits_for's splits and the few-programs tile; from there, 64-key two-warp
+    three-stage tiles split up to ~6 programs a SM, never below 256 keys a split."""
     from pdserve.kernels.decode_attention_triton import _FP8_TILE, fp8_plan, num_splits_for
 
     many = (64, 2, 3)
