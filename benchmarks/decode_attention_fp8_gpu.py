@@ -7,7 +7,9 @@ it is timed; a row that fails (error or compile) is recorded, not timed, and nev
 Time: one layer's call, the mean of a CUDA graph of >= 16 calls replayed 10 times (median replay), so launch
 overhead is out. Shapes whose cache fits in L2 (50 MB) cycle over copies of it (>= 256 MB in all), as the 32
 layers of a step do. The b64 shapes run unsplit (num_splits_for: 512 programs), b1 with 16 splits; --splits
-adds rows at other split counts (each tile at each), --tiles narrows the tiles.
+adds rows at other split counts (each tile at each), --tiles narrows the tiles. --plan adds the launcher's own
+choice ("plan"), the same with split partials summed by the reduce kernel ("plan-reduce", COMBINE_IN_SPLITS off)
+and bf16's default tile both ways ("dot-reduce", "dot-combine").
 
     python benchmarks/decode_attention_fp8_gpu.py --out benchmarks/results/decode_attention_fp8_h200.json
 --warm I/N compiles part I of N of the kernels on a small shape of the same specialization, into Triton's cache
@@ -26,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from pdserve.kernels import decode_attention_triton as attention
 from pdserve.kernels.decode_attention import decode_attention_ref
 from pdserve.kernels.decode_attention_triton import VARIANTS, _launch, fp8_plan
 
@@ -185,9 +188,16 @@ def main() -> int:
                              "error": "budget"})
                 continue
             rows.append(row(shape, "fp8", variant, tile, splits=splits))
-        if args.plan:  # the default plan's row, its splits and tile named
+        if args.plan:  # the default plan's row, its splits and tile named; then with split attention's
             splits, tile = fp8_plan(batch, KV_HEADS, shape["tables"].shape[1] * PAGE, sm_count)
             rows.append({**row(shape, "fp8", "plan", tile), "splits": splits})
+            try:  # reduce kernel instead of the last program's sum (COMBINE_IN_SPLITS off): its A/B, bf16's too
+                attention.COMBINE_IN_SPLITS = False
+                rows.append({**row(shape, "fp8", "plan", tile), "splits": splits, "variant": "plan-reduce"})
+                rows.append({**row(shape, "bf16", "dot", BF16_TILES[0]), "variant": "dot-reduce"})
+            finally:
+                attention.COMBINE_IN_SPLITS = True
+            rows.append({**row(shape, "bf16", "dot", BF16_TILES[0]), "variant": "dot-combine"})
         report["shapes"][name] = {"batch": batch, "context": context, "copies": len(shape["fp8"]),
                                   "best": summarize(name, rows), "rows": rows}
         args.out.write_text(json.dumps(report, indent=1) + "\n")  # after each shape: a later failure keeps it
@@ -220,8 +230,9 @@ def summarize(name: str, rows: list[dict]) -> dict:
         elif not r.get("ok") and "rel_err" in r:
             print("   wrong:", r["variant"], r["tile"], "rel_err", r["rel_err"])
     for r in timed:
-        if r["variant"] == "plan":
-            print(f"   plan: {r['tile']} splits {r['splits']} {r['ms'] * 1e3:.1f} us x{base / r['ms']:.2f} vs bf16")
+        if r["variant"] in ("plan", "plan-reduce", "dot-reduce", "dot-combine"):
+            print(f"   {r['variant']}: {r['tile']} splits {r['splits']} {r['ms'] * 1e3:.1f} us x{base / r['ms']:.2f} "
+                  "vs bf16")
     if len(SPLITS) > 1:
         for splits in SPLITS:
             at = [r for r in timed if r["splits"] == (splits or "auto")]

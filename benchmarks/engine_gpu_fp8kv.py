@@ -38,9 +38,21 @@ def _items(per_seq: int) -> list[DecodeInput]:
 
 
 def _decode_ms(config: ModelConfig, device: torch.device, dtype: torch.dtype, kv: str, repeat: int,
-               quantization: str = "none") -> tuple[float, float]:
+               quantization: str = "none", reduce: bool = False) -> tuple[float, float]:
     """The step in ms: synchronised after each (time_ms: the host's staging of 64 block tables of 257 blocks
-    included) and back to back (pipelined_ms: staged while the previous step runs, as the served loop does)."""
+    included) and back to back (pipelined_ms: staged while the previous step runs, as the served loop does).
+    `reduce`: split attention's partials summed by the reduce kernel (COMBINE_IN_SPLITS off), its A/B."""
+    from pdserve.kernels import decode_attention_triton as attention
+
+    attention.COMBINE_IN_SPLITS = not reduce  # read at every launch: the runner's graphs capture it
+    try:
+        return _runner_ms(config, device, dtype, kv, repeat, quantization)
+    finally:
+        attention.COMBINE_IN_SPLITS = True
+
+
+def _runner_ms(config: ModelConfig, device: torch.device, dtype: torch.dtype, kv: str, repeat: int,
+               quantization: str) -> tuple[float, float]:
     per_seq = -(-(CONTEXT + 1) // BLOCK)
     spec = KVCacheSpec.build(kv, dtype, config.num_layers)
     runner = ModelRunner(config, CacheConfig(num_blocks=BATCH * per_seq, block_size=BLOCK),
@@ -87,22 +99,25 @@ def _variant_rows(config: ModelConfig, device: torch.device, dtype: torch.dtype,
 
 
 def fp8_kv_rows(config: ModelConfig, device: torch.device, repeat: int,
-                variants: list[str] | None = None, rounds: int = 1) -> dict[str, object]:
+                variants: list[str] | None = None, rounds: int = 1, reduce: bool = False) -> dict[str, object]:
     """The rows (ms), the speed-up, sequences per GiB and the transfer's bytes, bf16 (or the CPU's fp32) vs fp8;
     `variants`: the same fp8 rows with other decode attention variants (_variant_rows). Each cache is timed with
     bf16 linears and with fp8 ones (`--quantization fp8`). `rounds` > 1 builds the four runners that many times,
     in turn, and reports each one's median (and every sample): rows of one setting differ by up to ~2 % from one
-    runner to the next (docs/quantization.md)."""
+    runner to the next (docs/quantization.md). `reduce`: each round also times the fp8 KV settings with split
+    attention's reduce kernel (keys ending _reduce), the A/B of its fused sum."""
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     name = str(dtype).removeprefix("torch.")
     row = f"decode_b{BATCH}_ctx{CONTEXT}"
-    settings = {f"{name}kv": ("auto", "none"), "fp8kv": ("fp8", "none"),  # bf16 linears, then fp8 linears
-                f"{name}kv_fp8_w": ("auto", "fp8"), "fp8kv_fp8_w": ("fp8", "fp8")}
+    settings = {f"{name}kv": ("auto", "none", False), "fp8kv": ("fp8", "none", False),  # bf16 linears, then fp8
+                f"{name}kv_fp8_w": ("auto", "fp8", False), "fp8kv_fp8_w": ("fp8", "fp8", False)}
+    if reduce:
+        settings |= {"fp8kv_reduce": ("fp8", "none", True), "fp8kv_fp8_w_reduce": ("fp8", "fp8", True)}
     samples: dict[str, list[float]] = {key: [] for key in settings}
     pipelined: dict[str, list[float]] = {key: [] for key in settings}
     for round_ in range(max(1, rounds)):
-        for key, (kv, quantization) in settings.items():
-            synced, back_to_back = _decode_ms(config, device, dtype, kv, repeat, quantization=quantization)
+        for key, (kv, quantization, split_reduce) in settings.items():
+            synced, back_to_back = _decode_ms(config, device, dtype, kv, repeat, quantization, split_reduce)
             samples[key].append(synced)
             pipelined[key].append(back_to_back)
             print(f"fp8 KV round {round_}: {key} {synced:.3f} ms, back to back {back_to_back:.3f} ms",
@@ -111,6 +126,9 @@ def fp8_kv_rows(config: ModelConfig, device: torch.device, repeat: int,
     piped = {key: statistics.median(values) for key, values in pipelined.items()}
     base = median[f"{name}kv"]
     speedups = {"fp8kv_speedup": (f"{name}kv", "fp8kv"), "fp8kv_speedup_fp8_w": (f"{name}kv_fp8_w", "fp8kv_fp8_w")}
+    if reduce:
+        speedups |= {"fp8kv_speedup_reduce": (f"{name}kv", "fp8kv_reduce"),
+                     "fp8kv_speedup_fp8_w_reduce": (f"{name}kv_fp8_w", "fp8kv_fp8_w_reduce")}
     others = _variant_rows(config, device, dtype, repeat, variants or [])
     per_seq_blocks = -(-(CONTEXT + 1) // BLOCK)
     pool = 64 << 30  # sequences of 4,096 tokens a 64 GiB pool holds (one GiB holds one or two: too coarse)

@@ -137,8 +137,8 @@ def pdl_order(ptx: str) -> str | None:
 def attention_variants(bf: str):
     cache = dict(stride_ckv=1 << 28, stride_cblk=16384, stride_ctok=1024, stride_ch=128)
     dec = dict(q_ptr=bf, cache_ptr=bf, seq_lens_ptr="*i32", block_tables_ptr="*i32", out_ptr=bf,
-               part_out_ptr="*fp32", part_lse_ptr="*fp32", qk_scale=0.127, v_scale=1.0, num_splits=2, stride_qb=4096,
-               stride_qh=128, stride_ob=4096, stride_oh=128, stride_bt=256, **cache, stride_pb=8192,
+               part_out_ptr="*fp32", part_lse_ptr="*fp32", ticket_ptr="*i32", qk_scale=0.127, v_scale=1.0,
+               num_splits=2, stride_qb=4096, stride_qh=128, stride_ob=4096, stride_oh=128, stride_bt=256, **cache, stride_pb=8192,
                stride_ph=256, stride_ps=128, stride_lb=64, stride_lh=2, GROUP=C(4), HEAD_DIM=C(128), PAGE=C(16),
                SINGLE=C(False), PRECISION=C("tf32"), BLOCK_G=C(16), BLOCK_D=C(128), F16_DOT=C(False), FMA=C(False),
                K_T=C(False), PAGE_ROWS=C(False), BITS=C(False), V_WIDE=C(False))
@@ -149,6 +149,8 @@ def attention_variants(bf: str):
     yield "decode split fp8 kt+vwide n64 w4 s3", _decode_split_kernel, {**fp8, "V_WIDE": C(True)}, 4, 3
     yield "decode split fp8 kt+pages n64 w4 s3", _decode_split_kernel, {**fp8, "PAGE_ROWS": C(True)}, 4, 3
     yield "decode split fp8 kt+vt n128 w4 s1", _decode_split_kernel, {**fp8, "V_T": C(True), "BLOCK_N": C(128)}, 4, 1
+    yield ("decode split fp8 kt+vt n64 w2 s3 combine", _decode_split_kernel,
+           {**fp8, "V_T": C(True), "COMBINE": C(True)}, 2, 3)
     red = dict(part_out_ptr="*fp32", part_lse_ptr="*fp32", out_ptr=bf, num_splits=2, stride_pb=8192, stride_ph=256,
                stride_ps=128, stride_lb=64, stride_lh=2, stride_ob=4096, stride_oh=128, HEAD_DIM=C(128),
                BLOCK_S=C(2), BLOCK_D=C(128))

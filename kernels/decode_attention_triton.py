@@ -1,6 +1,6 @@
 """Triton paged decode attention: FlashDecoding (split-KV) with the GQA group processed as one tile.
 
-    grid (B, Hkv, S) split kernel                                  grid (B, Hq) reduce kernel
+    grid (B, Hkv, S) split kernel                                  then, in the last of (b, h)'s S programs
     seq b, kv head h, split s: keys [s*L, min((s+1)*L, seq_len))   out[b, q] = sum_s w_s * o_s / sum_s w_s
       q tile [GROUP, D]  x  K tile^T [D, BLOCK_N]  (one load of K/V   w_s = 2^(lse_s - max lse)
       per kv head, shared by the GROUP query heads)
@@ -8,8 +8,12 @@
 
 L = ceil(ceil(seq_len / S) / BLOCK_N) * BLOCK_N is chosen per sequence on the device, so the launch needs no
 host sync (CUDA-graph safe); S itself comes from the batch size and the block table's width. With S = 1 the
-split kernel writes the output directly and the reduce kernel is skipped. Splits past seq_len are empty
-(lse = -inf); seq_len 0 gives zeros.
+split kernel writes the output directly. Above, each program stores its partials, then takes a ticket (an
+int32 per (b, h), acq_rel atomic after a barrier); the one that draws S - 1 reads all S back (bypassing L1),
+sums them in split order into out and puts the ticket back to 0, so one launch does it all, a CUDA graph's next
+replay included (since 2026-12-07; before, a second kernel, grid (B, Hq), summed them: _decode_reduce_kernel,
+still used where no ticket buffer can be had and with COMBINE_IN_SPLITS off, for the A/B). Splits past seq_len
+are empty (lse = -inf); seq_len 0 gives zeros.
 
 An fp8 cache (float8_e4m3fn) is loaded as fp8 and converted to the query's dtype in registers (exact: e4m3
 fits in bf16 and fp16); its K scale is folded into qk_scale and its V scale multiplies the (linear) output of
@@ -53,9 +57,9 @@ stays the default; the transpose of 8-bit V is what an fp8 cache costs here (a b
 registers, which Triton does not emit, is what is left).
 
 What is compiled: the model's GROUP, HEAD_DIM, PAGE, the dtype's PRECISION and tile, and the split count S
-through SINGLE (S == 1), BLOCK_S = S and the partials' strides. S = num_splits_for(batch, Hkv, table width)
-is a power of two in 1..64, so at most 7 split kernels and 6 reduce kernels per model, whatever the batch
-(an fp8 cache: fp8_plan's two tiles, each at its powers of two); the integer S itself is do_not_specialize.
+through SINGLE (S == 1) and COMBINE (S > 1) and the partials' strides (S * D, S: 16-divisible or not). S =
+num_splits_for(batch, Hkv, table width) is a power of two in 1..64, so a few split kernels per model and tile,
+whatever the batch (the reduce kernel, where it runs, one per BLOCK_S = S); the integer S is do_not_specialize.
 The decode graphs' warm-up (engine/cuda_graphs.py) runs every bucket, hence every S and tile a served step can
 reach (both come from the bucket and the table's width); a block table of another width (eager calls outside
 DecodeBuffers) may pick another S of the same powers of two.
@@ -91,9 +95,30 @@ def _token_rows(table, offs_n, n_mask, stride_cblk, stride_ctok, PAGE: tl.conste
     return page * stride_cblk + (offs_n % PAGE) * stride_ctok
 
 
+@triton.jit
+def _combine_splits(part_ptrs, lse_ptrs, out_ptrs, num_splits, stride_ps, gd_mask, g_mask,
+                    BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr):
+    """out = sum_s w_s * o_s / sum_s w_s, w_s = 2^(lse_s - max lse), over a (sequence, kv head)'s splits in
+    split order (a running max: no per-S constexpr). Loads bypass L1 (.cg): the other programs' partials."""
+    top = tl.full([BLOCK_G], -1.0e30, tl.float32)  # finite even when every split is empty (seq_len 0)
+    den = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    for s in range(num_splits):
+        lse = tl.load(lse_ptrs + s, mask=g_mask, other=float("-inf"), cache_modifier=".cg")
+        part = tl.load(part_ptrs + s * stride_ps, mask=gd_mask, other=0.0, cache_modifier=".cg")
+        new_top = tl.maximum(top, lse)
+        alpha = tl.exp2(top - new_top)
+        w = tl.exp2(lse - new_top)  # 0 for an empty split
+        den = den * alpha + w
+        acc = acc * alpha[:, None] + part * w[:, None]
+        top = new_top
+    out = acc / tl.where(den > 0, den, 1.0)[:, None]
+    tl.store(out_ptrs, out.to(out_ptrs.dtype.element_ty), mask=gd_mask)
+
+
 @triton.jit(do_not_specialize=["num_splits"])  # SINGLE and the part strides carry it
 def _decode_split_kernel(
-    q_ptr, cache_ptr, seq_lens_ptr, block_tables_ptr, out_ptr, part_out_ptr, part_lse_ptr,
+    q_ptr, cache_ptr, seq_lens_ptr, block_tables_ptr, out_ptr, part_out_ptr, part_lse_ptr, ticket_ptr,
     qk_scale, v_scale, num_splits,
     stride_qb, stride_qh, stride_ob, stride_oh, stride_bt,
     stride_ckv, stride_cblk, stride_ctok, stride_ch,
@@ -101,11 +126,12 @@ def _decode_split_kernel(
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, SINGLE: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, F16_DOT: tl.constexpr,
     FMA: tl.constexpr, K_T: tl.constexpr, PAGE_ROWS: tl.constexpr, BITS: tl.constexpr, V_WIDE: tl.constexpr,
-    V_T: tl.constexpr = False, PDL: tl.constexpr = False,
+    V_T: tl.constexpr = False, COMBINE: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
     # q: [B, Hq, D]; cache: [2, num_blocks, PAGE, Hkv, D]; block_tables: [B, max_blocks]
     # F16_DOT (an fp8 cache, bf16 queries): q and the fp8 K/V meet in fp16, e4m3's native widening on sm90
-    # out: [B, Hq, D] (SINGLE) or part_out: [B, Hq, S, D] fp32 + part_lse: [B, Hq, S] fp32
+    # out: [B, Hq, D] (SINGLE) or part_out: [B, Hq, S, D] fp32 + part_lse: [B, Hq, S] fp32, which with COMBINE
+    # the last of a (sequence, kv head)'s S programs to finish sums into out (ticket_ptr: [B * Hkv] int32, zero)
     if PDL:  # kernels/pdl.py
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
@@ -184,10 +210,19 @@ def _decode_split_kernel(
         o_ptrs = out_ptr + b.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + d[None, :]
         tl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=gd_mask)
     else:
-        p_ptrs = part_out_ptr + b.to(tl.int64) * stride_pb + heads[:, None] * stride_ph + split * stride_ps
-        tl.store(p_ptrs + d[None, :], acc, mask=gd_mask)
+        p_ptrs = part_out_ptr + b.to(tl.int64) * stride_pb + heads[:, None] * stride_ph + d[None, :]
+        tl.store(p_ptrs + split * stride_ps, acc, mask=gd_mask)
         lse = tl.where(has_keys, m_i + tl.log2(tl.where(has_keys, l_i, 1.0)), float("-inf"))
-        tl.store(part_lse_ptr + b.to(tl.int64) * stride_lb + heads * stride_lh + split, lse, mask=g < GROUP)
+        lse_ptrs = part_lse_ptr + b.to(tl.int64) * stride_lb + heads * stride_lh
+        tl.store(lse_ptrs + split, lse, mask=g < GROUP)
+        if COMBINE:  # one launch: the split that finishes last sums them all, then puts the ticket back to 0
+            tl.debug_barrier()  # every thread's stores before the ticket: its release covers them
+            ticket = ticket_ptr + b * tl.num_programs(1) + kv_head
+            if tl.atomic_add(ticket, 1, sem="acq_rel", scope="gpu") == num_splits - 1:
+                o_ptrs = out_ptr + b.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + d[None, :]
+                _combine_splits(p_ptrs, lse_ptrs, o_ptrs, num_splits, stride_ps, gd_mask, g < GROUP,
+                                BLOCK_G, BLOCK_D)
+                tl.atomic_xchg(ticket, 0, sem="relaxed", scope="gpu")
 
 
 @triton.jit(do_not_specialize=["num_splits"])  # BLOCK_S carries it
@@ -254,6 +289,24 @@ def fp8_plan(batch: int, kv_heads: int, max_context: int, sm_count: int) -> tupl
         return num_splits_for(batch, kv_heads, max_context, sm_count), _FP8_TILE
     want = triton.next_power_of_2(math.ceil(_FP8_PROGRAMS_PER_SM * sm_count / programs))
     return max(1, min(want, max_context // _MIN_SPLIT_TOKENS, 64)), _FP8_MANY_TILE
+
+
+COMBINE_IN_SPLITS = True  # split partials summed by each (sequence, kv head)'s last program; off: the reduce kernel
+_TICKETS = 1 << 16  # B * Hkv programs' tickets (int32) a buffer holds: 256 sequences x 256 kv heads
+_tickets: dict[torch.device, torch.Tensor] = {}
+
+
+def _ticket_buffer(device: torch.device, needed: int) -> torch.Tensor | None:
+    """The device's zeroed int32 tickets for COMBINE (every launch leaves them at zero; launches on one device
+    must not overlap, as the engine's one decode step at a time does not). None where there are none: more than
+    _TICKETS, or a first use inside a CUDA graph capture, where no kernel runs to zero a new buffer (the engine's
+    graphs are warmed up eagerly first): those launches use the reduce kernel."""
+    buffer = _tickets.get(device)
+    if buffer is None and needed <= _TICKETS:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return None
+        buffer = _tickets[device] = torch.zeros(_TICKETS, dtype=torch.int32, device=device)
+    return buffer if needed <= _TICKETS else None
 
 
 def _check(q, kv_cache, seq_lens, block_tables):
@@ -330,17 +383,19 @@ def _launch(q, kv_cache, seq_lens, block_tables, scale, num_splits=None, config=
         f16_dot = is_fp8(kv_cache.dtype) and q.dtype == torch.bfloat16
     part_out = out if single else torch.empty((batch, q_heads, num_splits, dim), dtype=torch.float32, device=q.device)
     part_lse = out if single else torch.empty((batch, q_heads, num_splits), dtype=torch.float32, device=q.device)
+    tickets = None if single or not COMBINE_IN_SPLITS else _ticket_buffer(q.device, batch * kv_heads)
     _decode_split_kernel[(batch, kv_heads, num_splits)](
-        q, kv_cache, seq_lens, block_tables, out, part_out, part_lse, scale * _LOG2E * k_scale, v_scale, num_splits,
+        q, kv_cache, seq_lens, block_tables, out, part_out, part_lse, out if tickets is None else tickets,
+        scale * _LOG2E * k_scale, v_scale, num_splits,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         *strides, part_out.stride(0), part_out.stride(1), part_out.stride(2),
         part_lse.stride(0), part_lse.stride(1),
         GROUP=group, HEAD_DIM=dim, PAGE=page, SINGLE=single, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         BLOCK_G=triton.next_power_of_2(group) if fma else max(16, triton.next_power_of_2(group)), BLOCK_N=block_n,
         BLOCK_D=block_d, F16_DOT=f16_dot, FMA=fma, K_T=k_t, PAGE_ROWS=page_rows, BITS=bits, V_WIDE=v_wide, V_T=v_t,
-        num_warps=num_warps, num_stages=num_stages, **launch_options(q.device),
+        COMBINE=tickets is not None, num_warps=num_warps, num_stages=num_stages, **launch_options(q.device),
     )
-    if not single:
+    if not single and tickets is None:
         _decode_reduce_kernel[(batch, q_heads)](
             part_out, part_lse, out, num_splits, part_out.stride(0), part_out.stride(1), part_out.stride(2),
             part_lse.stride(0), part_lse.stride(1), out.stride(0), out.stride(1),

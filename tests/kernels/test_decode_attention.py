@@ -36,6 +36,48 @@ def test_decode_attention_matches_ref(
     check(out, ref, dtype)
 
 
+@pytest.mark.parametrize("splits", [2, 3, 5])
+def test_split_partials_summed_by_the_last_program(
+    splits: int, randn: Callable, paged_kv: Callable, check: Callable, device: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """COMBINE (one launch: the split that finishes last sums the partials) against the reduce kernel, empty
+    splits and a seq_len 0 row included; every ticket is back at zero after each launch, so the next one (a
+    CUDA graph's replay) starts from zero. On the GPU many programs race for the tickets: repeated launches give
+    the same bits (split order, whichever program sums)."""
+    from pdserve.kernels import decode_attention_triton as attention
+
+    seq_lens = [200, 0, 1, 47] * (8 if device == "cuda" else 1)
+    cache, tables = paged_kv(seq_lens, 2, 64, 16, torch.float16)
+    q = randn(len(seq_lens), 8, 64, dtype=torch.float16)
+    lens = torch.tensor(seq_lens, dtype=torch.int32, device=device)
+    reduce_kernel = attention._decode_reduce_kernel
+    monkeypatch.setattr(attention, "_decode_reduce_kernel", None)  # not launched
+    runs = [attention._launch(q, cache, lens, tables, 0.125, num_splits=splits, config=(16, 4, 2))
+            for _ in range(5 if device == "cuda" else 1)]
+    assert not attention._tickets[q.device].any()
+    monkeypatch.setattr(attention, "_decode_reduce_kernel", reduce_kernel)
+    monkeypatch.setattr(attention, "COMBINE_IN_SPLITS", False)
+    reduced = attention._launch(q, cache, lens, tables, 0.125, num_splits=splits, config=(16, 4, 2))
+    for out in runs:
+        assert torch.equal(out, runs[0])
+        check(out, reduced, torch.float16)
+        check(out, decode_attention_ref(q, cache, lens, tables, 0.125), torch.float16)
+    assert not runs[0][1].any()
+
+
+def test_no_ticket_buffer_first_made_in_a_capture_or_beyond_its_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without tickets a launch keeps the reduce kernel: a buffer first asked for inside a CUDA graph capture
+    (it could not be zeroed there) or more (sequence, kv head) pairs than a buffer holds."""
+    from pdserve.kernels import decode_attention_triton as attention
+
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(attention, "_tickets", {})
+    assert attention._ticket_buffer(cpu, attention._TICKETS + 1) is None
+    buffer = attention._ticket_buffer(cpu, 64)
+    assert buffer is not None and buffer.dtype == torch.int32 and not buffer.any()
+    assert attention._ticket_buffer(cpu, 8) is buffer
+
+
 def test_decode_attention_default_launch(randn: Callable, paged_kv: Callable, check: Callable, device: str) -> None:
     """The heuristic split count and the default tile, as the dispatcher calls it; seq_len 0 gives zeros."""
     from pdserve.kernels.decode_attention_triton import decode_attention_triton
