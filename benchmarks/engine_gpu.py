@@ -17,7 +17,8 @@ rows `<workload>_fp8_w_nopdl`. `-heuristic` runs the fp8 skinny linear as on a d
 (split along K until ~4 programs a SM, kept here only to time against it). `-fp8kv` runs every row over an fp8
 KV cache (--kv-cache-dtype fp8): `none-fp8kv` is fp8 KV alone, `fp8-fp8kv` both (rows `<workload>_fp8kv`,
 `<workload>_fp8_w_fp8kv`), beside --fp8-kv's b64 ctx 4,096 rows. `-reduce` sums split decode attention's partials
-with the reduce kernel (kernels/decode_attention_triton.py COMBINE_IN_SPLITS off), as before 2026-12-07: its A/B.
+with the reduce kernel (kernels/decode_attention_triton.py COMBINE_IN_SPLITS off), as before 2026-12-07: its A/B;
+`-widegemv` runs bf16 linears of 17-64 rows on the Triton GEMV, not cuBLAS (an experiment, engine_gpu_fp8kv.py).
 Checks: graph-replayed logits = the eager forward's at batch 1, 3, 8 (on CUDA); --parity: the default model's
 first 16 greedy tokens in bf16 on the GPU = fp32 on the CPU for >= 90 % of 20 prompts. Times: median of --repeat after warm-ups, CUDA events. Every decode step streams the 16 GB of
 weights, so L2 (60 MB) holds nothing from one step to the next and inputs need no rotation; the transfer
@@ -48,7 +49,7 @@ from engine_gpu_baselines import (
     time_ms,
     transfer_benchmark,
 )
-from engine_gpu_fp8kv import fp8_kv_rows
+from engine_gpu_fp8kv import apply_modifiers, fp8_kv_rows
 
 from pdserve.engine import model as engine_model
 from pdserve.engine.attention_metadata import DecodeInput, PrefillChunk
@@ -57,7 +58,6 @@ from pdserve.engine.kv_cache_spec import KVCacheSpec
 from pdserve.engine.presets import get_preset
 from pdserve.engine.runner import ModelRunner
 from pdserve.engine.weights.dummy import dummy_weights
-from pdserve.kernels import decode_attention_triton as attention
 from pdserve.kernels import linear_fp8_skinny_triton as skinny
 from pdserve.kernels import linear_fp8_triton, pdl
 from pdserve.kernels.tuning import TuningTable
@@ -71,7 +71,7 @@ TARGETS_MS = {"decode_b1_ctx512": 4.4, "decode_b8_ctx512": 4.6, "decode_b64_ctx5
               # issue 19, fp8 linears (W8A8): halving the 16 GB a decode step reads
               "decode_b1_ctx512_fp8_w": 2.6, "decode_b64_ctx512_fp8_w": 4.0, "prefill_4096_fp8_w": 65.0}
 SUFFIX = {"none": "", "fp8": "_fp8_w"}  # row-name suffix per --quantization; each modifier adds "_<modifier>"
-MODIFIERS = ("unfused", "nopdl", "noprefetch", "prefetch", "heuristic", "splitk", "fp8kv", "reduce")
+MODIFIERS = ("unfused", "nopdl", "noprefetch", "prefetch", "heuristic", "splitk", "fp8kv", "reduce", "widegemv")
 
 
 def run_suffix(quantization: str) -> str:
@@ -217,7 +217,7 @@ def run(args: argparse.Namespace) -> Report:
         engine_model.FUSE_FP8_ACTIVATIONS = "unfused" not in mods  # read at every forward and capture
         pdl.ENABLED, pdl.PREFETCH_WEIGHTS = "nopdl" not in mods, "prefetch" in mods  # read at every launch
         skinny_fallback(mods)
-        attention.COMBINE_IN_SPLITS = "reduce" not in mods  # read at every launch and capture
+        apply_modifiers(mods)
         runner = build_runner(config, device, quantization.split("-")[0], kv="fp8" if "fp8kv" in mods else "auto")
         check_graphs(runner, report)
         times, passes = time_ours(runner, args.repeat)
@@ -227,7 +227,7 @@ def run(args: argparse.Namespace) -> Report:
         free(device)
     engine_model.FUSE_FP8_ACTIVATIONS, (pdl.ENABLED, pdl.PREFETCH_WEIGHTS) = True, pdl_default
     skinny_fallback([])
-    attention.COMBINE_IN_SPLITS = True
+    apply_modifiers([])
     report.fp8_w_ms = {f"{k}_ms": v for k, v in ours.items() if k.endswith(SUFFIX["fp8"])}
     hf: dict[str, float] = {}
     if device.type == "cuda" and not args.skip_hf:
@@ -238,7 +238,7 @@ def run(args: argparse.Namespace) -> Report:
     report.rows = [Row(k, v, hf.get(k), TARGETS_MS.get(k) if not args.tiny else None) for k, v in ours.items()]
     if args.fp8_kv:
         report.fp8_kv = fp8_kv_rows(config, device, args.repeat, [v for v in args.fp8_kv_variants.split(",") if v],
-                                    args.fp8_kv_rounds, args.fp8_kv_reduce)
+                                    args.fp8_kv_rounds, tuple(m for m in args.fp8_kv_modifiers.split(",") if m))
     if device.type == "cuda" and not args.skip_transfer:
         report.transfer = dataclasses.asdict(transfer_benchmark(config, PREFILL_TOKENS, device))
     else:
@@ -284,9 +284,10 @@ def main() -> None:
                              "(kernels/decode_attention_triton.py VARIANTS), each optionally @ a tile (BLOCK_N x warps "
                              "x stages; that tile at every batch) or @ two tiles and programs a SM (fp8_plan's: "
                              "kt@128x4x1/64x2x1:6), e.g. kt,kt+vwide@64x4x3")
-    parser.add_argument("--fp8-kv-reduce", action="store_true",
-                        help="with --fp8-kv: in every round the fp8 KV settings a second time with split attention's "
-                             "reduce kernel (COMBINE_IN_SPLITS off), keys ending _reduce: the A/B of the fused sum")
+    parser.add_argument("--fp8-kv-modifiers", default="",
+                        help="with --fp8-kv: comma-separated modifiers each round also times the settings with, keys "
+                             "ending _<modifier>: reduce (split attention's reduce kernel: the fp8 cache's settings), "
+                             "widegemv (bf16 linears of 17-64 rows on the Triton GEMV: all four)")
     parser.add_argument("--skip-transfer", action="store_true", help="no cuda_ipc transfer benchmark")
     parser.add_argument("--quantization", default="none,fp8",
                         help="comma-separated runs of the same workloads: none (bf16 linears), fp8 (fp8 linears), "

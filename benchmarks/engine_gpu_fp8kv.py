@@ -28,6 +28,9 @@ from pdserve.engine.kv_cache import blocks_for_bytes
 from pdserve.engine.kv_cache_spec import KVCacheSpec
 from pdserve.engine.runner import ModelRunner
 from pdserve.engine.weights.dummy import dummy_weights
+from pdserve.kernels import decode_attention_triton as attention
+from pdserve.kernels import linear_triton
+from pdserve.kernels.linear_triton import GemvConfig
 
 BATCH, CONTEXT, BLOCK = 64, 4096, 16
 TRANSFER_TOKENS = 4096
@@ -37,18 +40,40 @@ def _items(per_seq: int) -> list[DecodeInput]:
     return [DecodeInput(11 + i, CONTEXT, list(range(i * per_seq, (i + 1) * per_seq))) for i in range(BATCH)]
 
 
+# -widegemv: bf16 linears of 17-64 rows on the Triton GEMV (in the PDL chain with the kernels around them) instead
+# of cuBLAS, with benchmarks/gemv_wide_rows_gpu.py's best configs at 64 rows on an H100 (results/gemv_wide_rows_h100.json,
+# where each product alone only tied cuBLAS): an experiment, no table entry; (N, K) of llama3-8b -> config
+WIDE_GEMV = {(6144, 4096): GemvConfig(64, 128, 1, True, 4, 4), (4096, 4096): GemvConfig(64, 128, 1, True, 4, 4),
+             (28672, 4096): GemvConfig(64, 128, 1, True, 4, 3), (4096, 14336): GemvConfig(64, 128, 2, True, 4, 4),
+             (128256, 4096): GemvConfig(128, 128, 1, True, 8, 3)}
+_SHIPPED = linear_triton.choose_config, linear_triton.MAX_TRITON_BATCH
+
+
+def _wide_config(m: int, n: int, k: int, dtype: torch.dtype, device: torch.device) -> GemvConfig | None:
+    if m > _SHIPPED[1] and dtype == torch.bfloat16 and (n, k) in WIDE_GEMV:
+        return WIDE_GEMV[n, k]
+    return _SHIPPED[0](m, n, k, dtype, device)
+
+
+def apply_modifiers(mods: list[str] | tuple[str, ...]) -> None:
+    """-reduce: split attention's partials summed by the reduce kernel (COMBINE_IN_SPLITS off); -widegemv (above).
+    Both are read at every launch, so a runner built after this captures them; [] puts the shipped ones back."""
+    attention.COMBINE_IN_SPLITS = "reduce" not in mods
+    wide = "widegemv" in mods
+    linear_triton.choose_config = _wide_config if wide else _SHIPPED[0]
+    linear_triton.MAX_TRITON_BATCH = 64 if wide else _SHIPPED[1]
+
+
 def _decode_ms(config: ModelConfig, device: torch.device, dtype: torch.dtype, kv: str, repeat: int,
-               quantization: str = "none", reduce: bool = False) -> tuple[float, float]:
+               quantization: str = "none", mods: tuple[str, ...] = ()) -> tuple[float, float]:
     """The step in ms: synchronised after each (time_ms: the host's staging of 64 block tables of 257 blocks
     included) and back to back (pipelined_ms: staged while the previous step runs, as the served loop does).
-    `reduce`: split attention's partials summed by the reduce kernel (COMBINE_IN_SPLITS off), its A/B."""
-    from pdserve.kernels import decode_attention_triton as attention
-
-    attention.COMBINE_IN_SPLITS = not reduce  # read at every launch: the runner's graphs capture it
+    `mods`: apply_modifiers's, for this runner only."""
+    apply_modifiers(mods)
     try:
         return _runner_ms(config, device, dtype, kv, repeat, quantization)
     finally:
-        attention.COMBINE_IN_SPLITS = True
+        apply_modifiers(())
 
 
 def _runner_ms(config: ModelConfig, device: torch.device, dtype: torch.dtype, kv: str, repeat: int,
@@ -99,25 +124,30 @@ def _variant_rows(config: ModelConfig, device: torch.device, dtype: torch.dtype,
 
 
 def fp8_kv_rows(config: ModelConfig, device: torch.device, repeat: int,
-                variants: list[str] | None = None, rounds: int = 1, reduce: bool = False) -> dict[str, object]:
+                variants: list[str] | None = None, rounds: int = 1, mods: tuple[str, ...] = ()) -> dict[str, object]:
     """The rows (ms), the speed-up, sequences per GiB and the transfer's bytes, bf16 (or the CPU's fp32) vs fp8;
     `variants`: the same fp8 rows with other decode attention variants (_variant_rows). Each cache is timed with
     bf16 linears and with fp8 ones (`--quantization fp8`). `rounds` > 1 builds the four runners that many times,
     in turn, and reports each one's median (and every sample): rows of one setting differ by up to ~2 % from one
-    runner to the next (docs/quantization.md). `reduce`: each round also times the fp8 KV settings with split
-    attention's reduce kernel (keys ending _reduce), the A/B of its fused sum."""
+    runner to the next (docs/quantization.md). `mods`: each round also times the settings with each of
+    apply_modifiers's (keys ending _reduce: the fp8 cache's two, the A/B of the fused split sum; _widegemv: all four)."""
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     name = str(dtype).removeprefix("torch.")
     row = f"decode_b{BATCH}_ctx{CONTEXT}"
-    settings = {f"{name}kv": ("auto", "none", False), "fp8kv": ("fp8", "none", False),  # bf16 linears, then fp8
-                f"{name}kv_fp8_w": ("auto", "fp8", False), "fp8kv_fp8_w": ("fp8", "fp8", False)}
-    if reduce:
-        settings |= {"fp8kv_reduce": ("fp8", "none", True), "fp8kv_fp8_w_reduce": ("fp8", "fp8", True)}
+    base = {f"{name}kv": ("auto", "none"), "fp8kv": ("fp8", "none"),  # bf16 linears, then fp8 linears
+            f"{name}kv_fp8_w": ("auto", "fp8"), "fp8kv_fp8_w": ("fp8", "fp8")}
+    settings = {key: (kv, quantization, ()) for key, (kv, quantization) in base.items()}
+    speedups = {"fp8kv_speedup": (f"{name}kv", "fp8kv"), "fp8kv_speedup_fp8_w": (f"{name}kv_fp8_w", "fp8kv_fp8_w")}
+    for mod in mods:
+        settings |= {f"{key}_{mod}": (kv, quantization, (mod,)) for key, (kv, quantization) in base.items()
+                     if mod != "reduce" or kv == "fp8"}  # the bf16 cache does not split at b64
+        speedups |= {f"{speedup}_{mod}": (b if mod == "reduce" else f"{b}_{mod}", f"{f}_{mod}")
+                     for speedup, (b, f) in list(speedups.items())[:2]}
     samples: dict[str, list[float]] = {key: [] for key in settings}
     pipelined: dict[str, list[float]] = {key: [] for key in settings}
     for round_ in range(max(1, rounds)):
-        for key, (kv, quantization, split_reduce) in settings.items():
-            synced, back_to_back = _decode_ms(config, device, dtype, kv, repeat, quantization, split_reduce)
+        for key, (kv, quantization, modifiers) in settings.items():
+            synced, back_to_back = _decode_ms(config, device, dtype, kv, repeat, quantization, modifiers)
             samples[key].append(synced)
             pipelined[key].append(back_to_back)
             print(f"fp8 KV round {round_}: {key} {synced:.3f} ms, back to back {back_to_back:.3f} ms",
@@ -125,10 +155,6 @@ def fp8_kv_rows(config: ModelConfig, device: torch.device, repeat: int,
     median = {key: statistics.median(values) for key, values in samples.items()}
     piped = {key: statistics.median(values) for key, values in pipelined.items()}
     base = median[f"{name}kv"]
-    speedups = {"fp8kv_speedup": (f"{name}kv", "fp8kv"), "fp8kv_speedup_fp8_w": (f"{name}kv_fp8_w", "fp8kv_fp8_w")}
-    if reduce:
-        speedups |= {"fp8kv_speedup_reduce": (f"{name}kv", "fp8kv_reduce"),
-                     "fp8kv_speedup_fp8_w_reduce": (f"{name}kv_fp8_w", "fp8kv_fp8_w_reduce")}
     others = _variant_rows(config, device, dtype, repeat, variants or [])
     per_seq_blocks = -(-(CONTEXT + 1) // BLOCK)
     pool = 64 << 30  # sequences of 4,096 tokens a 64 GiB pool holds (one GiB holds one or two: too coarse)

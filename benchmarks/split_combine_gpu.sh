@@ -46,7 +46,7 @@ step "host time"
 step "engine rows"
 left=$((560 - (SECONDS - t0)))
 (cd benchmarks && timeout "$left" python3 engine_gpu.py --skip-hf --skip-transfer --repeat 10 \
-  --quantization "${QUANTIZATION-none,none-reduce,fp8,fp8-reduce}" --fp8-kv --fp8-kv-reduce \
+  --quantization "${QUANTIZATION-none,none-reduce,fp8,fp8-reduce}" --fp8-kv --fp8-kv-modifiers "${FP8_KV_MODIFIERS-reduce}" \
   --fp8-kv-rounds "${FP8_KV_ROUNDS:-2}" --out "$OUT/engine_gpu_combine.json") >"$OUT/engine_gpu_combine.log" 2>&1
 echo "engine rc $?"; grep -E "^(decode_b|prefill_4096)|fp8 KV" "$OUT/engine_gpu_combine.log" | tail -n 40
 step "done"
