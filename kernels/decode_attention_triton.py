@@ -96,24 +96,35 @@ def _token_rows(table, offs_n, n_mask, stride_cblk, stride_ctok, PAGE: tl.conste
 
 
 @triton.jit
-def _combine_splits(part_ptrs, lse_ptrs, out_ptrs, num_splits, stride_ps, gd_mask, g_mask,
-                    BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr):
-    """out = sum_s w_s * o_s / sum_s w_s, w_s = 2^(lse_s - max lse), over a (sequence, kv head)'s splits in
-    split order (a running max: no per-S constexpr). Loads bypass L1 (.cg): the other programs' partials."""
-    top = tl.full([BLOCK_G], -1.0e30, tl.float32)  # finite even when every split is empty (seq_len 0)
-    den = tl.zeros([BLOCK_G], tl.float32)
-    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-    for s in range(num_splits):
-        lse = tl.load(lse_ptrs + s, mask=g_mask, other=float("-inf"), cache_modifier=".cg")
-        part = tl.load(part_ptrs + s * stride_ps, mask=gd_mask, other=0.0, cache_modifier=".cg")
-        new_top = tl.maximum(top, lse)
-        alpha = tl.exp2(top - new_top)
-        w = tl.exp2(lse - new_top)  # 0 for an empty split
-        den = den * alpha + w
-        acc = acc * alpha[:, None] + part * w[:, None]
-        top = new_top
+def _combine_splits(part_ptr, lse_ptr, out_ptr, num_splits, stride_ph, stride_ps, stride_lh, stride_oh, GROUP: tl.constexpr,
+                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
+    """out[h] = sum_s w_s * o_s[h] / sum_s w_s, w_s = 2^(lse_s[h] - max lse[h]), for the GROUP heads h of one
+    (sequence, kv head), its splits in order (a running max, so no per-S constexpr). Four splits' loads at a time
+    (one round trip to L2 for four), bypassing L1 (.cg): the other programs' partials. The pointers are the
+    group's first head's."""
+    BLOCK_H: tl.constexpr = triton.next_power_of_2(GROUP)  # the real heads only: [GROUP, D] tiles, few registers
+    h = tl.arange(0, BLOCK_H)
+    d = tl.arange(0, BLOCK_D)
+    h_mask = h < GROUP
+    hd_mask = h_mask[:, None] & (d < HEAD_DIM)[None, :]
+    parts = part_ptr + h[:, None] * stride_ph + d[None, :]
+    top = tl.full([BLOCK_H], -1.0e30, tl.float32)  # finite even when every split is empty (seq_len 0)
+    den = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
+    for s0 in range(0, num_splits, 4):
+        for i in tl.static_range(4):
+            s = s0 + i
+            lse = tl.load(lse_ptr + h * stride_lh + s, mask=h_mask & (s < num_splits), other=float("-inf"),
+                          cache_modifier=".cg")
+            part = tl.load(parts + s * stride_ps, mask=hd_mask & (s < num_splits), other=0.0, cache_modifier=".cg")
+            new_top = tl.maximum(top, lse)
+            alpha = tl.exp2(top - new_top)
+            w = tl.exp2(lse - new_top)  # 0 for an empty split
+            den = den * alpha + w
+            acc = acc * alpha[:, None] + part * w[:, None]
+            top = new_top
     out = acc / tl.where(den > 0, den, 1.0)[:, None]
-    tl.store(out_ptrs, out.to(out_ptrs.dtype.element_ty), mask=gd_mask)
+    tl.store(out_ptr + h[:, None] * stride_oh + d[None, :], out.to(out_ptr.dtype.element_ty), mask=hd_mask)
 
 
 @triton.jit(do_not_specialize=["num_splits"])  # SINGLE and the part strides carry it
@@ -210,18 +221,19 @@ def _decode_split_kernel(
         o_ptrs = out_ptr + b.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + d[None, :]
         tl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=gd_mask)
     else:
-        p_ptrs = part_out_ptr + b.to(tl.int64) * stride_pb + heads[:, None] * stride_ph + d[None, :]
-        tl.store(p_ptrs + split * stride_ps, acc, mask=gd_mask)
+        p_ptrs = part_out_ptr + b.to(tl.int64) * stride_pb + heads[:, None] * stride_ph + split * stride_ps
+        tl.store(p_ptrs + d[None, :], acc, mask=gd_mask)
         lse = tl.where(has_keys, m_i + tl.log2(tl.where(has_keys, l_i, 1.0)), float("-inf"))
-        lse_ptrs = part_lse_ptr + b.to(tl.int64) * stride_lb + heads * stride_lh
-        tl.store(lse_ptrs + split, lse, mask=g < GROUP)
+        tl.store(part_lse_ptr + b.to(tl.int64) * stride_lb + heads * stride_lh + split, lse, mask=g < GROUP)
         if COMBINE:  # one launch: the split that finishes last sums them all, then puts the ticket back to 0
             tl.debug_barrier()  # every thread's stores before the ticket: its release covers them
             ticket = ticket_ptr + b * tl.num_programs(1) + kv_head
             if tl.atomic_add(ticket, 1, sem="acq_rel", scope="gpu") == num_splits - 1:
-                o_ptrs = out_ptr + b.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + d[None, :]
-                _combine_splits(p_ptrs, lse_ptrs, o_ptrs, num_splits, stride_ps, gd_mask, g < GROUP,
-                                BLOCK_G, BLOCK_D)
+                first = kv_head * GROUP
+                _combine_splits(part_out_ptr + b.to(tl.int64) * stride_pb + first * stride_ph,
+                                part_lse_ptr + b.to(tl.int64) * stride_lb + first * stride_lh,
+                                out_ptr + b.to(tl.int64) * stride_ob + first * stride_oh, num_splits,
+                                stride_ph, stride_ps, stride_lh, stride_oh, GROUP, HEAD_DIM, BLOCK_D)
                 tl.atomic_xchg(ticket, 0, sem="relaxed", scope="gpu")
 
 
