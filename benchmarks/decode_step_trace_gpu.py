@@ -4,7 +4,8 @@ with and without programmatic dependent launch (kernels/pdl.py), for bf16 and fp
     python benchmarks/decode_step_trace_gpu.py --out benchmarks/results/decode_step_trace_h200.json   (H200)
 
 Model: `--load-format dummy` llama3-8b (benchmarks/engine_gpu.py's runner and decode inputs). For each run
-(`--runs`, engine_gpu.py's --quantization names: none, fp8, with -nopdl / -prefetch), KV cache dtype (`--kv`)
+(`--runs`, engine_gpu.py's --quantization names: none, fp8, with -nopdl / -prefetch / -reduce / -widegemv), KV
+cache dtype (`--kv`)
 and batch, the step is
 replayed under torch.profiler (CUPTI reports each kernel of a graph); of the last of `--replays` replays:
 its wall (first kernel's start to last kernel's end), the union of kernel intervals (busy), wall - busy
@@ -27,6 +28,7 @@ from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from engine_gpu import BLOCK, PREFILL_TOKENS, build_runner, decode_items, run_suffix
+from engine_gpu_fp8kv import apply_modifiers
 
 from pdserve.engine.attention_metadata import PrefillChunk
 from pdserve.engine.presets import get_preset
@@ -94,6 +96,7 @@ def main() -> None:
         for kv in args.kv.split(","):
             mods = run.split("-")[1:]
             pdl.ENABLED, pdl.PREFETCH_WEIGHTS = "nopdl" not in mods, "prefetch" in mods
+            apply_modifiers(mods)  # -reduce, -widegemv
             runner = build_runner(get_preset("llama3-8b"), device, run.split("-")[0], kv,
                                   num_blocks=max(batches) * per_seq + PREFILL_TOKENS // BLOCK + 1)
             prompt = [(7 * j) % runner.config.vocab_size for j in range(PREFILL_TOKENS)]
@@ -109,6 +112,7 @@ def main() -> None:
             gc.collect()  # the runner and its graphs hold each other: freed only by the collector
             torch.cuda.empty_cache()
     pdl.ENABLED, pdl.PREFETCH_WEIGHTS = default
+    apply_modifiers([])
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1) + "\n")
 
