@@ -8,7 +8,8 @@
 #   3. where a synchronised step's host time goes (benchmarks/decode_host_time_gpu.py) ->
 #      $OUT/decode_host_time.json;
 #   4. benchmarks/engine_gpu.py: the decode rows with bf16 and fp8 linears both ways (-reduce), and issue 19's
-#      fp8 KV rows (b64 ctx 4,096) both ways in FP8_KV_ROUNDS rounds -> $OUT/engine_gpu_combine.json.
+#      fp8 KV rows (b64 ctx 4,096) both ways in FP8_KV_ROUNDS rounds -> $OUT/engine_gpu_combine.json;
+#   5. time left, the fp8 KV step's trace both ways -> $OUT/decode_step_trace_combine.json.
 # Carry .whl.   OUT=dir bash benchmarks/split_combine_gpu.sh
 set -uo pipefail
 source benchmarks/device_env.sh
@@ -49,4 +50,9 @@ left=$((560 - (SECONDS - t0)))
   --quantization "${QUANTIZATION-none,none-reduce,fp8,fp8-reduce}" --fp8-kv --fp8-kv-modifiers "${FP8_KV_MODIFIERS-reduce}" \
   --fp8-kv-rounds "${FP8_KV_ROUNDS:-2}" --out "$OUT/engine_gpu_combine.json") >"$OUT/engine_gpu_combine.log" 2>&1
 echo "engine rc $?"; grep -E "^(decode_b|prefill_4096)|fp8 KV" "$OUT/engine_gpu_combine.log" | tail -n 40
+if [ $((SECONDS - t0)) -lt 520 ]; then
+  step "trace"
+  (cd benchmarks && timeout $((580 - (SECONDS - t0))) python3 decode_step_trace_gpu.py --runs none-reduce,none \
+    --kv fp8 --batches 64 --context 4096 --out "$OUT/decode_step_trace_combine.json") 2>&1 | grep -v Warn | tail -n 4
+fi
 step "done"
