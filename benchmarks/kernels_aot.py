@@ -150,7 +150,7 @@ def attention_variants(bf: str):
     yield "decode split fp8 kt+pages n64 w4 s3", _decode_split_kernel, {**fp8, "PAGE_ROWS": C(True)}, 4, 3
     yield "decode split fp8 kt+vt n128 w4 s1", _decode_split_kernel, {**fp8, "V_T": C(True), "BLOCK_N": C(128)}, 4, 1
     yield ("decode split fp8 kt+vt n64 w2 s3 combine", _decode_split_kernel,
-           {**fp8, "V_T": C(True), "COMBINE": C(True)}, 2, 3)
+           {**fp8, "V_T": C(True), "COMBINE": C(True), "BLOCK_H": C(4)}, 2, 3)
     red = dict(part_out_ptr="*fp32", part_lse_ptr="*fp32", out_ptr=bf, num_splits=2, stride_pb=8192, stride_ph=256,
                stride_ps=128, stride_lb=64, stride_lh=2, stride_ob=4096, stride_oh=128, HEAD_DIM=C(128),
                BLOCK_S=C(2), BLOCK_D=C(128))

@@ -96,13 +96,12 @@ def _token_rows(table, offs_n, n_mask, stride_cblk, stride_ctok, PAGE: tl.conste
 
 
 @triton.jit
-def _combine_splits(part_ptr, lse_ptr, out_ptr, num_splits, stride_ph, stride_ps, stride_lh, stride_oh, GROUP: tl.constexpr,
-                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
+def _combine_splits(part_ptr, lse_ptr, out_ptr, num_splits, stride_ph, stride_ps, stride_lh, stride_oh,
+                    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
     """out[h] = sum_s w_s * o_s[h] / sum_s w_s, w_s = 2^(lse_s[h] - max lse[h]), for the GROUP heads h of one
     (sequence, kv head), its splits in order (a running max, so no per-S constexpr). Four splits' loads at a time
     (one round trip to L2 for four), bypassing L1 (.cg): the other programs' partials. The pointers are the
-    group's first head's."""
-    BLOCK_H: tl.constexpr = triton.next_power_of_2(GROUP)  # the real heads only: [GROUP, D] tiles, few registers
+    group's first head's. BLOCK_H = next_power_of_2(GROUP): the real heads only, not the dot's 16 padded rows."""
     h = tl.arange(0, BLOCK_H)
     d = tl.arange(0, BLOCK_D)
     h_mask = h < GROUP
@@ -137,7 +136,7 @@ def _decode_split_kernel(
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, SINGLE: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, F16_DOT: tl.constexpr,
     FMA: tl.constexpr, K_T: tl.constexpr, PAGE_ROWS: tl.constexpr, BITS: tl.constexpr, V_WIDE: tl.constexpr,
-    V_T: tl.constexpr = False, COMBINE: tl.constexpr = False, PDL: tl.constexpr = False,
+    V_T: tl.constexpr = False, COMBINE: tl.constexpr = False, BLOCK_H: tl.constexpr = 1, PDL: tl.constexpr = False,
 ):
     # q: [B, Hq, D]; cache: [2, num_blocks, PAGE, Hkv, D]; block_tables: [B, max_blocks]
     # F16_DOT (an fp8 cache, bf16 queries): q and the fp8 K/V meet in fp16, e4m3's native widening on sm90
@@ -233,7 +232,7 @@ def _decode_split_kernel(
                 _combine_splits(part_out_ptr + b.to(tl.int64) * stride_pb + first * stride_ph,
                                 part_lse_ptr + b.to(tl.int64) * stride_lb + first * stride_lh,
                                 out_ptr + b.to(tl.int64) * stride_ob + first * stride_oh, num_splits,
-                                stride_ph, stride_ps, stride_lh, stride_oh, GROUP, HEAD_DIM, BLOCK_D)
+                                stride_ph, stride_ps, stride_lh, stride_oh, GROUP, HEAD_DIM, BLOCK_H, BLOCK_D)
                 tl.atomic_xchg(ticket, 0, sem="relaxed", scope="gpu")
 
 
@@ -405,7 +404,8 @@ def _launch(q, kv_cache, seq_lens, block_tables, scale, num_splits=None, config=
         GROUP=group, HEAD_DIM=dim, PAGE=page, SINGLE=single, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         BLOCK_G=triton.next_power_of_2(group) if fma else max(16, triton.next_power_of_2(group)), BLOCK_N=block_n,
         BLOCK_D=block_d, F16_DOT=f16_dot, FMA=fma, K_T=k_t, PAGE_ROWS=page_rows, BITS=bits, V_WIDE=v_wide, V_T=v_t,
-        COMBINE=tickets is not None, num_warps=num_warps, num_stages=num_stages, **launch_options(q.device),
+        COMBINE=tickets is not None, BLOCK_H=triton.next_power_of_2(group), num_warps=num_warps,
+        num_stages=num_stages, **launch_options(q.device),
     )
     if not single and tickets is None:
         _decode_reduce_kernel[(batch, q_heads)](
