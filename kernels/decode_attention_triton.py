@@ -8,12 +8,16 @@
 
 L = ceil(ceil(seq_len / S) / BLOCK_N) * BLOCK_N is chosen per sequence on the device, so the launch needs no
 host sync (CUDA-graph safe); S itself comes from the batch size and the block table's width. With S = 1 the
-split kernel writes the output directly. Above, each program stores its partials, then takes a ticket (an
-int32 per (b, h), acq_rel atomic after a barrier); the one that draws S - 1 reads all S back (bypassing L1),
-sums them in split order into out and puts the ticket back to 0, so one launch does it all, a CUDA graph's next
-replay included (since 2026-12-07; before, a second kernel, grid (B, Hq), summed them: _decode_reduce_kernel,
-still used where no ticket buffer can be had and with COMBINE_IN_SPLITS off, for the A/B). Splits past seq_len
-are empty (lse = -inf); seq_len 0 gives zeros.
+split kernel writes the output directly. Above, where B * Hkv programs fill the SMs (only an fp8 cache splits
+there: fp8_plan), each program stores its partials, then takes a ticket (an int32 per (b, h), acq_rel atomic
+after a barrier); the one that draws S - 1 reads all S back (bypassing L1), sums them in split order into out and
+puts the ticket back to 0, so one launch does it all, a CUDA graph's next replay included. Below that, a second
+kernel, grid (B, Hq), sums them (_decode_reduce_kernel): there the fused sum lost, one program a group reading
+all S partials after its atomic where the reduce kernel spreads them over Hq programs. On an H100 (2026-12-07,
+one layer, CUDA graph; results/decode_attention_combine_h100.json), fused against the reduce kernel: fp8 B 32
+ctx 4,096 (split 4) 99.2 against 105.6 us, B 64 (split 2) 191.6 against 192.6, B 64 ctx 512 32.8 both; but
+B 8 ctx 4,096 32.2 against 31.1, B 1 14.1 against 13.0, B 1 ctx 512 11.4 against 10.8 (bf16 15.8 / 11.2 against
+15.4 / 10.5 at B 1). Splits past seq_len are empty (lse = -inf); seq_len 0 gives zeros.
 
 An fp8 cache (float8_e4m3fn) is loaded as fp8 and converted to the query's dtype in registers (exact: e4m3
 fits in bf16 and fp16); its K scale is folded into qk_scale and its V scale multiplies the (linear) output of
@@ -57,9 +61,10 @@ stays the default; the transpose of 8-bit V is what an fp8 cache costs here (a b
 registers, which Triton does not emit, is what is left).
 
 What is compiled: the model's GROUP, HEAD_DIM, PAGE, the dtype's PRECISION and tile, and the split count S
-through SINGLE (S == 1) and COMBINE (S > 1) and the partials' strides (S * D, S: 16-divisible or not). S =
-num_splits_for(batch, Hkv, table width) is a power of two in 1..64, so a few split kernels per model and tile,
-whatever the batch (the reduce kernel, where it runs, one per BLOCK_S = S); the integer S is do_not_specialize.
+through SINGLE (S == 1), COMBINE (S > 1 from one program a SM on) and the partials' strides (S * D: 16-divisible
+or not). S = num_splits_for(batch, Hkv, table width) (fp8_plan's for an fp8 cache) is a power of two in 1..64, so
+a few split kernels per model and tile, whatever the batch, and a reduce kernel per BLOCK_S = S below one program
+a SM; the integer S itself is do_not_specialize.
 The decode graphs' warm-up (engine/cuda_graphs.py) runs every bucket, hence every S and tile a served step can
 reach (both come from the bucket and the table's width); a block table of another width (eager calls outside
 DecodeBuffers) may pick another S of the same powers of two.
@@ -302,7 +307,8 @@ def fp8_plan(batch: int, kv_heads: int, max_context: int, sm_count: int) -> tupl
     return max(1, min(want, max_context // _MIN_SPLIT_TOKENS, 64)), _FP8_MANY_TILE
 
 
-COMBINE_IN_SPLITS = True  # split partials summed by each (sequence, kv head)'s last program; off: the reduce kernel
+COMBINE_IN_SPLITS = True  # split partials summed by each (sequence, kv head)'s last program where B * Hkv programs
+# fill the SMs (fp8_plan's many-programs tile); below, and with this off, the reduce kernel (docstring: why)
 _TICKETS = 1 << 16  # B * Hkv programs' tickets (int32) a buffer holds: 256 sequences x 256 kv heads
 _tickets: dict[torch.device, torch.Tensor] = {}
 
@@ -394,7 +400,8 @@ def _launch(q, kv_cache, seq_lens, block_tables, scale, num_splits=None, config=
         f16_dot = is_fp8(kv_cache.dtype) and q.dtype == torch.bfloat16
     part_out = out if single else torch.empty((batch, q_heads, num_splits, dim), dtype=torch.float32, device=q.device)
     part_lse = out if single else torch.empty((batch, q_heads, num_splits), dtype=torch.float32, device=q.device)
-    tickets = None if single or not COMBINE_IN_SPLITS else _ticket_buffer(q.device, batch * kv_heads)
+    many = batch * kv_heads >= _sm_count(q.device)
+    tickets = _ticket_buffer(q.device, batch * kv_heads) if many and not single and COMBINE_IN_SPLITS else None
     _decode_split_kernel[(batch, kv_heads, num_splits)](
         q, kv_cache, seq_lens, block_tables, out, part_out, part_lse, out if tickets is None else tickets,
         scale * _LOG2E * k_scale, v_scale, num_splits,

@@ -46,6 +46,7 @@ def test_split_partials_summed_by_the_last_program(
     the same bits (split order, whichever program sums)."""
     from pdserve.kernels import decode_attention_triton as attention
 
+    monkeypatch.setattr(attention, "_sm_count", lambda _device: 4)  # these few programs fill "the SMs"
     seq_lens = [200, 0, 1, 47] * (8 if device == "cuda" else 1)
     cache, tables = paged_kv(seq_lens, 2, 64, 16, torch.float16)
     q = randn(len(seq_lens), 8, 64, dtype=torch.float16)
@@ -63,6 +64,22 @@ def test_split_partials_summed_by_the_last_program(
         check(out, reduced, torch.float16)
         check(out, decode_attention_ref(q, cache, lens, tables, 0.125), torch.float16)
     assert not runs[0][1].any()
+
+
+def test_below_one_program_a_sm_the_reduce_kernel_sums_the_splits(
+    randn: Callable, paged_kv: Callable, check: Callable, device: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where B * Hkv programs do not fill the SMs the fused sum lost (kernels/decode_attention_triton.py):
+    no ticket is taken, the reduce kernel runs."""
+    from pdserve.kernels import decode_attention_triton as attention
+
+    monkeypatch.setattr(attention, "_sm_count", lambda _device: 132)
+    monkeypatch.setattr(attention, "_ticket_buffer", None)  # not asked for
+    cache, tables = paged_kv([300, 5], 2, 64, 16, torch.float16)
+    q = randn(2, 8, 64, dtype=torch.float16)
+    lens = torch.tensor([300, 5], dtype=torch.int32, device=device)
+    out = attention._launch(q, cache, lens, tables, 0.125, num_splits=4, config=(16, 4, 2))
+    check(out, decode_attention_ref(q, cache, lens, tables, 0.125), torch.float16)
 
 
 def test_no_ticket_buffer_first_made_in_a_capture_or_beyond_its_size(monkeypatch: pytest.MonkeyPatch) -> None:
