@@ -4,7 +4,7 @@ with and without programmatic dependent launch (kernels/pdl.py), for bf16 and fp
     python benchmarks/decode_step_trace_gpu.py --out benchmarks/results/decode_step_trace_h200.json   (H200)
 
 Model: `--load-format dummy` llama3-8b (benchmarks/engine_gpu.py's runner and decode inputs). For each run
-(`--runs`, engine_gpu.py's --quantization names: none, fp8, with -nopdl / -prefetch / -reduce / -widegemv), KV
+(`--runs`, engine_gpu.py's --quantization names: none, fp8, with -nopdl / -prefetch / -reduce), KV
 cache dtype (`--kv`)
 and batch, the step is
 replayed under torch.profiler (CUPTI reports each kernel of a graph); of the last of `--replays` replays:
@@ -96,7 +96,7 @@ def main() -> None:
         for kv in args.kv.split(","):
             mods = run.split("-")[1:]
             pdl.ENABLED, pdl.PREFETCH_WEIGHTS = "nopdl" not in mods, "prefetch" in mods
-            apply_modifiers(mods)  # -reduce, -widegemv
+            apply_modifiers(mods)  # -reduce
             runner = build_runner(get_preset("llama3-8b"), device, run.split("-")[0], kv,
                                   num_blocks=max(batches) * per_seq + PREFILL_TOKENS // BLOCK + 1)
             prompt = [(7 * j) % runner.config.vocab_size for j in range(PREFILL_TOKENS)]

@@ -17,8 +17,8 @@ rows `<workload>_fp8_w_nopdl`. `-heuristic` runs the fp8 skinny linear as on a d
 (split along K until ~4 programs a SM, kept here only to time against it). `-fp8kv` runs every row over an fp8
 KV cache (--kv-cache-dtype fp8): `none-fp8kv` is fp8 KV alone, `fp8-fp8kv` both (rows `<workload>_fp8kv`,
 `<workload>_fp8_w_fp8kv`), beside --fp8-kv's b64 ctx 4,096 rows. `-reduce` sums split decode attention's partials
-with the reduce kernel (kernels/decode_attention_triton.py COMBINE_IN_SPLITS off), as before 2026-12-07: its A/B;
-`-widegemv` runs bf16 linears of 17-64 rows on the Triton GEMV, not cuBLAS (an experiment, engine_gpu_fp8kv.py).
+with the reduce kernel at every split launch (kernels/decode_attention_triton.py COMBINE_IN_SPLITS off), as before
+2026-12-07: the A/B of the fused sum.
 Checks: graph-replayed logits = the eager forward's at batch 1, 3, 8 (on CUDA); --parity: the default model's
 first 16 greedy tokens in bf16 on the GPU = fp32 on the CPU for >= 90 % of 20 prompts. Times: median of --repeat after warm-ups, CUDA events. Every decode step streams the 16 GB of
 weights, so L2 (60 MB) holds nothing from one step to the next and inputs need no rotation; the transfer
@@ -71,7 +71,7 @@ TARGETS_MS = {"decode_b1_ctx512": 4.4, "decode_b8_ctx512": 4.6, "decode_b64_ctx5
               # issue 19, fp8 linears (W8A8): halving the 16 GB a decode step reads
               "decode_b1_ctx512_fp8_w": 2.6, "decode_b64_ctx512_fp8_w": 4.0, "prefill_4096_fp8_w": 65.0}
 SUFFIX = {"none": "", "fp8": "_fp8_w"}  # row-name suffix per --quantization; each modifier adds "_<modifier>"
-MODIFIERS = ("unfused", "nopdl", "noprefetch", "prefetch", "heuristic", "splitk", "fp8kv", "reduce", "widegemv")
+MODIFIERS = ("unfused", "nopdl", "noprefetch", "prefetch", "heuristic", "splitk", "fp8kv", "reduce")
 
 
 def run_suffix(quantization: str) -> str:
@@ -285,9 +285,8 @@ def main() -> None:
                              "x stages; that tile at every batch) or @ two tiles and programs a SM (fp8_plan's: "
                              "kt@128x4x1/64x2x1:6), e.g. kt,kt+vwide@64x4x3")
     parser.add_argument("--fp8-kv-modifiers", default="",
-                        help="with --fp8-kv: comma-separated modifiers each round also times the settings with, keys "
-                             "ending _<modifier>: reduce (split attention's reduce kernel: the fp8 cache's settings), "
-                             "widegemv (bf16 linears of 17-64 rows on the Triton GEMV: all four)")
+                        help="with --fp8-kv: comma-separated modifiers each round also times the fp8 cache's settings "
+                             "with, keys ending _<modifier>: reduce (split attention's reduce kernel, not the fused sum)")
     parser.add_argument("--skip-transfer", action="store_true", help="no cuda_ipc transfer benchmark")
     parser.add_argument("--quantization", default="none,fp8",
                         help="comma-separated runs of the same workloads: none (bf16 linears), fp8 (fp8 linears), "

@@ -29,8 +29,6 @@ from pdserve.engine.kv_cache_spec import KVCacheSpec
 from pdserve.engine.runner import ModelRunner
 from pdserve.engine.weights.dummy import dummy_weights
 from pdserve.kernels import decode_attention_triton as attention
-from pdserve.kernels import linear_triton
-from pdserve.kernels.linear_triton import GemvConfig
 
 BATCH, CONTEXT, BLOCK = 64, 4096, 16
 TRANSFER_TOKENS = 4096
@@ -40,28 +38,10 @@ def _items(per_seq: int) -> list[DecodeInput]:
     return [DecodeInput(11 + i, CONTEXT, list(range(i * per_seq, (i + 1) * per_seq))) for i in range(BATCH)]
 
 
-# -widegemv: bf16 linears of 17-64 rows on the Triton GEMV (in the PDL chain with the kernels around them) instead
-# of cuBLAS, with benchmarks/gemv_wide_rows_gpu.py's best configs at 64 rows on an H100 (results/gemv_wide_rows_h100.json,
-# where each product alone only tied cuBLAS): an experiment, no table entry; (N, K) of llama3-8b -> config
-WIDE_GEMV = {(6144, 4096): GemvConfig(64, 128, 1, True, 4, 4), (4096, 4096): GemvConfig(64, 128, 1, True, 4, 4),
-             (28672, 4096): GemvConfig(64, 128, 1, True, 4, 3), (4096, 14336): GemvConfig(64, 128, 2, True, 4, 4),
-             (128256, 4096): GemvConfig(128, 128, 1, True, 8, 3)}
-_SHIPPED = linear_triton.choose_config, linear_triton.MAX_TRITON_BATCH
-
-
-def _wide_config(m: int, n: int, k: int, dtype: torch.dtype, device: torch.device) -> GemvConfig | None:
-    if m > _SHIPPED[1] and dtype == torch.bfloat16 and (n, k) in WIDE_GEMV:
-        return WIDE_GEMV[n, k]
-    return _SHIPPED[0](m, n, k, dtype, device)
-
-
 def apply_modifiers(mods: list[str] | tuple[str, ...]) -> None:
-    """-reduce: split attention's partials summed by the reduce kernel (COMBINE_IN_SPLITS off); -widegemv (above).
-    Both are read at every launch, so a runner built after this captures them; [] puts the shipped ones back."""
+    """-reduce: split attention's partials summed by the reduce kernel at every split launch (COMBINE_IN_SPLITS
+    off). Read at every launch, so a runner built after this captures it; [] puts the shipped choice back."""
     attention.COMBINE_IN_SPLITS = "reduce" not in mods
-    wide = "widegemv" in mods
-    linear_triton.choose_config = _wide_config if wide else _SHIPPED[0]
-    linear_triton.MAX_TRITON_BATCH = 64 if wide else _SHIPPED[1]
 
 
 def _decode_ms(config: ModelConfig, device: torch.device, dtype: torch.dtype, kv: str, repeat: int,
@@ -130,7 +110,7 @@ def fp8_kv_rows(config: ModelConfig, device: torch.device, repeat: int,
     bf16 linears and with fp8 ones (`--quantization fp8`). `rounds` > 1 builds the four runners that many times,
     in turn, and reports each one's median (and every sample): rows of one setting differ by up to ~2 % from one
     runner to the next (docs/quantization.md). `mods`: each round also times the settings with each of
-    apply_modifiers's (keys ending _reduce: the fp8 cache's two, the A/B of the fused split sum; _widegemv: all four)."""
+    apply_modifiers's (keys ending _reduce: the fp8 cache's two, the A/B of the fused split sum)."""
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     name = str(dtype).removeprefix("torch.")
     row = f"decode_b{BATCH}_ctx{CONTEXT}"
@@ -138,11 +118,10 @@ def fp8_kv_rows(config: ModelConfig, device: torch.device, repeat: int,
             f"{name}kv_fp8_w": ("auto", "fp8"), "fp8kv_fp8_w": ("fp8", "fp8")}
     settings = {key: (kv, quantization, ()) for key, (kv, quantization) in base.items()}
     speedups = {"fp8kv_speedup": (f"{name}kv", "fp8kv"), "fp8kv_speedup_fp8_w": (f"{name}kv_fp8_w", "fp8kv_fp8_w")}
-    for mod in mods:
+    for mod in mods:  # only the fp8 cache's settings: the bf16 cache does not split at b64
         settings |= {f"{key}_{mod}": (kv, quantization, (mod,)) for key, (kv, quantization) in base.items()
-                     if mod != "reduce" or kv == "fp8"}  # the bf16 cache does not split at b64
-        speedups |= {f"{speedup}_{mod}": (b if mod == "reduce" else f"{b}_{mod}", f"{f}_{mod}")
-                     for speedup, (b, f) in list(speedups.items())[:2]}
+                     if kv == "fp8"}
+        speedups |= {f"{speedup}_{mod}": (b, f"{f}_{mod}") for speedup, (b, f) in list(speedups.items())[:2]}
     samples: dict[str, list[float]] = {key: [] for key in settings}
     pipelined: dict[str, list[float]] = {key: [] for key in settings}
     for round_ in range(max(1, rounds)):
