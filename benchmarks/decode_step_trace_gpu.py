@@ -4,10 +4,8 @@ with and without programmatic dependent launch (kernels/pdl.py), for bf16 and fp
     python benchmarks/decode_step_trace_gpu.py --out benchmarks/results/decode_step_trace_h200.json   (H200)
 
 Model: `--load-format dummy` llama3-8b (benchmarks/engine_gpu.py's runner and decode inputs). For each run
-(`--runs`, engine_gpu.py's --quantization names: none, fp8, with -nopdl / -prefetch / -reduce), KV
-cache dtype (`--kv`)
-and batch, the step is
-replayed under torch.profiler (CUPTI reports each kernel of a graph); of the last of `--replays` replays:
+(`--runs`, engine_gpu.py's --quantization names: none, fp8, with -nopdl / -prefetch / -reduce), KV cache dtype
+(`--kv`) and batch, the step is replayed under torch.profiler (CUPTI reports each kernel of a graph); of the last of `--replays` replays:
 its wall (first kernel's start to last kernel's end), the union of kernel intervals (busy), wall - busy
 (idle: launch gaps the GPU waits through), the kernel count, and per kernel name its count and summed time.
 With PDL, kernels overlap, so the per-name sums can exceed busy time.
