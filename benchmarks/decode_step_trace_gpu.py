@@ -5,8 +5,8 @@ with and without programmatic dependent launch (kernels/pdl.py), for bf16 and fp
 
 Model: `--load-format dummy` llama3-8b (benchmarks/engine_gpu.py's runner and decode inputs). For each run
 (`--runs`, engine_gpu.py's --quantization names: none, fp8, with -nopdl / -prefetch / -reduce), KV cache dtype
-(`--kv`) and batch, the step is replayed under torch.profiler (CUPTI reports each kernel of a graph); of the last of `--replays` replays:
-its wall (first kernel's start to last kernel's end), the union of kernel intervals (busy), wall - busy
+(`--kv`) and batch, the step is replayed under torch.profiler (CUPTI reports each kernel of a graph); of the
+last of `--replays` replays: its wall (first kernel's start to last kernel's end), the union of kernel intervals (busy), wall - busy
 (idle: launch gaps the GPU waits through), the kernel count, and per kernel name its count and summed time.
 With PDL, kernels overlap, so the per-name sums can exceed busy time.
 """
