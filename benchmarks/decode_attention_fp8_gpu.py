@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from pdserve.kernels import decode_attention_triton as attention
+from pdserve.kernels import decode_attention_sum_triton as sums
 from pdserve.kernels.decode_attention import decode_attention_ref
 from pdserve.kernels.decode_attention_triton import VARIANTS, _launch, fp8_plan
 
@@ -192,11 +192,11 @@ def main() -> int:
             splits, tile = fp8_plan(batch, KV_HEADS, shape["tables"].shape[1] * PAGE, sm_count)
             rows.append({**row(shape, "fp8", "plan", tile), "splits": splits})
             try:  # reduce kernel instead of the last program's sum (COMBINE_IN_SPLITS off): its A/B, bf16's too
-                attention.COMBINE_IN_SPLITS = False
+                sums.COMBINE_IN_SPLITS = False
                 rows.append({**row(shape, "fp8", "plan", tile), "splits": splits, "variant": "plan-reduce"})
                 rows.append({**row(shape, "bf16", "dot", BF16_TILES[0]), "variant": "dot-reduce"})
             finally:
-                attention.COMBINE_IN_SPLITS = True
+                sums.COMBINE_IN_SPLITS = True
             rows.append({**row(shape, "bf16", "dot", BF16_TILES[0]), "variant": "dot-combine"})
         report["shapes"][name] = {"batch": batch, "context": context, "copies": len(shape["fp8"]),
                                   "best": summarize(name, rows), "rows": rows}

@@ -17,7 +17,7 @@ rows `<workload>_fp8_w_nopdl`. `-heuristic` runs the fp8 skinny linear as on a d
 (split along K until ~4 programs a SM, kept here only to time against it). `-fp8kv` runs every row over an fp8
 KV cache (--kv-cache-dtype fp8): `none-fp8kv` is fp8 KV alone, `fp8-fp8kv` both (rows `<workload>_fp8kv`,
 `<workload>_fp8_w_fp8kv`), beside --fp8-kv's b64 ctx 4,096 rows. `-reduce` sums split decode attention's partials
-with the reduce kernel at every split launch (kernels/decode_attention_triton.py COMBINE_IN_SPLITS off), as before
+with the reduce kernel at every split launch (kernels/decode_attention_sum_triton.py COMBINE_IN_SPLITS off), as before
 2026-12-07: the A/B of the fused sum.
 Checks: graph-replayed logits = the eager forward's at batch 1, 3, 8 (on CUDA); --parity: the default model's
 first 16 greedy tokens in bf16 on the GPU = fp32 on the CPU for >= 90 % of 20 prompts. Times: median of --repeat after warm-ups, CUDA events. Every decode step streams the 16 GB of

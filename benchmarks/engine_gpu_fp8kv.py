@@ -28,6 +28,7 @@ from pdserve.engine.kv_cache import blocks_for_bytes
 from pdserve.engine.kv_cache_spec import KVCacheSpec
 from pdserve.engine.runner import ModelRunner
 from pdserve.engine.weights.dummy import dummy_weights
+from pdserve.kernels import decode_attention_sum_triton as sums
 from pdserve.kernels import decode_attention_triton as attention
 
 BATCH, CONTEXT, BLOCK = 64, 4096, 16
@@ -41,7 +42,7 @@ def _items(per_seq: int) -> list[DecodeInput]:
 def apply_modifiers(mods: list[str] | tuple[str, ...]) -> None:
     """-reduce: split attention's partials summed by the reduce kernel at every split launch (COMBINE_IN_SPLITS
     off). Read at every launch, so a runner built after this captures it; [] puts the shipped choice back."""
-    attention.COMBINE_IN_SPLITS = "reduce" not in mods
+    sums.COMBINE_IN_SPLITS = "reduce" not in mods
 
 
 def _decode_ms(config: ModelConfig, device: torch.device, dtype: torch.dtype, kv: str, repeat: int,
@@ -78,7 +79,6 @@ def _variant_rows(config: ModelConfig, device: torch.device, dtype: torch.dtype,
     (kernels/decode_attention_triton.py VARIANTS), optionally with its tile ("kt+vwide@64x4x3": BLOCK_N x
     warps x stages; then that tile at every batch, no fp8_plan) or its two tiles and programs per SM
     ("kt@128x4x1/64x2x1:6", fp8_plan's): its A/B against the default in the same run."""
-    from pdserve.kernels import decode_attention_triton as attention
 
     def tile(text: str) -> tuple[int, ...]:
         return tuple(int(x) for x in text.split("x"))

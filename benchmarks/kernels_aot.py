@@ -20,7 +20,8 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from pdserve.kernels.activation_triton import _silu_and_mul_fp8_kernel, _silu_and_mul_kernel
-from pdserve.kernels.decode_attention_triton import _decode_reduce_kernel, _decode_split_kernel
+from pdserve.kernels.decode_attention_sum_triton import _decode_reduce_kernel
+from pdserve.kernels.decode_attention_triton import _decode_split_kernel
 from pdserve.kernels.linear_fp8_skinny_triton import _fp8_skinny_kernel
 from pdserve.kernels.linear_fp8_triton import _fp8_gemm_kernel, _quantize_rows_kernel
 from pdserve.kernels.linear_triton import _gemv_kernel, _split_k_reduce_kernel

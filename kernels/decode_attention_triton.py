@@ -1,6 +1,6 @@
 """Triton paged decode attention: FlashDecoding (split-KV) with the GQA group processed as one tile.
 
-    grid (B, Hkv, S) split kernel                                  then, in the last of (b, h)'s S programs
+    grid (B, Hkv, S) split kernel                                  then (decode_attention_sum_triton.py)
     seq b, kv head h, split s: keys [s*L, min((s+1)*L, seq_len))   out[b, q] = sum_s w_s * o_s / sum_s w_s
       q tile [GROUP, D]  x  K tile^T [D, BLOCK_N]  (one load of K/V   w_s = 2^(lse_s - max lse)
       per kv head, shared by the GROUP query heads)
@@ -8,16 +8,10 @@
 
 L = ceil(ceil(seq_len / S) / BLOCK_N) * BLOCK_N is chosen per sequence on the device, so the launch needs no
 host sync (CUDA-graph safe); S itself comes from the batch size and the block table's width. With S = 1 the
-split kernel writes the output directly. Above, where B * Hkv programs fill the SMs (only an fp8 cache splits
-there: fp8_plan), each program stores its partials, then takes a ticket (an int32 per (b, h), acq_rel atomic
-after a barrier); the one that draws S - 1 reads all S back (bypassing L1), sums them in split order into out and
-puts the ticket back to 0, so one launch does it all, a CUDA graph's next replay included. Below that, a second
-kernel, grid (B, Hq), sums them (_decode_reduce_kernel): there the fused sum lost, one program a group reading
-all S partials after its atomic where the reduce kernel spreads them over Hq programs. On an H100 (2026-12-07,
-one layer, CUDA graph; results/decode_attention_combine_h100.json), fused against the reduce kernel: fp8 B 32
-ctx 4,096 (split 4) 99.2 against 105.6 us, B 64 (split 2) 191.6 against 192.6, B 64 ctx 512 32.8 both; but
-B 8 ctx 4,096 32.2 against 31.1, B 1 14.1 against 13.0, B 1 ctx 512 11.4 against 10.8 (bf16 15.8 / 11.2 against
-15.4 / 10.5 at B 1). Splits past seq_len are empty (lse = -inf); seq_len 0 gives zeros.
+split kernel writes the output directly. Above, the S partials are summed in the split kernel by each (b, h)'s
+last program where B * Hkv programs fill the SMs, else by a second kernel, grid (B, Hq)
+(kernels/decode_attention_sum_triton.py: how, and why not everywhere). Splits past seq_len are empty
+(lse = -inf); seq_len 0 gives zeros.
 
 An fp8 cache (float8_e4m3fn) is loaded as fp8 and converted to the query's dtype in registers (exact: e4m3
 fits in bf16 and fp16); its K scale is folded into qk_scale and its V scale multiplies the (linear) output of
@@ -77,6 +71,8 @@ import torch
 import triton
 import triton.language as tl
 
+from pdserve.kernels import decode_attention_sum_triton as sums
+from pdserve.kernels.decode_attention_sum_triton import combine_splits
 from pdserve.kernels.fp8 import cache_strides, is_fp8
 from pdserve.kernels.fp8_triton import fp8_v_tile, tile_pages
 from pdserve.kernels.pdl import launch_options
@@ -98,37 +94,6 @@ def _token_rows(table, offs_n, n_mask, stride_cblk, stride_ctok, PAGE: tl.conste
     """Each key's row offset in the cache: its page from the block table (one entry read per key)."""
     page = tl.load(table + offs_n // PAGE, mask=n_mask, other=0).to(tl.int64)
     return page * stride_cblk + (offs_n % PAGE) * stride_ctok
-
-
-@triton.jit
-def _combine_splits(part_ptr, lse_ptr, out_ptr, num_splits, stride_ph, stride_ps, stride_lh, stride_oh,
-                    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
-    """out[h] = sum_s w_s * o_s[h] / sum_s w_s, w_s = 2^(lse_s[h] - max lse[h]), for the GROUP heads h of one
-    (sequence, kv head), its splits in order (a running max, so no per-S constexpr). Four splits' loads at a time
-    (one round trip to L2 for four), bypassing L1 (.cg): the other programs' partials. The pointers are the
-    group's first head's. BLOCK_H = next_power_of_2(GROUP): the real heads only, not the dot's 16 padded rows."""
-    h = tl.arange(0, BLOCK_H)
-    d = tl.arange(0, BLOCK_D)
-    h_mask = h < GROUP
-    hd_mask = h_mask[:, None] & (d < HEAD_DIM)[None, :]
-    parts = part_ptr + h[:, None] * stride_ph + d[None, :]
-    top = tl.full([BLOCK_H], -1.0e30, tl.float32)  # finite even when every split is empty (seq_len 0)
-    den = tl.zeros([BLOCK_H], tl.float32)
-    acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
-    for s0 in range(0, num_splits, 4):
-        for i in tl.static_range(4):
-            s = s0 + i
-            lse = tl.load(lse_ptr + h * stride_lh + s, mask=h_mask & (s < num_splits), other=float("-inf"),
-                          cache_modifier=".cg")
-            part = tl.load(parts + s * stride_ps, mask=hd_mask & (s < num_splits), other=0.0, cache_modifier=".cg")
-            new_top = tl.maximum(top, lse)
-            alpha = tl.exp2(top - new_top)
-            w = tl.exp2(lse - new_top)  # 0 for an empty split
-            den = den * alpha + w
-            acc = acc * alpha[:, None] + part * w[:, None]
-            top = new_top
-    out = acc / tl.where(den > 0, den, 1.0)[:, None]
-    tl.store(out_ptr + h[:, None] * stride_oh + d[None, :], out.to(out_ptr.dtype.element_ty), mask=hd_mask)
 
 
 @triton.jit(do_not_specialize=["num_splits"])  # SINGLE and the part strides carry it
@@ -234,37 +199,11 @@ def _decode_split_kernel(
             ticket = ticket_ptr + b * tl.num_programs(1) + kv_head
             if tl.atomic_add(ticket, 1, sem="acq_rel", scope="gpu") == num_splits - 1:
                 first = kv_head * GROUP
-                _combine_splits(part_out_ptr + b.to(tl.int64) * stride_pb + first * stride_ph,
-                                part_lse_ptr + b.to(tl.int64) * stride_lb + first * stride_lh,
-                                out_ptr + b.to(tl.int64) * stride_ob + first * stride_oh, num_splits,
-                                stride_ph, stride_ps, stride_lh, stride_oh, GROUP, HEAD_DIM, BLOCK_H, BLOCK_D)
+                combine_splits(part_out_ptr + b.to(tl.int64) * stride_pb + first * stride_ph,
+                               part_lse_ptr + b.to(tl.int64) * stride_lb + first * stride_lh,
+                               out_ptr + b.to(tl.int64) * stride_ob + first * stride_oh, num_splits,
+                               stride_ph, stride_ps, stride_lh, stride_oh, GROUP, HEAD_DIM, BLOCK_H, BLOCK_D)
                 tl.atomic_xchg(ticket, 0, sem="relaxed", scope="gpu")
-
-
-@triton.jit(do_not_specialize=["num_splits"])  # BLOCK_S carries it
-def _decode_reduce_kernel(
-    part_out_ptr, part_lse_ptr, out_ptr, num_splits,
-    stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ob, stride_oh,
-    HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False,
-):
-    # part_out: [B, Hq, S, D], part_lse: [B, Hq, S] -> out: [B, Hq, D]; grid: (B, Hq)
-    if PDL:  # kernels/pdl.py
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
-    b = tl.program_id(0).to(tl.int64)
-    h = tl.program_id(1)
-    s = tl.arange(0, BLOCK_S)
-    d = tl.arange(0, BLOCK_D)
-    s_mask = s < num_splits
-    lse = tl.load(part_lse_ptr + b * stride_lb + h * stride_lh + s, mask=s_mask, other=float("-inf"))
-    top = tl.maximum(tl.max(lse, axis=0), -1.0e30)  # finite even when every split is empty (seq_len 0)
-    w = tl.exp2(lse - top)  # [BLOCK_S]; 0 for empty splits
-    sd_mask = s_mask[:, None] & (d < HEAD_DIM)[None, :]
-    parts = tl.load(part_out_ptr + b * stride_pb + h * stride_ph + s[:, None] * stride_ps + d[None, :],
-                    mask=sd_mask, other=0.0)
-    den = tl.sum(w, axis=0)
-    out = tl.sum(parts * w[:, None], axis=0) / tl.where(den > 0, den, 1.0)
-    tl.store(out_ptr + b * stride_ob + h * stride_oh + d, out.to(out_ptr.dtype.element_ty), mask=d < HEAD_DIM)
 
 
 @functools.cache
@@ -305,25 +244,6 @@ def fp8_plan(batch: int, kv_heads: int, max_context: int, sm_count: int) -> tupl
         return num_splits_for(batch, kv_heads, max_context, sm_count), _FP8_TILE
     want = triton.next_power_of_2(math.ceil(_FP8_PROGRAMS_PER_SM * sm_count / programs))
     return max(1, min(want, max_context // _MIN_SPLIT_TOKENS, 64)), _FP8_MANY_TILE
-
-
-COMBINE_IN_SPLITS = True  # split partials summed by each (sequence, kv head)'s last program where B * Hkv programs
-# fill the SMs (fp8_plan's many-programs tile); below, and with this off, the reduce kernel (docstring: why)
-_TICKETS = 1 << 16  # B * Hkv programs' tickets (int32) a buffer holds: 256 sequences x 256 kv heads
-_tickets: dict[torch.device, torch.Tensor] = {}
-
-
-def _ticket_buffer(device: torch.device, needed: int) -> torch.Tensor | None:
-    """The device's zeroed int32 tickets for COMBINE (every launch leaves them at zero; launches on one device
-    must not overlap, as the engine's one decode step at a time does not). None where there are none: more than
-    _TICKETS, or a first use inside a CUDA graph capture, where no kernel runs to zero a new buffer (the engine's
-    graphs are warmed up eagerly first): those launches use the reduce kernel."""
-    buffer = _tickets.get(device)
-    if buffer is None and needed <= _TICKETS:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            return None
-        buffer = _tickets[device] = torch.zeros(_TICKETS, dtype=torch.int32, device=device)
-    return buffer if needed <= _TICKETS else None
 
 
 def _check(q, kv_cache, seq_lens, block_tables):
@@ -401,7 +321,7 @@ def _launch(q, kv_cache, seq_lens, block_tables, scale, num_splits=None, config=
     part_out = out if single else torch.empty((batch, q_heads, num_splits, dim), dtype=torch.float32, device=q.device)
     part_lse = out if single else torch.empty((batch, q_heads, num_splits), dtype=torch.float32, device=q.device)
     many = batch * kv_heads >= _sm_count(q.device)
-    tickets = _ticket_buffer(q.device, batch * kv_heads) if many and not single and COMBINE_IN_SPLITS else None
+    tickets = sums.ticket_buffer(q.device, batch * kv_heads) if many and not single and sums.COMBINE_IN_SPLITS else None
     _decode_split_kernel[(batch, kv_heads, num_splits)](
         q, kv_cache, seq_lens, block_tables, out, part_out, part_lse, out if tickets is None else tickets,
         scale * _LOG2E * k_scale, v_scale, num_splits,
@@ -415,12 +335,7 @@ def _launch(q, kv_cache, seq_lens, block_tables, scale, num_splits=None, config=
         num_stages=num_stages, **launch_options(q.device),
     )
     if not single and tickets is None:
-        _decode_reduce_kernel[(batch, q_heads)](
-            part_out, part_lse, out, num_splits, part_out.stride(0), part_out.stride(1), part_out.stride(2),
-            part_lse.stride(0), part_lse.stride(1), out.stride(0), out.stride(1),
-            HEAD_DIM=dim, BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_d, num_warps=4,
-            **launch_options(q.device),
-        )
+        sums.reduce_splits(part_out, part_lse, out, num_splits)
     return out
 
 

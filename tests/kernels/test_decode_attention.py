@@ -44,6 +44,7 @@ def test_split_partials_summed_by_the_last_program(
     splits and a seq_len 0 row included; every ticket is back at zero after each launch, so the next one (a
     CUDA graph's replay) starts from zero. On the GPU many programs race for the tickets: repeated launches give
     the same bits (split order, whichever program sums)."""
+    from pdserve.kernels import decode_attention_sum_triton as sums
     from pdserve.kernels import decode_attention_triton as attention
 
     monkeypatch.setattr(attention, "_sm_count", lambda _device: 4)  # these few programs fill "the SMs"
@@ -51,13 +52,13 @@ def test_split_partials_summed_by_the_last_program(
     cache, tables = paged_kv(seq_lens, 2, 64, 16, torch.float16)
     q = randn(len(seq_lens), 8, 64, dtype=torch.float16)
     lens = torch.tensor(seq_lens, dtype=torch.int32, device=device)
-    reduce_kernel = attention._decode_reduce_kernel
-    monkeypatch.setattr(attention, "_decode_reduce_kernel", None)  # not launched
+    reduce_kernel = sums._decode_reduce_kernel
+    monkeypatch.setattr(sums, "_decode_reduce_kernel", None)  # not launched
     runs = [attention._launch(q, cache, lens, tables, 0.125, num_splits=splits, config=(16, 4, 2))
             for _ in range(5 if device == "cuda" else 1)]
-    assert not attention._tickets[q.device].any()
-    monkeypatch.setattr(attention, "_decode_reduce_kernel", reduce_kernel)
-    monkeypatch.setattr(attention, "COMBINE_IN_SPLITS", False)
+    assert not sums._tickets[q.device].any()
+    monkeypatch.setattr(sums, "_decode_reduce_kernel", reduce_kernel)
+    monkeypatch.setattr(sums, "COMBINE_IN_SPLITS", False)
     reduced = attention._launch(q, cache, lens, tables, 0.125, num_splits=splits, config=(16, 4, 2))
     for out in runs:
         assert torch.equal(out, runs[0])
@@ -71,10 +72,11 @@ def test_below_one_program_a_sm_the_reduce_kernel_sums_the_splits(
 ) -> None:
     """Where B * Hkv programs do not fill the SMs the fused sum lost (kernels/decode_attention_triton.py):
     no ticket is taken, the reduce kernel runs."""
+    from pdserve.kernels import decode_attention_sum_triton as sums
     from pdserve.kernels import decode_attention_triton as attention
 
     monkeypatch.setattr(attention, "_sm_count", lambda _device: 132)
-    monkeypatch.setattr(attention, "_ticket_buffer", None)  # not asked for
+    monkeypatch.setattr(sums, "ticket_buffer", None)  # not asked for
     cache, tables = paged_kv([300, 5], 2, 64, 16, torch.float16)
     q = randn(2, 8, 64, dtype=torch.float16)
     lens = torch.tensor([300, 5], dtype=torch.int32, device=device)
@@ -85,14 +87,14 @@ def test_below_one_program_a_sm_the_reduce_kernel_sums_the_splits(
 def test_no_ticket_buffer_first_made_in_a_capture_or_beyond_its_size(monkeypatch: pytest.MonkeyPatch) -> None:
     """Without tickets a launch keeps the reduce kernel: a buffer first asked for inside a CUDA graph capture
     (it could not be zeroed there) or more (sequence, kv head) pairs than a buffer holds."""
-    from pdserve.kernels import decode_attention_triton as attention
+    from pdserve.kernels import decode_attention_sum_triton as sums
 
     cpu = torch.device("cpu")
-    monkeypatch.setattr(attention, "_tickets", {})
-    assert attention._ticket_buffer(cpu, attention._TICKETS + 1) is None
-    buffer = attention._ticket_buffer(cpu, 64)
+    monkeypatch.setattr(sums, "_tickets", {})
+    assert sums.ticket_buffer(cpu, sums._TICKETS + 1) is None
+    buffer = sums.ticket_buffer(cpu, 64)
     assert buffer is not None and buffer.dtype == torch.int32 and not buffer.any()
-    assert attention._ticket_buffer(cpu, 8) is buffer
+    assert sums.ticket_buffer(cpu, 8) is buffer
 
 
 def test_decode_attention_default_launch(randn: Callable, paged_kv: Callable, check: Callable, device: str) -> None:
