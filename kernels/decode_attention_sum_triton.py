@@ -41,7 +41,7 @@ def ticket_buffer(device: torch.device, needed: int) -> torch.Tensor | None:
 
 @triton.jit
 def combine_splits(part_ptr, lse_ptr, out_ptr, num_splits, stride_ph, stride_ps, stride_lh, stride_oh,
-                    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+                   GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
     """out[h] = sum_s w_s * o_s[h] / sum_s w_s, w_s = 2^(lse_s[h] - max lse[h]), for the GROUP heads h of one
     (sequence, kv head), its splits in order (a running max, so no per-S constexpr). Four splits' loads at a time
     (one round trip to L2 for four), bypassing L1 (.cg): the other programs' partials. The pointers are the
