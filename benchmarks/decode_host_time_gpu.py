@@ -7,6 +7,8 @@ tokens of context, CUDA graphs), bf16 and fp8 KV. Per step, medians of --repeat:
     graph_queued_ms  CUDA events around the replay alone, queued behind a GPU sleep: the GPU's own time
 
 synced - graph_queued is what the host adds to a step that is not overlapped with the previous one.
+prepare_profile: where prepare's host time goes, cProfile over --repeat calls (each synchronised after): the
+functions with the most own time, in us a call of prepare.
 
     python benchmarks/decode_host_time_gpu.py --out benchmarks/results/decode_host_time_h200.json
 """
@@ -14,8 +16,10 @@ synced - graph_queued is what the host adds to a step that is not overlapped wit
 from __future__ import annotations
 
 import argparse
+import cProfile
 import gc
 import json
+import pstats
 import statistics
 import time
 from pathlib import Path
@@ -62,10 +66,26 @@ def step_times(kv: str, repeat: int) -> dict[str, float]:
         end.record()
         torch.cuda.synchronize()
         samples["graph_queued_ms"].append(start.elapsed_time(end))
+    result: dict = {key: statistics.median(values) for key, values in samples.items()}
+    result["prepare_profile"] = _profile(runner, items, repeat)
     del runner
     gc.collect()
     torch.cuda.empty_cache()
-    return {key: statistics.median(values) for key, values in samples.items()}
+    return result
+
+
+def _profile(runner: ModelRunner, items: list, repeat: int, top: int = 12) -> list[list]:
+    """[function, calls a prepare, own us a prepare, cumulative us a prepare] for the `top` by own time."""
+    profiler = cProfile.Profile()
+    for _ in range(repeat):
+        profiler.enable()
+        runner.decode_buffers.prepare(items)
+        profiler.disable()
+        torch.cuda.synchronize()
+    stats = pstats.Stats(profiler).stats  # {(file, line, name): (calls, primitive, tottime, cumtime, callers)}
+    rows = sorted(stats.items(), key=lambda kv: -kv[1][2])[:top]
+    return [[f"{Path(f).name}:{line}({name})", calls / repeat, tot / repeat * 1e6, cum / repeat * 1e6]
+            for (f, line, name), (calls, _, tot, cum, _) in rows]
 
 
 def main() -> None:
@@ -77,7 +97,9 @@ def main() -> None:
               "torch": torch.__version__, "batch": BATCH, "context": CONTEXT, "kv": {}}
     for kv in ("auto", "fp8"):
         report["kv"][kv] = step_times(kv, args.repeat)
-        print(kv, {k: round(v, 3) for k, v in report["kv"][kv].items()}, flush=True)
+        print(kv, {k: round(v, 3) for k, v in report["kv"][kv].items() if k != "prepare_profile"}, flush=True)
+        for name, calls, own, cum in report["kv"][kv]["prepare_profile"]:
+            print(f"   {own:8.1f} us own {cum:8.1f} cum {calls:6.1f} calls  {name}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1) + "\n")
 
