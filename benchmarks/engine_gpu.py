@@ -18,7 +18,8 @@ rows `<workload>_fp8_w_nopdl`. `-heuristic` runs the fp8 skinny linear as on a d
 KV cache (--kv-cache-dtype fp8): `none-fp8kv` is fp8 KV alone, `fp8-fp8kv` both (rows `<workload>_fp8kv`,
 `<workload>_fp8_w_fp8kv`), beside --fp8-kv's b64 ctx 4,096 rows. `-reduce` sums split decode attention's partials
 with the reduce kernel at every split launch (kernels/decode_attention_sum_triton.py COMBINE_IN_SPLITS off), as before
-2026-12-07: the A/B of the fused sum.
+2026-12-07: the A/B of the fused sum. `-l2` (`-l2lo`, `-l2hi`) fetches o_proj's and gate_up's weights into L2 during
+attention at every decode batch with 0.6 (0.35, 0.85) of the L2, `-nol2` never (kernels/l2_prefetch.py).
 Checks: graph-replayed logits = the eager forward's at batch 1, 3, 8 (on CUDA); --parity: the default model's
 first 16 greedy tokens in bf16 on the GPU = fp32 on the CPU for >= 90 % of 20 prompts. Times: median of --repeat after warm-ups, CUDA events. Every decode step streams the 16 GB of
 weights, so L2 (60 MB) holds nothing from one step to the next and inputs need no rotation; the transfer
@@ -71,7 +72,8 @@ TARGETS_MS = {"decode_b1_ctx512": 4.4, "decode_b8_ctx512": 4.6, "decode_b64_ctx5
               # issue 19, fp8 linears (W8A8): halving the 16 GB a decode step reads
               "decode_b1_ctx512_fp8_w": 2.6, "decode_b64_ctx512_fp8_w": 4.0, "prefill_4096_fp8_w": 65.0}
 SUFFIX = {"none": "", "fp8": "_fp8_w"}  # row-name suffix per --quantization; each modifier adds "_<modifier>"
-MODIFIERS = ("unfused", "nopdl", "noprefetch", "prefetch", "heuristic", "splitk", "fp8kv", "reduce")
+MODIFIERS = ("unfused", "nopdl", "noprefetch", "prefetch", "heuristic", "splitk", "fp8kv", "reduce", "l2", "l2lo",
+             "l2hi", "nol2")
 
 
 def run_suffix(quantization: str) -> str:
