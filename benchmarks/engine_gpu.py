@@ -223,6 +223,7 @@ def run(args: argparse.Namespace) -> Report:
         runner = build_runner(config, device, quantization.split("-")[0], kv="fp8" if "fp8kv" in mods else "auto")
         check_graphs(runner, report)
         times, passes = time_ours(runner, args.repeat)
+        print(f"run {quantization}: " + ", ".join(f"{k} {v:.3f}" for k, v in times.items()), flush=True)  # a timeout keeps it
         ours.update({k + suffix: v for k, v in times.items()})
         report.checks[f"decode_pass_medians_ms{suffix}"] = passes
         del runner
