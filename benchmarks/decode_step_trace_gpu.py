@@ -4,7 +4,7 @@ with and without programmatic dependent launch (kernels/pdl.py), for bf16 and fp
     python benchmarks/decode_step_trace_gpu.py --out benchmarks/results/decode_step_trace_h200.json   (H200)
 
 Model: `--load-format dummy` llama3-8b (benchmarks/engine_gpu.py's runner and decode inputs). For each run
-(`--runs`, engine_gpu.py's --quantization names: none, fp8, with -nopdl / -prefetch / -reduce), KV cache dtype
+(`--runs`, engine_gpu.py's --quantization names: none, fp8, with -nopdl / -prefetch / -noprefetch / -reduce), KV cache dtype
 (`--kv`) and batch, the step is replayed under torch.profiler (CUPTI reports each kernel of a graph); of the
 last of `--replays` replays: its wall (first kernel's start to last kernel's end), the union of kernel intervals (busy), wall - busy
 (idle: launch gaps the GPU waits through), the kernel count, and per kernel name its count and summed time.
@@ -87,14 +87,14 @@ def main() -> None:
     device = torch.device("cuda")
     report = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "device": torch.cuda.get_device_name(device),
               "model": "llama3-8b (dummy weights)", "runs": {}}
-    default = pdl.ENABLED, pdl.PREFETCH_WEIGHTS
+    default = pdl.ENABLED
     batches = [int(b) for b in args.batches.split(",")]
     per_seq = -(-(args.context + 1) // BLOCK)
     for run in args.runs.split(","):
         for kv in args.kv.split(","):
             mods = run.split("-")[1:]
-            pdl.ENABLED, pdl.PREFETCH_WEIGHTS = "nopdl" not in mods, "prefetch" in mods
-            apply_modifiers(mods)  # -reduce
+            pdl.ENABLED = "nopdl" not in mods
+            apply_modifiers(mods)  # -reduce, -prefetch, -noprefetch
             runner = build_runner(get_preset("llama3-8b"), device, run.split("-")[0], kv,
                                   num_blocks=max(batches) * per_seq + PREFILL_TOKENS // BLOCK + 1)
             prompt = [(7 * j) % runner.config.vocab_size for j in range(PREFILL_TOKENS)]
@@ -109,7 +109,7 @@ def main() -> None:
             del runner
             gc.collect()  # the runner and its graphs hold each other: freed only by the collector
             torch.cuda.empty_cache()
-    pdl.ENABLED, pdl.PREFETCH_WEIGHTS = default
+    pdl.ENABLED = default
     apply_modifiers([])
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1) + "\n")

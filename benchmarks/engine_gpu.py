@@ -10,16 +10,15 @@ second time with fp8 linears (`--quantization fp8`: rows named `<workload>_fp8_w
 `fp8_w_ms` holds them as `decode_b1_ctx512_fp8_w_ms`), HF only beside bf16. `fp8-unfused` runs the fp8 linears
 with the norms and silu_and_mul not quantizing for them (engine/model.py FUSE_FP8_ACTIVATIONS off: each fp8 linear
 runs its own quantization kernel), rows `<workload>_fp8_w_unfused`: the A/B of that fusion. `-nopdl` runs without
-programmatic dependent launch and `-prefetch` with it and the weight kernels' L2 prefetch before the wait (off by
-default; `-noprefetch` is the default, named), kernels/pdl.py, e.g. `none,none-nopdl,fp8,fp8-nopdl,fp8-prefetch`:
+programmatic dependent launch, `-prefetch` with every weight kernel's L2 prefetch before the wait and `-noprefetch`
+with none (shipped: the fp8 skinny product's only), kernels/pdl.py, e.g. `none,none-nopdl,fp8,fp8-nopdl,fp8-noprefetch`:
 rows `<workload>_fp8_w_nopdl`. `-heuristic` runs the fp8 skinny linear as on a device its table has no entry for
 (kernels/linear_fp8_skinny_triton.py skinny_config's fallback), `-splitk` with the fallback before 2026-12-06
 (split along K until ~4 programs a SM, kept here only to time against it). `-fp8kv` runs every row over an fp8
 KV cache (--kv-cache-dtype fp8): `none-fp8kv` is fp8 KV alone, `fp8-fp8kv` both (rows `<workload>_fp8kv`,
 `<workload>_fp8_w_fp8kv`), beside --fp8-kv's b64 ctx 4,096 rows. `-reduce` sums split decode attention's partials
 with the reduce kernel at every split launch (kernels/decode_attention_sum_triton.py COMBINE_IN_SPLITS off), as before
-2026-12-07: the A/B of the fused sum. `-l2` (`-l2lo`, `-l2hi`) fetches o_proj's and gate_up's weights into L2 during
-attention at every decode batch with 0.6 (0.35, 0.85) of the L2, `-nol2` never (kernels/l2_prefetch.py).
+2026-12-07: the A/B of the fused sum.
 Checks: graph-replayed logits = the eager forward's at batch 1, 3, 8 (on CUDA); --parity: the default model's
 first 16 greedy tokens in bf16 on the GPU = fp32 on the CPU for >= 90 % of 20 prompts. Times: median of --repeat after warm-ups, CUDA events. Every decode step streams the 16 GB of
 weights, so L2 (60 MB) holds nothing from one step to the next and inputs need no rotation; the transfer
@@ -72,8 +71,7 @@ TARGETS_MS = {"decode_b1_ctx512": 4.4, "decode_b8_ctx512": 4.6, "decode_b64_ctx5
               # issue 19, fp8 linears (W8A8): halving the 16 GB a decode step reads
               "decode_b1_ctx512_fp8_w": 2.6, "decode_b64_ctx512_fp8_w": 4.0, "prefill_4096_fp8_w": 65.0}
 SUFFIX = {"none": "", "fp8": "_fp8_w"}  # row-name suffix per --quantization; each modifier adds "_<modifier>"
-MODIFIERS = ("unfused", "nopdl", "noprefetch", "prefetch", "heuristic", "splitk", "fp8kv", "reduce", "l2", "l2lo",
-             "l2hi", "nol2")
+MODIFIERS = ("unfused", "nopdl", "noprefetch", "prefetch", "heuristic", "splitk", "fp8kv", "reduce")
 
 
 def run_suffix(quantization: str) -> str:
@@ -213,11 +211,11 @@ def run(args: argparse.Namespace) -> Report:
     elif args.parity:
         report.notes.append("parity skipped: it compares a GPU's bf16 run with the CPU's fp32 one")
     ours: dict[str, float] = {}
-    pdl_default = pdl.ENABLED, pdl.PREFETCH_WEIGHTS
+    pdl_default = pdl.ENABLED
     for quantization in filter(None, args.quantization.split(",")):  # "": none of these rows (--fp8-kv's alone)
         suffix, mods = run_suffix(quantization), quantization.split("-")[1:]
         engine_model.FUSE_FP8_ACTIVATIONS = "unfused" not in mods  # read at every forward and capture
-        pdl.ENABLED, pdl.PREFETCH_WEIGHTS = "nopdl" not in mods, "prefetch" in mods  # read at every launch
+        pdl.ENABLED = "nopdl" not in mods  # read at every launch
         skinny_fallback(mods)
         apply_modifiers(mods)
         runner = build_runner(config, device, quantization.split("-")[0], kv="fp8" if "fp8kv" in mods else "auto")
@@ -228,7 +226,7 @@ def run(args: argparse.Namespace) -> Report:
         report.checks[f"decode_pass_medians_ms{suffix}"] = passes
         del runner
         free(device)
-    engine_model.FUSE_FP8_ACTIVATIONS, (pdl.ENABLED, pdl.PREFETCH_WEIGHTS) = True, pdl_default
+    engine_model.FUSE_FP8_ACTIVATIONS, pdl.ENABLED = True, pdl_default
     skinny_fallback([])
     apply_modifiers([])
     report.fp8_w_ms = {f"{k}_ms": v for k, v in ours.items() if k.endswith(SUFFIX["fp8"])}
@@ -294,8 +292,9 @@ def main() -> None:
     parser.add_argument("--quantization", default="none,fp8",
                         help="comma-separated runs of the same workloads: none (bf16 linears), fp8 (fp8 linears), "
                              "and modifiers: -unfused (fp8 linears quantizing their own inputs: the fusion's A/B), "
-                             "-nopdl (no programmatic dependent launch, kernels/pdl.py), -prefetch (PDL with the "
-                             "weight kernels' L2 prefetch; -noprefetch: the default, named), -reduce (split "
+                             "-nopdl (no programmatic dependent launch, kernels/pdl.py), -prefetch (every weight "
+                             "kernel's L2 prefetch before its PDL wait; -noprefetch: none; shipped: the fp8 skinny "
+                             "product's), -reduce (split "
                              "attention's reduce kernel, not the fused sum), e.g. "
                              "none,none-nopdl,fp8,fp8-nopdl")
     parser.add_argument("--repeat", type=int, default=20)

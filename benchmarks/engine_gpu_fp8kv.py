@@ -30,7 +30,7 @@ from pdserve.engine.runner import ModelRunner
 from pdserve.engine.weights.dummy import dummy_weights
 from pdserve.kernels import decode_attention_sum_triton as sums
 from pdserve.kernels import decode_attention_triton as attention
-from pdserve.kernels import l2_prefetch
+from pdserve.kernels import pdl
 
 BATCH, CONTEXT, BLOCK = 64, 4096, 16
 TRANSFER_TOKENS = 4096
@@ -40,22 +40,17 @@ def _items(per_seq: int) -> list[DecodeInput]:
     return [DecodeInput(11 + i, CONTEXT, list(range(i * per_seq, (i + 1) * per_seq))) for i in range(BATCH)]
 
 
-L2_SHARES = {"l2lo": 0.35, "l2": 0.6, "l2hi": 0.85}  # -l2*: kernels/l2_prefetch.py's share of the L2
-_L2_SHIPPED = l2_prefetch.MAX_ROWS, l2_prefetch.L2_SHARE
+_PREFETCH_SHIPPED = pdl.PREFETCH_WEIGHTS
 
 
 def apply_modifiers(mods: list[str] | tuple[str, ...]) -> None:
     """-reduce: split attention's partials summed by the reduce kernel at every split launch (COMBINE_IN_SPLITS
-    off). -l2, -l2lo, -l2hi: o_proj's and gate_up's weights fetched into L2 during attention at every decode batch
-    up to 64 rows, with 0.6, 0.35 or 0.85 of the L2 (kernels/l2_prefetch.py); -nol2: never. Read at every
-    launch, so a runner built after this captures it; [] puts the shipped choice back."""
+    off). -prefetch: every weight kernel prefetches its first tiles before its PDL wait, -noprefetch: none does
+    (kernels/pdl.py PREFETCH_WEIGHTS; shipped: the fp8 skinny product's). Read at every launch, so a runner built
+    after this captures it; [] puts the shipped choices back."""
     sums.COMBINE_IN_SPLITS = "reduce" not in mods
-    l2_prefetch.MAX_ROWS, l2_prefetch.L2_SHARE = _L2_SHIPPED
-    for mod in mods:
-        if mod in L2_SHARES:
-            l2_prefetch.MAX_ROWS, l2_prefetch.L2_SHARE = 64, L2_SHARES[mod]
-    if "nol2" in mods:
-        l2_prefetch.MAX_ROWS = 0
+    pdl.PREFETCH_WEIGHTS = (pdl.PREFETCH_KERNELS if "prefetch" in mods else frozenset() if "noprefetch" in mods
+                            else _PREFETCH_SHIPPED)
 
 
 def _decode_ms(config: ModelConfig, device: torch.device, dtype: torch.dtype, kv: str, repeat: int,

@@ -22,7 +22,6 @@ from triton.compiler import ASTSource
 from pdserve.kernels.activation_triton import _silu_and_mul_fp8_kernel, _silu_and_mul_kernel
 from pdserve.kernels.decode_attention_sum_triton import _decode_reduce_kernel
 from pdserve.kernels.decode_attention_triton import _decode_split_kernel
-from pdserve.kernels.l2_prefetch_triton import _l2_prefetch_kernel
 from pdserve.kernels.linear_fp8_skinny_triton import _fp8_skinny_kernel
 from pdserve.kernels.linear_fp8_triton import _fp8_gemm_kernel, _quantize_rows_kernel
 from pdserve.kernels.linear_triton import _gemv_kernel, _split_k_reduce_kernel
@@ -115,9 +114,6 @@ def pdl_variants():
     quant = dict(x_ptr="*bf16", q_ptr="*fp8e4nv", s_ptr="*fp32", M=1, K=4096, stride_xm=4096, stride_qm=4096,
                  FP8_MAX=C(448.0), BLOCK_K=C(4096), ONE_PASS=C(True), ROUND=C(False))
     yield "quantize rows pdl", _quantize_rows_kernel, {**quant, "PDL": C(True)}, 8, 1
-    l2 = dict(a_ptr="*i8", b_ptr="*i8", rows_a=4096, rows_b=28672, stride_a=4096, stride_b=4096, a_bytes=4096,
-              b_bytes=768, BLOCK=C(128))
-    yield "l2 prefetch pdl", _l2_prefetch_kernel, {**l2, "PDL": C(True)}, 4, 1
 
 
 _GLOBAL_ACCESS = re.compile(r"\b(ld|st|atom|red)\.global|\bcp\.async\.(ca|cg)\b|\bcp\.async\.bulk\.tensor")

@@ -3,7 +3,6 @@
 One decoder layer, T packed tokens, hidden H, Hq query / Hkv key-value heads of size D, MLP width I:
 
     h ─▶ (+ residual) RMSNorm ─▶ qkv = x @ Wqkv.T (+ b)      [T, (Hq + 2 Hkv) D], q|k|v rows fused at load
-                                 prefetch_weights_l2(Wo, Wgate_up): decode, small batches (kernels/l2_prefetch.py)
                                  rope_kv_write(q, k, v)       q, k rotated in place; k and v written to slots
                                  ──▶ layer_done(i)            the layer's KV is in the cache (prefill only)
                                  attention                    prefill: varlen chunks over the cache (or SDPA on
@@ -209,7 +208,7 @@ class LlamaModel:
                                             v_scale)
 
         h, residual = self._layers(batch.input_ids, batch.positions, batch.slot_mapping, kv_caches, attend,
-                                   None, prefetch_l2=True)
+                                   None)
         return self._logits(h, residual)
 
     def _layers(
@@ -220,11 +219,8 @@ class LlamaModel:
         kv_caches: list[torch.Tensor],
         attend: Attend,
         layer_done: LayerDone | None,
-        prefetch_l2: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Returns the last layer's output and the residual stream (their sum is the final hidden state).
-        prefetch_l2 (decode): o_proj's and gate_up's weights fetched into L2 during attention (kernels/l2_prefetch.py,
-        at the batches it covers)."""
+        """Returns the last layer's output and the residual stream (their sum is the final hidden state)."""
         c = self.config
         h = torch.nn.functional.embedding(input_ids, self.weights.embed)
         residual: torch.Tensor | None = None  # the first layer's norm has no add
@@ -233,8 +229,6 @@ class LlamaModel:
             qkv = kernels.linear(x, w.qkv, w.qkv_bias)
             q, k, v = qkv.split([c.q_size, c.kv_size, c.kv_size], dim=-1)
             num_tokens = qkv.shape[0]
-            if prefetch_l2:
-                kernels.prefetch_weights_l2(w.o_proj, w.gate_up, num_tokens)
             k = k.view(num_tokens, c.num_kv_heads, c.head_dim)
             v = v.view(num_tokens, c.num_kv_heads, c.head_dim)
             k_scale, v_scale = self.kv_spec.layer_scales(i)

@@ -5,7 +5,6 @@ from pdserve.kernels.activation import silu_and_mul, silu_and_mul_fp8
 from pdserve.kernels.block_copy import copy_blocks, gather_blocks, scatter_blocks
 from pdserve.kernels.decode_attention import decode_attention
 from pdserve.kernels.dispatch import get_backend, set_backend
-from pdserve.kernels.l2_prefetch import prefetch_weights_l2
 from pdserve.kernels.linear import linear
 from pdserve.kernels.prefill_attention import prefill_attention
 from pdserve.kernels.rms_norm import fused_add_rms_norm, fused_add_rms_norm_fp8, rms_norm, rms_norm_fp8
@@ -20,7 +19,6 @@ __all__ = [
     "gather_blocks",
     "get_backend",
     "linear",
-    "prefetch_weights_l2",
     "prefill_attention",
     "rms_norm",
     "rms_norm_fp8",

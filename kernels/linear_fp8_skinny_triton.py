@@ -134,7 +134,8 @@ def fp8_skinny_triton(xq: torch.Tensor, x_scale: torch.Tensor, weight: Fp8Weight
         m, n, k, k_per_split, xq.stride(0), weight.weight.stride(0), out.stride(0), part.stride(0),
         HAS_BIAS=bias is not None, SPLIT=split_k > 1, EVEN=even, BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages, **launch_options(xq.device),
-        PREFETCH=weight_prefetch_bytes(xq.device, weight.weight, k, k_per_split, cfg.block_k * cfg.num_stages),
+        PREFETCH=weight_prefetch_bytes("fp8_skinny", xq.device, weight.weight, k, k_per_split,
+                                       cfg.block_k * cfg.num_stages),
     )
     if split_k > 1:
         reduce_split_k(part, bias, out)

@@ -152,7 +152,7 @@ def gemv_triton(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
         PRECISION="ieee" if x2.dtype == torch.float32 else "tf32",
         BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_options(x2.device),
-        PREFETCH=weight_prefetch_bytes(x2.device, weight, k, k_per_split,
+        PREFETCH=weight_prefetch_bytes("gemv", x2.device, weight, k, k_per_split,
                                        cfg.block_k * cfg.num_stages * weight.element_size()),
     )
     if split_k > 1:

@@ -19,14 +19,19 @@ everything before it as usual, and one launched with it after such a kernel star
 Inside a CUDA graph the capture keeps the programmatic edges (CUDA 12.3+).
 
 ENABLED and PREFETCH_WEIGHTS are the A/B switches (benchmarks/engine_gpu.py `--quantization ...-nopdl`,
-`...-prefetch`), not user settings; they are read at every launch, so they must not change between a decode
-graph's capture and its replays. Measured on an H100 (no H200 was lent; benchmarks/pdl_h200.sh, then
-benchmarks/results/engine_gpu_swap_h100.json, two runs on two machines, every GPU test passing with PDL on):
+`...-prefetch`, `...-noprefetch`), not user settings; they are read at every launch, so they must not change
+between a decode graph's capture and its replays. Measured on an H100 (no H200 was lent; benchmarks/pdl_h200.sh,
+then benchmarks/results/engine_gpu_swap_h100.json, two runs on two machines, every GPU test passing with PDL on):
 PDL without the prefetch takes 4-6 % off a b1 step with fp8 linears (4.10 -> 3.91 ms, 4.34 -> 4.08) and 2 % off
-bf16's (6.36 -> 6.22), is within 1 % at b8 and b64 (fp8 b64 6.73 -> 6.80, 7.11 -> 7.15); with the prefetch it
-was slower than without (fp8 b1 4.17 against 4.08, bf16 b1 7.16 against 6.61 without PDL at all: the early
-prefetch competes with the running kernel for the bandwidth it is bound by). So PDL is on and the prefetch is
-off by default. PDSERVE_PDL=0 in a process's environment turns PDL off there.
+bf16's (6.36 -> 6.22), is within 1 % at b8 and b64 (fp8 b64 6.73 -> 6.80, 7.11 -> 7.15); with the prefetch in
+every weight kernel it was slower than without (fp8 b1 4.17 against 4.08, bf16 b1 7.16 against 6.61 without PDL
+at all: the early prefetch competes with the running kernel for the bandwidth it is bound by). So PDL is on.
+On the H200 (2026-12-07, results/engine_gpu_prefetch_h200.json and engine_gpu_fp8both_prefetch_h200.json, each
+setting twice, interleaved) the prefetch in every weight kernel took 1-1.5 % off every fp8-linear row (back to
+back b1 ctx 512 2.887/2.879 -> 2.853/2.863 ms, b64 4.416/4.402 -> 4.346/4.347; with an fp8 cache b64
+4.029/4.033 -> 3.970/3.976) and made bf16's GEMV rows slower (b1 4.39 -> 4.83): so PREFETCH_WEIGHTS names the
+kernels that prefetch, the fp8 skinny product only ("fp8_skinny"; "gemv": the bf16 / fp32 GEMV).
+PDSERVE_PDL=0 in a process's environment turns PDL off there.
 """
 
 import functools
@@ -37,7 +42,9 @@ import triton
 import triton.language as tl
 
 ENABLED = os.environ.get("PDSERVE_PDL", "1") != "0"  # see above: on unless PDSERVE_PDL=0
-PREFETCH_WEIGHTS = False  # the second A/B switch: weight kernels prefetch their first tiles before the wait
+# the second A/B switch: the weight kernels that prefetch their first tiles before the wait (above)
+PREFETCH_WEIGHTS: frozenset[str] = frozenset({"fp8_skinny"})
+PREFETCH_KERNELS = frozenset({"fp8_skinny", "gemv"})
 
 
 @functools.cache
@@ -69,12 +76,16 @@ def prefetch_l2(row_ptrs, nbytes):
                               pack=1)
 
 
-def weight_prefetch_bytes(device: torch.device, weight: torch.Tensor, k: int, k_per_split: int, wanted: int) -> int:
-    """The PREFETCH constexpr of a weight kernel's launch: the bytes of each W row its program fetches into L2
-    before the wait (`wanted`, its pipeline's first tiles), or 0 where PDL is off or a row's start or length
-    would not be a multiple of 16 bytes (the bulk prefetch's rule)."""
+def weight_prefetch_bytes(kernel: str, device: torch.device, weight: torch.Tensor, k: int, k_per_split: int,
+                          wanted: int) -> int:
+    """The PREFETCH constexpr of a weight kernel's launch (`kernel`: one of PREFETCH_KERNELS): the bytes of each
+    W row its program fetches into L2 before the wait (`wanted`, its pipeline's first tiles), or 0 where PDL is
+    off, the kernel is not in PREFETCH_WEIGHTS, or a row's start or length would not be a multiple of 16 bytes
+    (the bulk prefetch's rule)."""
+    if kernel not in PREFETCH_KERNELS:
+        raise ValueError(f"unknown weight kernel {kernel!r}; one of {sorted(PREFETCH_KERNELS)}")
     size = weight.element_size()
-    if not (launch_options(device) and PREFETCH_WEIGHTS):
+    if not (launch_options(device) and kernel in PREFETCH_WEIGHTS):
         return 0
     if weight.data_ptr() % 16 or (weight.stride(0) * size) % 16 or (k_per_split * size) % 16 or (k * size) % 16:
         return 0

@@ -92,7 +92,9 @@ def test_the_options_are_off_where_pdl_cannot_run() -> None:
     assert pdl.launch_options(torch.device("cpu")) == {}
     assert pdl.launch_options(torch.device("meta")) == {}
     weight = torch.empty(64, 256, dtype=torch.bfloat16)
-    assert pdl.weight_prefetch_bytes(torch.device("cpu"), weight, 256, 256, 4096) == 0
+    assert pdl.weight_prefetch_bytes("gemv", torch.device("cpu"), weight, 256, 256, 4096) == 0
+    with pytest.raises(ValueError, match="unknown weight kernel"):
+        pdl.weight_prefetch_bytes("gemm", torch.device("cpu"), weight, 256, 256, 4096)
 
 
 def _chain(layers: list, x: torch.Tensor, res: torch.Tensor) -> torch.Tensor:
