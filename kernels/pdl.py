@@ -30,7 +30,9 @@ On the H200 (2026-12-07, results/engine_gpu_prefetch_h200.json and engine_gpu_fp
 setting twice, interleaved) the prefetch in every weight kernel took 1-1.5 % off every fp8-linear row (back to
 back b1 ctx 512 2.887/2.879 -> 2.853/2.863 ms, b64 4.416/4.402 -> 4.346/4.347; with an fp8 cache b64
 4.029/4.033 -> 3.970/3.976) and made bf16's GEMV rows slower (b1 4.39 -> 4.83): so PREFETCH_WEIGHTS names the
-kernels that prefetch, the fp8 skinny product only ("fp8_skinny"; "gemv": the bf16 / fp32 GEMV).
+kernels that prefetch, the fp8 skinny product only ("fp8_skinny"; "gemv": the bf16 / fp32 GEMV). That form on an
+H100 (results/engine_gpu_skinny_prefetch_h100.json): back to back b1 3.548/3.577 against 3.647/3.664 without, b64
+5.519/5.520 against 5.623/5.618 (docs/quantization.md, "The fused sum on the H200").
 PDSERVE_PDL=0 in a process's environment turns PDL off there.
 """
 
