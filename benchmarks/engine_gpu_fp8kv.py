@@ -117,8 +117,11 @@ def fp8_kv_rows(config: ModelConfig, device: torch.device, repeat: int,
     `variants`: the same fp8 rows with other decode attention variants (_variant_rows). Each cache is timed with
     bf16 linears and with fp8 ones (`--quantization fp8`). `rounds` > 1 builds the four runners that many times,
     in turn, and reports each one's median (and every sample): rows of one setting differ by up to ~2 % from one
-    runner to the next (docs/quantization.md). `mods`: each round also times the settings with each of
-    apply_modifiers's (keys ending _reduce: the fp8 cache's two, the A/B of the fused split sum)."""
+    runner to the next (docs/quantization.md). `mods`: each round also times the fp8 cache's two settings with
+    each (keys ending _reduce: the A/B of the fused split sum); only reduce, which touches the fp8 cache alone: the
+    speed-ups divide by the unmodified bf16 cache's rows."""
+    if set(mods) - {"reduce"}:
+        raise ValueError(f"--fp8-kv-modifiers takes reduce only (it changes only the fp8 cache's step), got {mods}")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     name = str(dtype).removeprefix("torch.")
     row = f"decode_b{BATCH}_ctx{CONTEXT}"
