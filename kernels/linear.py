@@ -1,9 +1,10 @@
 """Linear layer y = x @ weight.T (+ bias).
 
-linear(x, weight, bias=None)
+linear(x, weight, bias=None, unsummed=False)
 # x: [num_tokens, K], or an Fp8Activation (kernels/fp8_activation.py: x already quantized per row, fp8 weights
 #    only); weight: [N, K] tensor, or an Fp8Weight (kernels/fp8_weight.py); bias: [N] or None
-# -> [num_tokens, N] in x's dtype
+# -> [num_tokens, N] in x's dtype; with unsummed, a SplitSum (kernels/split_sum.py) where a Triton product of a
+#    2-D x ran split along K without bias: its partials, for the next kernel to sum
 On CUDA a GEMV / skinny-GEMM Triton kernel serves small batches where it beats cuBLAS; the dispatcher in
 linear_triton decides by shape. Elsewhere this is torch's matmul. An Fp8Weight goes to kernels/linear_fp8.py
 (W8A8: per-token quantization + fp8 GEMM, the quantization skipped for an Fp8Activation), whichever the backend.
@@ -17,6 +18,7 @@ from pdserve.kernels.dispatch import use_triton
 from pdserve.kernels.fp8_activation import Fp8Activation
 from pdserve.kernels.fp8_weight import Fp8Weight
 from pdserve.kernels.linear_fp8 import linear_fp8
+from pdserve.kernels.split_sum import SplitSum
 
 
 def linear_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -24,13 +26,13 @@ def linear_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
 
 
 def linear(x: torch.Tensor | Fp8Activation, weight: torch.Tensor | Fp8Weight,
-           bias: torch.Tensor | None = None) -> torch.Tensor:
+           bias: torch.Tensor | None = None, unsummed: bool = False) -> torch.Tensor | SplitSum:
     if isinstance(weight, Fp8Weight):
-        return linear_fp8(x, weight, bias)
+        return linear_fp8(x, weight, bias, unsummed)
     if isinstance(x, Fp8Activation):
         raise TypeError(f"an fp8-quantized input {tuple(x.shape)} needs an Fp8Weight, got a {weight.dtype} weight")
     if use_triton(x):
         from pdserve.kernels.linear_triton import linear_triton
 
-        return linear_triton(x, weight, bias)
+        return linear_triton(x, weight, bias, unsummed)
     return linear_ref(x, weight, bias)

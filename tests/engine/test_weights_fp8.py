@@ -172,3 +172,49 @@ def test_fused_fp8_activations_give_the_unfused_logits(backend: str, tiny: TinyM
     assert sorted(set(fused_calls)) == ["fused_add_rms_norm_fp8", "rms_norm_fp8", "silu_and_mul_fp8"]
     assert len(fused_calls) == 2 * 3 * layers  # per layer: two norms and silu_and_mul, in prefill and decode
     assert torch.equal(fused[0], unfused[0]) and torch.equal(fused[1], unfused[1])
+
+
+@pytest.mark.parametrize("quantization", ["fp8", "none"])
+def test_split_partials_summed_by_the_norm_give_the_reduced_logits(quantization: str, tiny: TinyModel,
+                                                                   tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """o_proj's and down's split-K partials summed by the next residual norm (engine/model.py SUM_IN_NORM,
+    kernels/split_sum.py) give the logits of their reduce kernel, bit for bit, with two reduce launches a layer
+    fewer: every product split in two (the fp8 skinny product's config, the GEMV's untuned heuristic), prefill of
+    21 tokens and a decode step, the launchers under the interpreter (CPU only)."""
+    if torch.cuda.is_available():
+        pytest.skip("the launchers run on CPU tensors only under the interpreter, set where no GPU is")
+    from pdserve import kernels
+    from pdserve.engine import model
+    from pdserve.engine.attention_metadata import DecodeInput
+    from pdserve.kernels import linear_fp8_triton, linear_triton
+    from pdserve.kernels.linear_fp8_skinny_triton import Fp8SkinnyConfig
+
+    loaded = load_model(ModelSpec(str(_saved_dir(tiny, tmp_path)), "hf", quantization=quantization),
+                        dtype=torch.float32, device="cpu")
+    split = Fp8SkinnyConfig(block_n=32, block_k=32, split_k=2, num_warps=4, num_stages=2)
+    monkeypatch.setattr(linear_fp8_triton, "skinny_config", lambda *_: split)
+    gemv = linear_triton.GemvConfig(block_n=16, block_k=32, split_k=2, use_dot=False)
+    monkeypatch.setattr(linear_triton, "choose_config",
+                        lambda m, *_: gemv if m <= linear_triton.MAX_TRITON_BATCH else None)
+    reduce, reduces = linear_triton.reduce_split_k, []
+    monkeypatch.setattr(linear_triton, "reduce_split_k", lambda *a: reduces.append(1) or reduce(*a))
+    ids = list(range(3, 24))
+
+    def run(in_norm: bool) -> tuple[torch.Tensor, torch.Tensor, int]:
+        monkeypatch.setattr(model, "SUM_IN_NORM", in_norm)
+        reduces.clear()
+        runner = ModelRunner(loaded.config, CacheConfig(num_blocks=16, block_size=4), loaded.weights, "cpu",
+                             torch.float32, quantization=quantization)
+        kernels.set_backend("triton")
+        try:
+            prefill = _logits(runner, ids)
+            decode = runner.decode([DecodeInput(int(prefill.argmax()), len(ids), list(range(8)))])[0]
+        finally:
+            kernels.set_backend("auto")
+        return prefill, decode, len(reduces)
+
+    reduced, in_norm = run(False), run(True)
+    assert torch.equal(in_norm[0], reduced[0]) and torch.equal(in_norm[1], reduced[1])
+    # o_proj and down: prefill and decode with fp8 (the skinny product takes 21 rows), decode only with the GEMV
+    assert reduced[2] - in_norm[2] == (2 if quantization == "fp8" else 1) * 2 * loaded.config.num_layers
