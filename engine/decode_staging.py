@@ -14,6 +14,14 @@ blocks: ~0.9 ms of an H100 host's time per step; the synchronised fp8 KV step at
 12.80 ms, benchmarks/results/engine_gpu_staging_{before,after}_h100.json). A table that is not a list, or is
 shorter than its copy, is converted whole.
 
+Each set's rows also remember which copy they hold and how much of it (a row keeps its request from step to
+step while the batch is unchanged), so a row whose list is the one it held, no longer, is not written at all, a
+grown one gets its new blocks only, and only rows that held something longer are zeroed past their table: no
+memset of the whole set and no per-row memcpy each step, and the scalars go in as one list each.
+`benchmarks/decode_staging_cpu.py --against 4f8d99b` on the 2-core CI host, side by side: 64 rows at ctx 4,096
+275 -> 135 us a fill (2.0x), ctx 512 227 -> 137, 256 rows at ctx 4,096 1,005 -> 363 (2.8x), 8,192 1,119 -> 413
+(results/decode_staging_held_cpu.json).
+
 Two sets, used in turn: the host fills set k for step N+1 while set k-1's copies may still be queued behind
 step N; before refilling a set, the event recorded after its last copies is waited on (by then it has long
 completed: the loop consumed that step's tokens in between, so the wait costs nothing in practice).
@@ -53,6 +61,10 @@ class _Set:
         self.lens, self.src, self.table = self.lens_t.numpy(), self.src_t.numpy(), self.table_t.numpy()
         self.num_blocks: np.ndarray = np.zeros(rows, dtype=np.int64)
         self.copied: torch.cuda.Event | None = None
+        # what each table row holds: the first held_n[i] entries of held[i] (None: a table that was not a list),
+        # zeros from width[i] on; so a row whose table only grew since this set's last fill copies what is new
+        self.held: list[_Table | None] = [None] * rows
+        self.held_n, self.width = [0] * rows, [0] * rows
 
 
 class _Table:
@@ -65,10 +77,9 @@ class _Table:
         self.n = 0
 
     def update(self) -> np.ndarray:
-        """The copy of the whole table now: the entries appended since the last call converted, the rest kept."""
+        """The copy of the whole table now: the entries appended since the last call converted, the rest kept
+        (the list must not be shorter than n: HostStaging._table starts a new copy then)."""
         length = len(self.source)
-        if length < self.n:  # not append-only after all: start again
-            self.n = 0
         if length > self.array.shape[0]:
             grown = np.empty(2 * length, dtype=np.int32)
             grown[:self.n] = self.array[:self.n]
@@ -80,23 +91,43 @@ class _Table:
 
 
 class HostStaging:
-    def __init__(self, rows: int, max_blocks: int, block_size: int, device: torch.device) -> None:
+    def __init__(self, rows: int, max_blocks: int, block_size: int, device: torch.device,
+                 sets: int | None = None) -> None:
+        """sets: how many staging sets are used in turn (default: two on CUDA, one elsewhere)."""
         self.block_size = block_size
         self.device = device
         pinned = device.type == "cuda"
-        self._sets = [_Set(rows, max_blocks, pinned) for _ in range(_SETS if pinned else 1)]
+        self._sets = [_Set(rows, max_blocks, pinned) for _ in range(sets or (_SETS if pinned else 1))]
         self._turn = 0
         self.max_blocks = max_blocks
         self._tables: dict[int, _Table] = {}  # id(list) -> its copy, for the lists of the last fill
 
-    def _table(self, table: Sequence[int], seen: dict[int, _Table]) -> Sequence[int] | np.ndarray:
+    def _table(self, table: Sequence[int], seen: dict[int, _Table]) -> _Table | None:
+        """The list's copy, brought up to date (None for a table that is not a list)."""
         if type(table) is not list:
-            return table
+            return None
         copy = self._tables.get(id(table))
-        if copy is None or copy.source is not table:
-            copy = _Table(table)
+        if copy is None or copy.source is not table or len(table) < copy.n:  # new, or not append-only after all
+            copy = _Table(table)  # (a new object: no staging row holds it)
         seen[id(table)] = copy
-        return copy.update()
+        copy.update()
+        return copy
+
+    def _stage_table(self, staged: _Set, i: int, table: Sequence[int], seen: dict[int, _Table]) -> None:
+        """Row i of the set's tables := table, zeros after it, writing only what differs from what it holds."""
+        length = len(table)
+        if length > self.max_blocks:
+            raise ValueError(f"block table of {length} blocks exceeds the limit {self.max_blocks}")
+        copy = self._table(table, seen)
+        row = staged.table[i]
+        if copy is not None and staged.held[i] is copy and staged.held_n[i] <= length:
+            if staged.held_n[i] < length:  # the same list, grown: its new entries only
+                row[staged.held_n[i]:length] = copy.array[staged.held_n[i]:length]
+        else:
+            row[:length] = table if copy is None else copy.array[:length]
+            if staged.width[i] > length:
+                row[length:staged.width[i]] = 0
+        staged.held[i], staged.held_n[i], staged.width[i] = copy, length, length
 
     def fill(self, rows: Sequence[StagedRow], bucket: int) -> tuple[_Set, bool]:
         """Fill the next set for `rows` padded to `bucket` (padding: slot -1, seq_len 0, an empty table);
@@ -106,19 +137,24 @@ class HostStaging:
         if staged.copied is not None:
             staged.copied.synchronize()
         n, bs = len(rows), self.block_size
-        staged.table[:bucket] = 0  # 512 KB at 256 rows x 8,192 tokens: a memset, not a per-row loop
-        carried = False
         seen: dict[int, _Table] = {}
+        tables, held, held_n = self._tables, staged.held, staged.held_n
         for i, row in enumerate(rows):
             table = row.block_table
-            if len(table) > self.max_blocks:
-                raise ValueError(f"block table of {len(table)} blocks exceeds the limit {self.max_blocks}")
-            staged.table[i, :len(table)] = self._table(table, seen)
-            staged.num_blocks[i] = len(table)
-            staged.ids[i] = row.token_id
-            staged.pos[i] = row.position
-            staged.src[i] = row.source_row
-            carried |= row.source_row >= 0
+            copy = tables.get(id(table))  # the common case first, inline: the row holds this list, unchanged
+            if copy is not None and held[i] is copy and copy.source is table and held_n[i] == len(table) == copy.n:
+                seen[id(table)] = copy
+            else:
+                self._stage_table(staged, i, table, seen)
+        for i in range(n, min(bucket, len(held))):  # padding rows: an empty table
+            if staged.width[i]:
+                staged.table[i, :staged.width[i]] = 0
+            staged.held[i], staged.held_n[i], staged.width[i] = None, 0, 0
+        staged.num_blocks[:n] = staged.width[:n]
+        staged.ids[:n] = [row.token_id for row in rows]
+        staged.pos[:n] = [row.position for row in rows]
+        staged.src[:n] = [row.source_row for row in rows]
+        carried = bool((staged.src[:n] >= 0).any())
         pos = staged.pos[:n]
         short = pos >= staged.num_blocks[:n] * bs
         if short.any():

@@ -1,5 +1,6 @@
-"""The decode staging's block tables (engine/decode_staging.py): converted incrementally, always equal to a
-fresh conversion of the rows' tables, step after step, as tables grow, are replaced, reorder, shrink."""
+"""The decode staging's block tables (engine/decode_staging.py): converted incrementally and written into a
+staging row only where it does not hold them already, always equal to a fresh conversion of the rows' tables,
+step after step, as tables grow, are replaced, reorder, shrink."""
 
 from __future__ import annotations
 
@@ -26,8 +27,11 @@ def check(staging: HostStaging, tables: list[list[int]] | list[tuple[int, ...]])
     assert not staged.table[len(tables):bucket].any(), "padding rows hold no table"
 
 
-def test_tables_that_grow_are_replaced_reorder_and_shrink_stage_as_a_fresh_conversion() -> None:
-    staging = HostStaging(8, MAX_BLOCKS, BLOCK, torch.device("cpu"))
+@pytest.mark.parametrize("sets", [1, 2, 3])
+def test_tables_that_grow_are_replaced_reorder_and_shrink_stage_as_a_fresh_conversion(sets: int) -> None:
+    """Each set's rows keep what they held at its last fill (two sets in turn on CUDA): whatever happened to the
+    tables since, a fill leaves every row equal to a fresh conversion, zeros after it and in the padding rows."""
+    staging = HostStaging(8, MAX_BLOCKS, BLOCK, torch.device("cpu"), sets=sets)
     rng = random.Random(0)
     tables = [[rng.randrange(1000) for _ in range(rng.randrange(1, 20))] for _ in range(5)]
     for step in range(60):
