@@ -12,6 +12,8 @@ linear_triton decides by shape. Elsewhere this is torch's matmul. An Fp8Weight g
 
 from __future__ import annotations
 
+from typing import Literal, overload
+
 import torch
 
 from pdserve.kernels.dispatch import use_triton
@@ -25,6 +27,12 @@ def linear_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     return torch.nn.functional.linear(x, weight, bias)
 
 
+@overload
+def linear(x: torch.Tensor | Fp8Activation, weight: torch.Tensor | Fp8Weight, bias: torch.Tensor | None = None,
+           unsummed: Literal[False] = False) -> torch.Tensor: ...
+@overload
+def linear(x: torch.Tensor | Fp8Activation, weight: torch.Tensor | Fp8Weight, bias: torch.Tensor | None = None,
+           *, unsummed: bool) -> torch.Tensor | SplitSum: ...
 def linear(x: torch.Tensor | Fp8Activation, weight: torch.Tensor | Fp8Weight,
            bias: torch.Tensor | None = None, unsummed: bool = False) -> torch.Tensor | SplitSum:
     if isinstance(weight, Fp8Weight):
