@@ -18,8 +18,7 @@ rows `<workload>_fp8_w_nopdl`. `-heuristic` runs the fp8 skinny linear as on a d
 KV cache (--kv-cache-dtype fp8): `none-fp8kv` is fp8 KV alone, `fp8-fp8kv` both (rows `<workload>_fp8kv`,
 `<workload>_fp8_w_fp8kv`), beside --fp8-kv's b64 ctx 4,096 rows. `-reduce` sums split decode attention's partials
 with the reduce kernel at every split launch (kernels/decode_attention_sum_triton.py COMBINE_IN_SPLITS off), as before
-2026-12-07: the A/B of the fused sum. `-splitreduce` sums o_proj's and down's split-K partials with the split-K reduce
-kernel, not in the next residual norm (engine/model.py SUM_IN_NORM off), as before 2026-12-07 (third session).
+2026-12-07: the A/B of the fused sum.
 Checks: graph-replayed logits = the eager forward's at batch 1, 3, 8 (on CUDA); --parity: the default model's
 first 16 greedy tokens in bf16 on the GPU = fp32 on the CPU for >= 90 % of 20 prompts. Times: median of --repeat after warm-ups, CUDA events. Every decode step streams the 16 GB of
 weights, so L2 (60 MB) holds nothing from one step to the next and inputs need no rotation; the transfer
@@ -72,7 +71,7 @@ TARGETS_MS = {"decode_b1_ctx512": 4.4, "decode_b8_ctx512": 4.6, "decode_b64_ctx5
               # issue 19, fp8 linears (W8A8): halving the 16 GB a decode step reads
               "decode_b1_ctx512_fp8_w": 2.6, "decode_b64_ctx512_fp8_w": 4.0, "prefill_4096_fp8_w": 65.0}
 SUFFIX = {"none": "", "fp8": "_fp8_w"}  # row-name suffix per --quantization; each modifier adds "_<modifier>"
-MODIFIERS = ("unfused", "nopdl", "noprefetch", "prefetch", "heuristic", "splitk", "fp8kv", "reduce", "splitreduce")
+MODIFIERS = ("unfused", "nopdl", "noprefetch", "prefetch", "heuristic", "splitk", "fp8kv", "reduce")
 
 
 def run_suffix(quantization: str) -> str:
@@ -216,7 +215,6 @@ def run(args: argparse.Namespace) -> Report:
     for quantization in filter(None, args.quantization.split(",")):  # "": none of these rows (--fp8-kv's alone)
         suffix, mods = run_suffix(quantization), quantization.split("-")[1:]
         engine_model.FUSE_FP8_ACTIVATIONS = "unfused" not in mods  # read at every forward and capture
-        engine_model.SUM_IN_NORM = "splitreduce" not in mods
         pdl.ENABLED = "nopdl" not in mods  # read at every launch
         skinny_fallback(mods)
         apply_modifiers(mods)
@@ -228,7 +226,7 @@ def run(args: argparse.Namespace) -> Report:
         report.checks[f"decode_pass_medians_ms{suffix}"] = passes
         del runner
         free(device)
-    engine_model.FUSE_FP8_ACTIVATIONS, engine_model.SUM_IN_NORM, pdl.ENABLED = True, True, pdl_default
+    engine_model.FUSE_FP8_ACTIVATIONS, pdl.ENABLED = True, pdl_default
     skinny_fallback([])
     apply_modifiers([])
     report.fp8_w_ms = {f"{k}_ms": v for k, v in ours.items() if k.endswith(SUFFIX["fp8"])}
@@ -297,8 +295,7 @@ def main() -> None:
                              "-nopdl (no programmatic dependent launch, kernels/pdl.py), -prefetch (every weight "
                              "kernel's L2 prefetch before its PDL wait; -noprefetch: none; shipped: the fp8 skinny "
                              "product's), -reduce (split "
-                             "attention's reduce kernel, not the fused sum), -splitreduce (o_proj's and down's "
-                             "split-K reduce kernel, not the norm's sum), e.g. "
+                             "attention's reduce kernel, not the fused sum), e.g. "
                              "none,none-nopdl,fp8,fp8-nopdl")
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/engine_gpu_h200.json"))

@@ -5,9 +5,7 @@ shapes, against the bf16 dispatcher and the W8A8 GEMM path it replaced, and writ
         --table kernels/linear_fp8_configs.json                                                  (H200)
 
 Per shape and batch (1, 8, 16, 32, 64 rows): every tile config x split count, x quantized by its kernel first
-(timed with it), each checked against linear_fp8_ref before it is timed. o and down split along K leave their
-partials to the next residual norm (kernels/split_sum.py), so they are timed without the reduce kernel, as the
-engine runs them (`--reduce` adds it back).
+(timed with it), each checked against linear_fp8_ref before it is timed.
 Times: median per call over CUDA-graph replays of back-to-back calls on rotated weight copies (the working set
 >= 4x the 60 MB L2), the way a decode step's graph runs them; GB/s counts the weight bytes. The table keeps the
 fastest config per (shape, row bucket of linear_fp8_skinny_triton.ROW_BUCKETS), and names the GEMM where the
@@ -35,13 +33,9 @@ from pdserve.kernels.linear_fp8_skinny_triton import (
     fp8_skinny_triton,
 )
 from pdserve.kernels.linear_fp8_triton import fp8_gemm_triton, quantize_rows_fp8_triton
-from pdserve.kernels.split_sum import SplitSum, summed
 from pdserve.kernels.tuning import TuningTable, device_name
 
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
-# whose output the next residual norm sums where they split (engine/model.py SUM_IN_NORM): timed without the
-# split-K reduce kernel, as the engine runs them (--reduce: with it, as before 2026-12-07)
-SUMMED_BY_NORM = {"o", "down"}
 TILES = [Fp8SkinnyConfig(block_n=bn, block_k=bk, num_stages=st) for bn in (64, 128) for bk in (128, 256)
          for st in (3, 5)] + [Fp8SkinnyConfig(block_n=32, block_k=256, num_stages=4),
                               Fp8SkinnyConfig(block_n=64, block_k=512, num_stages=3),
@@ -57,13 +51,12 @@ def close(out: torch.Tensor, ref: torch.Tensor) -> bool:
     return float((out.float() - ref.float()).norm() / ref.float().norm()) < 2e-2
 
 
-def skinny(x: torch.Tensor, w, cfg: Fp8SkinnyConfig, unsummed: bool = False) -> torch.Tensor | SplitSum:
-    """What linear_fp8_triton runs at these rows: quantize x, then the skinny product (its partials left
-    unsummed, for the norm after it, with `unsummed`)."""
-    return fp8_skinny_triton(*quantize_rows_fp8_triton(x), w, None, x.dtype, cfg, unsummed)
+def skinny(x: torch.Tensor, w, cfg: Fp8SkinnyConfig) -> torch.Tensor:
+    """What linear_fp8_triton runs at these rows: quantize x, then the skinny product."""
+    return fp8_skinny_triton(*quantize_rows_fp8_triton(x), w, None, x.dtype, cfg)
 
 
-def sweep(n: int, k: int, m: int, weights: list, x: torch.Tensor, unsummed: bool = False) -> dict:
+def sweep(n: int, k: int, m: int, weights: list, x: torch.Tensor) -> dict:
     ref = linear_fp8_ref(x, weights[0])
     configs: dict = {}
     by_name = {}
@@ -74,11 +67,10 @@ def sweep(n: int, k: int, m: int, weights: list, x: torch.Tensor, unsummed: bool
             cfg = replace(tile, split_k=split)
             by_name[name(cfg)] = cfg
             try:
-                if not close(summed(skinny(x, weights[0], cfg, unsummed)), ref):
+                if not close(skinny(x, weights[0], cfg), ref):
                     configs[name(cfg)] = "wrong"
                     continue
-                configs[name(cfg)] = graph_us(rotating([lambda w=w, cfg=cfg: skinny(x, w, cfg, unsummed)
-                                                        for w in weights]))
+                configs[name(cfg)] = graph_us(rotating([lambda w=w, cfg=cfg: skinny(x, w, cfg) for w in weights]))
             except Exception as exc:  # noqa: BLE001 -- e.g. out of shared memory: recorded, not fatal
                 configs[name(cfg)] = f"{type(exc).__name__}: {str(exc)[:80]}"
     timed = sorted((us, key) for key, us in configs.items() if isinstance(us, float))
@@ -97,8 +89,6 @@ def main() -> None:
     parser.add_argument("--table", type=Path, help="write the winners into this config table (merged)")
     parser.add_argument("--rows", type=int, nargs="+", default=list(ROW_BUCKETS))
     parser.add_argument("--shapes", nargs="+", default=list(SHAPES))
-    parser.add_argument("--reduce", action="store_true",
-                        help="time o and down with the split-K reduce kernel too (not as the engine runs them)")
     args = parser.parse_args()
     dev = device_name(torch.device("cuda"))
     result: dict = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "device": dev, "torch": torch.__version__,
@@ -113,8 +103,7 @@ def main() -> None:
                for _ in range(copies_for(n * k))]
         for m in args.rows:
             x = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
-            unsummed = shape in SUMMED_BY_NORM and not args.reduce
-            row = {**sweep(n, k, m, fp8, x, unsummed), "split_sum": "next norm" if unsummed else "reduce kernel"}
+            row = sweep(n, k, m, fp8, x)
             row["bf16_us"] = graph_us(rotating([lambda w=w, x=x: linear(x, w) for w in bf16]))
             row["bf16_weight_gbps"] = 2 * n * k / (row["bf16_us"] * 1e3)
             result["rows"][f"{shape}_{n}x{k}_m{m}"] = row

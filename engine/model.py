@@ -15,9 +15,7 @@ Where the linear after a norm or after silu_and_mul holds fp8 weights (--quantiz
 form runs instead (rms_norm_fp8, fused_add_rms_norm_fp8, silu_and_mul_fp8): it also quantizes its output per
 token, and the linear takes those codes and scales (kernels/fp8_activation.py) instead of quantizing x itself.
 The logits are the same; qkv, gate_up and down lose a kernel each. o_proj's input comes from attention and is
-quantized by the linear. o_proj's and down's outputs feed a residual norm: where such a product runs split along
-K (a Triton kernel at a decode-sized batch), the norm sums its partials (kernels/split_sum.py) and the split-K
-reduce kernel is not launched, the same logits.
+quantized by the linear.
 
 Logits are computed only for the rows that are sampled. The decode forward has no data-dependent Python
 control flow and reads only DecodeBuffers' static tensors, so a CUDA graph can capture it per batch bucket.
@@ -39,7 +37,6 @@ from pdserve.engine.weights.fp8_checkpoint import cat_fp8, fp8_linear, is_fp8
 from pdserve.kernels.fp8_activation import Fp8Activation
 from pdserve.kernels.fp8_weight import Fp8Weight, dequantize_weight_fp8, quantize_weight_fp8
 from pdserve.kernels.linear_fp8 import quantizes_activations
-from pdserve.kernels.split_sum import SplitSum
 
 QUANTIZATIONS = ("none", "fp8")
 LayerDone = Callable[[int], None]
@@ -54,13 +51,9 @@ Attend = Callable[..., torch.Tensor]
 
 Linear: TypeAlias = torch.Tensor | Fp8Weight  # [N, K] in the model dtype, or fp8 with per-row scales (--quantization fp8)
 Activation: TypeAlias = torch.Tensor | Fp8Activation  # a linear's input: [T, K] in the model dtype, or its fp8 rows
-Hidden: TypeAlias = torch.Tensor | SplitSum  # o_proj's / down's output [T, H], or its split-K partials
 # False: fp8 linears quantize their inputs themselves (a kernel of their own, the same numbers). Not a user
 # setting: benchmarks/engine_gpu.py's fp8-unfused run sets it to time the fusion against that form
 FUSE_FP8_ACTIVATIONS = True
-# False: o_proj's and down's split-K partials are summed by their reduce kernel, not by the next residual norm
-# (the same numbers). Not a user setting: engine_gpu.py's -splitreduce runs set it for that A/B
-SUM_IN_NORM = True
 
 
 @dataclass(frozen=True)
@@ -226,10 +219,10 @@ class LlamaModel:
         kv_caches: list[torch.Tensor],
         attend: Attend,
         layer_done: LayerDone | None,
-    ) -> tuple[Hidden, torch.Tensor]:
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns the last layer's output and the residual stream (their sum is the final hidden state)."""
         c = self.config
-        h: Hidden = torch.nn.functional.embedding(input_ids, self.weights.embed)
+        h = torch.nn.functional.embedding(input_ids, self.weights.embed)
         residual: torch.Tensor | None = None  # the first layer's norm has no add
         for i, w in enumerate(self.weights.layers):
             x, residual = self._norm(h, residual, w.input_norm, w.qkv)
@@ -244,12 +237,12 @@ class LlamaModel:
             if layer_done is not None:
                 layer_done(i)
             attn = attend(q, k, v, kv_caches[i], k_scale, v_scale)
-            h = kernels.linear(attn.reshape(num_tokens, c.q_size), w.o_proj, unsummed=SUM_IN_NORM)
+            h = kernels.linear(attn.reshape(num_tokens, c.q_size), w.o_proj)
             x, residual = self._norm(h, residual, w.post_norm, w.gate_up)
             h = self._mlp(x, w)
         return h, residual
 
-    def _norm(self, h: Hidden, residual: torch.Tensor | None, weight: torch.Tensor,
+    def _norm(self, h: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
               consumer: Linear) -> tuple[Activation, torch.Tensor]:
         """(RMSNorm(h + residual), h + residual), or (RMSNorm(h), h) without a residual; the first in fp8 rows
         when `consumer`, the linear it feeds, is fp8."""
@@ -259,12 +252,12 @@ class LlamaModel:
             return (kernels.rms_norm_fp8 if fp8 else kernels.rms_norm)(h, weight, eps), h
         return (kernels.fused_add_rms_norm_fp8 if fp8 else kernels.fused_add_rms_norm)(h, residual, weight, eps)
 
-    def _mlp(self, x: Activation, w: LayerWeights) -> Hidden:
+    def _mlp(self, x: Activation, w: LayerWeights) -> torch.Tensor:
         gate_up = kernels.linear(x, w.gate_up)
         act = kernels.silu_and_mul_fp8 if _feeds_fp8(w.down, gate_up.shape[0]) else kernels.silu_and_mul
-        return kernels.linear(act(gate_up), w.down, unsummed=SUM_IN_NORM)
+        return kernels.linear(act(gate_up), w.down)
 
-    def _logits(self, h: Hidden, residual: torch.Tensor) -> torch.Tensor:
+    def _logits(self, h: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         x, _ = kernels.fused_add_rms_norm(h, residual, self.weights.norm, self.config.rms_norm_eps)
         return kernels.linear(x, self.weights.lm_head).float()
 

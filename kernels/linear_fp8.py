@@ -27,7 +27,6 @@ from pdserve.kernels.fp8_weight import (
     Fp8Weight,
     quantize_rows_fp8_ref,
 )
-from pdserve.kernels.split_sum import SplitSum
 
 
 def quantizes_activations(num_rows: int) -> bool:
@@ -64,9 +63,9 @@ def linear_fp8_ref(x: torch.Tensor | Fp8Activation, weight: Fp8Weight,
 
 
 def linear_fp8(x: torch.Tensor | Fp8Activation, weight: Fp8Weight,
-               bias: torch.Tensor | None = None, unsummed: bool = False) -> torch.Tensor | SplitSum:
+               bias: torch.Tensor | None = None) -> torch.Tensor:
     if use_triton(x.q if isinstance(x, Fp8Activation) else x):
         from pdserve.kernels.linear_fp8_triton import linear_fp8_triton
 
-        return linear_fp8_triton(x, weight, bias, unsummed)
+        return linear_fp8_triton(x, weight, bias)
     return linear_fp8_ref(x, weight, bias)

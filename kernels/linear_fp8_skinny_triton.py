@@ -44,9 +44,8 @@ import triton
 import triton.language as tl
 
 from pdserve.kernels.fp8_weight import Fp8Weight
-from pdserve.kernels.linear_triton import split_k_layout, sum_split_k
+from pdserve.kernels.linear_triton import reduce_split_k, split_k_layout
 from pdserve.kernels.pdl import launch_options, prefetch_l2, weight_prefetch_bytes
-from pdserve.kernels.split_sum import SplitSum
 from pdserve.kernels.tuning import TuningTable, device_name
 
 SKINNY_MAX_ROWS = 64
@@ -118,9 +117,8 @@ def block_m_for(m: int) -> int:
 
 
 def fp8_skinny_triton(xq: torch.Tensor, x_scale: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None,
-                      out_dtype: torch.dtype, cfg: Fp8SkinnyConfig, unsummed: bool = False) -> torch.Tensor | SplitSum:
-    """xq [M, K] e4m3 (unit stride along K) with x_scale [M] fp32 -> [M, N] in out_dtype (unsummed: a split
-    product without bias returns its partials, kernels/split_sum.py)."""
+                      out_dtype: torch.dtype, cfg: Fp8SkinnyConfig) -> torch.Tensor:
+    """xq [M, K] e4m3 (unit stride along K) with x_scale [M] fp32 -> [M, N] in out_dtype."""
     m, k = xq.shape
     n = weight.shape[0]
     if weight.shape[1] != k or xq.stride(1) != 1 or weight.weight.stride(1) != 1:
@@ -139,7 +137,9 @@ def fp8_skinny_triton(xq: torch.Tensor, x_scale: torch.Tensor, weight: Fp8Weight
         PREFETCH=weight_prefetch_bytes("fp8_skinny", xq.device, weight.weight, k, k_per_split,
                                        cfg.block_k * cfg.num_stages),
     )
-    return sum_split_k(part, bias, out, unsummed) if split_k > 1 else out
+    if split_k > 1:
+        reduce_split_k(part, bias, out)
+    return out
 
 
 CONFIGS_PATH = Path(__file__).with_name("linear_fp8_configs.json")

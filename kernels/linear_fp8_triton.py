@@ -31,7 +31,6 @@ from pdserve.kernels.linear_fp8 import check_quantized_rows, quantizes_activatio
 from pdserve.kernels.linear_fp8_skinny_triton import SKINNY_MAX_ROWS, fp8_skinny_triton, skinny_config
 from pdserve.kernels.linear_triton import GemvConfig, gemv_triton
 from pdserve.kernels.pdl import launch_options
-from pdserve.kernels.split_sum import SplitSum
 
 
 @dataclass(frozen=True)
@@ -229,17 +228,16 @@ def _check_shapes(k: int, weight: Fp8Weight, bias: torch.Tensor | None) -> None:
 
 
 def _w8a8(xq: torch.Tensor, sx: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None,
-          out_dtype: torch.dtype, unsummed: bool = False) -> torch.Tensor | SplitSum:
+          out_dtype: torch.dtype) -> torch.Tensor:
     m, k = xq.shape
     cfg = skinny_config(m, weight.shape[0], k, xq.device) if m <= SKINNY_MAX_ROWS else None
     if cfg is not None:
-        return fp8_skinny_triton(xq, sx, weight, bias, out_dtype, cfg, unsummed)
+        return fp8_skinny_triton(xq, sx, weight, bias, out_dtype, cfg)
     return fp8_gemm_triton(xq, sx, weight, bias, out_dtype)
 
 
 def linear_fp8_triton(x: torch.Tensor | Fp8Activation, weight: Fp8Weight,
-                      bias: torch.Tensor | None = None, unsummed: bool = False) -> torch.Tensor | SplitSum:
-    """unsummed: where the skinny product splits along K (no bias), its partials (kernels/split_sum.py)."""
+                      bias: torch.Tensor | None = None) -> torch.Tensor:
     k = x.shape[-1]
     n = weight.shape[0]
     _check_shapes(k, weight, bias)
@@ -247,18 +245,16 @@ def linear_fp8_triton(x: torch.Tensor | Fp8Activation, weight: Fp8Weight,
         if x.shape[0] == 0:
             return torch.empty((0, n), dtype=x.dtype, device=x.q.device)
         check_quantized_rows(x)
-        return _w8a8(x.q, x.scale, weight, bias, x.dtype, unsummed)
+        return _w8a8(x.q, x.scale, weight, bias, x.dtype)
     x2 = x.reshape(-1, k)
     if x2.stride(1) != 1:
         x2 = x2.contiguous()
     m = x2.shape[0]
     if m == 0:
         return x.new_empty((*x.shape[:-1], n))
-    unsummed = unsummed and x.dim() == 2
     if quantizes_activations(m):
         xq, sx = quantize_rows_fp8_triton(x2)
-        out = _w8a8(xq, sx, weight, bias, x.dtype, unsummed)
+        out = _w8a8(xq, sx, weight, bias, x.dtype)
     else:
-        out = gemv_triton(x2, weight.weight, bias, gemv_config(m, n, k, x.dtype), scale=weight.scale,
-                          unsummed=unsummed)
-    return out if isinstance(out, SplitSum) else out.view(*x.shape[:-1], n)
+        out = gemv_triton(x2, weight.weight, bias, gemv_config(m, n, k, x.dtype), scale=weight.scale)
+    return out.view(*x.shape[:-1], n)

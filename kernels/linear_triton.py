@@ -36,7 +36,6 @@ import triton
 import triton.language as tl
 
 from pdserve.kernels.pdl import launch_options, prefetch_l2, weight_prefetch_bytes
-from pdserve.kernels.split_sum import SplitSum
 from pdserve.kernels.tuning import default_table, device_name
 
 MAX_TRITON_BATCH = 16
@@ -131,10 +130,9 @@ def _split_k_reduce_kernel(
 
 
 def gemv_triton(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, cfg: GemvConfig,
-                scale: torch.Tensor | None = None, unsummed: bool = False) -> torch.Tensor | SplitSum:
+                scale: torch.Tensor | None = None) -> torch.Tensor:
     """x2: [M, K] (M <= 16, unit stride along K); weight: [N, K] contiguous rows -> [M, N] in x2's dtype.
-    scale: [N] fp32 when weight is fp8 (its per-channel scales), else None. unsummed: a split product without
-    bias returns its partials (kernels/split_sum.py) instead of launching the reduce."""
+    scale: [N] fp32 when weight is fp8 (its per-channel scales), else None."""
     m, k = x2.shape
     n = weight.shape[0]
     if m > MAX_TRITON_BATCH:
@@ -157,23 +155,15 @@ def gemv_triton(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
         PREFETCH=weight_prefetch_bytes("gemv", x2.device, weight, k, k_per_split,
                                        cfg.block_k * cfg.num_stages * weight.element_size()),
     )
-    return sum_split_k(part, bias, out, unsummed) if split_k > 1 else out
+    if split_k > 1:
+        reduce_split_k(part, bias, out)
+    return out
 
 
 def split_k_layout(k: int, split_k: int, block_k: int) -> tuple[int, int]:
     """(K per split, a multiple of block_k; the number of splits, none of them empty)."""
     k_per_split = triton.cdiv(triton.cdiv(k, split_k), block_k) * block_k
     return k_per_split, triton.cdiv(k, k_per_split)
-
-
-def sum_split_k(part: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor,
-                unsummed: bool) -> torch.Tensor | SplitSum:
-    """A split product's result: its partials as a SplitSum where the caller sums them (unsummed, no bias),
-    else out, reduced into."""
-    if unsummed and bias is None:
-        return SplitSum(part, out.dtype)
-    reduce_split_k(part, bias, out)
-    return out
 
 
 def reduce_split_k(part: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor) -> None:
@@ -206,8 +196,7 @@ def choose_config(m: int, n: int, k: int, dtype: torch.dtype, device: torch.devi
     return None if entry.get("backend") == "torch" else GemvConfig(**entry["config"])
 
 
-def linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                  unsummed: bool = False) -> torch.Tensor | SplitSum:
+def linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     k = x.shape[-1]
     if weight.dim() != 2 or weight.shape[1] != k:
         raise ValueError(f"weight {tuple(weight.shape)} must be [N, K={k}]")
@@ -219,5 +208,4 @@ def linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         return torch.nn.functional.linear(x, weight, bias)
     if x2.stride(1) != 1:
         x2 = x2.contiguous()
-    out = gemv_triton(x2, weight, bias, cfg, unsummed=unsummed and x.dim() == 2)
-    return out if isinstance(out, SplitSum) else out.view(*x.shape[:-1], weight.shape[0])
+    return gemv_triton(x2, weight, bias, cfg).view(*x.shape[:-1], weight.shape[0])

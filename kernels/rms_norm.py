@@ -9,8 +9,6 @@ fused_add_rms_norm_fp8(x, residual, weight, eps) -> (Fp8Activation of out, x + r
 The _fp8 forms feed an fp8 linear: out is rounded to x's dtype, then quantized per row (e4m3 codes, scale =
 amax / 448) in the same pass, so the linear skips its own quantization kernel; codes and scales equal
 quantize_rows_fp8_ref(out).
-The fused forms also take x as a SplitSum (kernels/split_sum.py): a split-K linear's partials, summed here as its
-reduce kernel would have (x = x.summed()), one launch fewer.
 """
 
 from __future__ import annotations
@@ -19,7 +17,6 @@ import torch
 
 from pdserve.kernels.dispatch import use_triton
 from pdserve.kernels.fp8_activation import Fp8Activation, quantize_activation_ref
-from pdserve.kernels.split_sum import SplitSum, summed
 
 
 def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -29,9 +26,8 @@ def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Ten
 
 
 def fused_add_rms_norm_ref(
-    x: torch.Tensor | SplitSum, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    x = summed(x)
     h = (x.float() + residual.float()).to(x.dtype)
     return rms_norm_ref(h, weight, eps), h
 
@@ -41,7 +37,7 @@ def rms_norm_fp8_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> Fp8Ac
 
 
 def fused_add_rms_norm_fp8_ref(
-    x: torch.Tensor | SplitSum, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[Fp8Activation, torch.Tensor]:
     out, h = fused_add_rms_norm_ref(x, residual, weight, eps)
     return quantize_activation_ref(out), h
@@ -56,9 +52,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def fused_add_rms_norm(
-    x: torch.Tensor | SplitSum, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    if use_triton(residual):
+    if use_triton(x):
         from pdserve.kernels.rms_norm_triton import fused_add_rms_norm_triton
 
         return fused_add_rms_norm_triton(x, residual, weight, eps)
@@ -74,9 +70,9 @@ def rms_norm_fp8(x: torch.Tensor, weight: torch.Tensor, eps: float) -> Fp8Activa
 
 
 def fused_add_rms_norm_fp8(
-    x: torch.Tensor | SplitSum, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[Fp8Activation, torch.Tensor]:
-    if use_triton(residual):
+    if use_triton(x):
         from pdserve.kernels.rms_norm_triton import fused_add_rms_norm_fp8_triton
 
         return fused_add_rms_norm_fp8_triton(x, residual, weight, eps)

@@ -13,11 +13,6 @@ x's dtype as the plain kernel stores it, its amax (the program holds the whole r
 e4m3 codes of row / (amax / 448) and the scale, as kernels/linear_fp8_triton.py's one-pass quantization does
 from the stored row. One kernel instead of two, and the normalised row is never written and read back in bf16
 (4 bytes an element of hidden less per fp8 linear: 4096 x 4096 rows, 67 MB).
-
-PARTIALS (the fused form only): x is a split-K product's fp32 partials [S, rows, hidden] (kernels/split_sum.py),
-summed here in split order and rounded to the residual's dtype before the add, as the split-K reduce kernel
-would have stored them; S is a constexpr (unrolled, so the S loads are in flight together), a function of the
-linear's config, so one more kernel per model, form and split count.
 """
 
 import torch
@@ -28,21 +23,18 @@ from pdserve.kernels.fp8_activation import Fp8Activation
 from pdserve.kernels.fp8_weight import FP8_DTYPE, FP8_MAX
 from pdserve.kernels.linear_fp8_triton import _round_to_e4m3
 from pdserve.kernels.pdl import launch_options
-from pdserve.kernels.split_sum import SplitSum
 
 
-@triton.jit(do_not_specialize=["num_rows", "stride_xs"])  # per batch: one kernel for every one
+@triton.jit(do_not_specialize=["num_rows"])  # the token count: one kernel for every batch
 def _rms_norm_kernel(
     x_ptr, res_ptr, w_ptr, out_ptr, h_ptr, s_ptr,
-    num_rows, hidden, stride_x, stride_res, stride_out, stride_h, eps, stride_xs,
+    num_rows, hidden, stride_x, stride_res, stride_out, stride_h, eps,
     HAS_RESIDUAL: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_H: tl.constexpr,
-    QUANT: tl.constexpr, FP8_MAX: tl.constexpr, ROUND: tl.constexpr, PARTIALS: tl.constexpr = 0,
-    PDL: tl.constexpr = False,
+    QUANT: tl.constexpr, FP8_MAX: tl.constexpr, ROUND: tl.constexpr, PDL: tl.constexpr = False,
 ):
     # x, residual, out, h: [num_rows, hidden] (unit stride along hidden); weight: [hidden]. QUANT: out is e4m3,
     # s [num_rows] fp32 its row scales; ROUND: round to e4m3 in fp32 before the cast (the interpreter's cast
-    # rounds wrongly, kernels/linear_fp8_triton.py says how). PARTIALS > 0 (with HAS_RESIDUAL): x is [PARTIALS,
-    # num_rows, hidden] fp32, split s at x_ptr + s * stride_xs (unrolled: the splits' loads in flight together)
+    # rounds wrongly, kernels/linear_fp8_triton.py says how)
     if PDL:  # kernels/pdl.py
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
@@ -50,13 +42,7 @@ def _rms_norm_kernel(
     cols = tl.arange(0, BLOCK_H)
     mask = (rows[:, None] < num_rows) & (cols[None, :] < hidden)
     rows64 = rows.to(tl.int64)[:, None]
-    if PARTIALS > 0:  # the split-K reduce kernel's sum and rounding (kernels/linear_triton.py), in registers
-        acc = tl.zeros([BLOCK_ROWS, BLOCK_H], tl.float32)
-        for s in tl.static_range(PARTIALS):
-            acc += tl.load(x_ptr + s * stride_xs + rows64 * stride_x + cols[None, :], mask=mask, other=0.0)
-        x = acc.to(h_ptr.dtype.element_ty)
-    else:
-        x = tl.load(x_ptr + rows64 * stride_x + cols[None, :], mask=mask, other=0.0)
+    x = tl.load(x_ptr + rows64 * stride_x + cols[None, :], mask=mask, other=0.0)
     if HAS_RESIDUAL:
         res = tl.load(res_ptr + rows64 * stride_res + cols[None, :], mask=mask, other=0.0)
         # the reference rounds h to x's dtype before normalising it; so do we, to match it bit for bit
@@ -67,10 +53,7 @@ def _rms_norm_kernel(
     w = tl.load(w_ptr + cols, mask=cols < hidden, other=0.0).to(tl.float32)
     out = xf * rstd[:, None] * w[None, :]
     if QUANT:
-        if HAS_RESIDUAL:  # the plain kernel's stored row, exactly (h: the rows' dtype, x fp32 with PARTIALS)
-            out = out.to(h_ptr.dtype.element_ty).to(tl.float32)
-        else:
-            out = out.to(x_ptr.dtype.element_ty).to(tl.float32)
+        out = out.to(x_ptr.dtype.element_ty).to(tl.float32)  # the plain kernel's stored row, exactly
         scale = tl.maximum(tl.max(tl.abs(out), axis=1), 1e-12) / FP8_MAX  # [BLOCK_ROWS]
         tl.store(s_ptr + rows, scale, mask=rows < num_rows)
         out = tl.clamp(out / scale[:, None], -FP8_MAX, FP8_MAX)
@@ -105,27 +88,21 @@ def _launch(x, residual, weight, eps, config=None, quant=False):
         raise ValueError(f"weight shape {tuple(weight.shape)} != (hidden={hidden},)")
     if residual is not None and residual.shape != x.shape:
         raise ValueError(f"residual shape {tuple(residual.shape)} != x shape {tuple(x.shape)}")
-    partials = isinstance(x, SplitSum)
-    if partials and (residual is None or residual.dtype != x.dtype or residual.dim() != 2):
-        raise ValueError("split partials are summed by the fused form only, with a 2-D residual of their dtype")
-    x2 = x.part if partials else _as_rows(x, "x", hidden)  # [S, rows, hidden] or [rows, hidden]
+    x2 = _as_rows(x, "x", hidden)
     res2 = _as_rows(residual, "residual", hidden) if residual is not None else x2
-    shape = x2.shape[-2:]
-    out = torch.empty(shape, dtype=FP8_DTYPE if quant else x.dtype, device=x.device)
-    h = torch.empty(shape, dtype=x.dtype, device=x.device) if residual is not None else out
-    scale = torch.empty((shape[0],), dtype=torch.float32, device=x.device) if quant else out
-    num_rows = shape[0]
-    block_rows, block_h, num_warps = config or _config(hidden, h.element_size())
+    out = torch.empty(x2.shape, dtype=FP8_DTYPE if quant else x.dtype, device=x.device)
+    h = torch.empty(x2.shape, dtype=x.dtype, device=x.device) if residual is not None else out
+    scale = torch.empty((x2.shape[0],), dtype=torch.float32, device=x.device) if quant else out
+    num_rows = x2.shape[0]
+    block_rows, block_h, num_warps = config or _config(hidden, x.element_size())
     grid = (triton.cdiv(num_rows, block_rows),)
     if num_rows:
         _rms_norm_kernel[grid](
             x2, res2, weight.contiguous(), out, h, scale,
-            num_rows, hidden, x2.stride(-2), res2.stride(0), out.stride(0), h.stride(0), eps,
-            x2.stride(0) if partials else 0,
+            num_rows, hidden, x2.stride(0), res2.stride(0), out.stride(0), h.stride(0), eps,
             HAS_RESIDUAL=residual is not None, BLOCK_ROWS=block_rows, BLOCK_H=block_h,
-            QUANT=quant, FP8_MAX=FP8_MAX, ROUND=quant and x.device.type != "cuda",
-            PARTIALS=x2.shape[0] if partials else 0,
-            num_warps=num_warps, **launch_options(x.device),
+            QUANT=quant, FP8_MAX=FP8_MAX, ROUND=quant and x.device.type != "cuda", num_warps=num_warps,
+            **launch_options(x.device),
         )
     if quant:
         return Fp8Activation(out, scale, x.dtype), h.view(x.shape)
@@ -137,7 +114,7 @@ def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.
 
 
 def fused_add_rms_norm_triton(
-    x: torch.Tensor | SplitSum, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     return _launch(x, residual, weight, eps)
 
@@ -147,6 +124,6 @@ def rms_norm_fp8_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> Fp
 
 
 def fused_add_rms_norm_fp8_triton(
-    x: torch.Tensor | SplitSum, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[Fp8Activation, torch.Tensor]:
     return _launch(x, residual, weight, eps, quant=True)

@@ -43,7 +43,7 @@ def test_do_not_specialize_removes_the_integer_classes() -> None:
 
     def key(num_rows: int, hidden: int) -> tuple:
         x = torch.empty(4, 64, device=META)
-        return spec.launch_key(_rms_norm_kernel, (x, x, x[0], x, x, x, num_rows, hidden, 64, 64, 64, 64, 1e-5, 0),
+        return spec.launch_key(_rms_norm_kernel, (x, x, x[0], x, x, x, num_rows, hidden, 64, 64, 64, 64, 1e-5),
                                {"HAS_RESIDUAL": True, "BLOCK_ROWS": 4, "BLOCK_H": 64, "QUANT": False,
                                 "FP8_MAX": 448.0, "ROUND": False, "num_warps": 4})
 
