@@ -30,11 +30,15 @@ CASES = ((64, 4096), (64, 512), (256, 4096), (256, 8192))
 
 
 def staging_of(rev: str) -> type:
-    """HostStaging as engine/decode_staging.py defines it at git revision `rev`."""
+    """HostStaging as engine/decode_staging.py defines it at git revision `rev`, or in the file `rev` (a copy
+    taken with `git show REV:engine/decode_staging.py`, for a host whose checkout has no git history)."""
     root = Path(__file__).resolve().parents[1]
-    source = subprocess.run(["git", "show", f"{rev}:engine/decode_staging.py"], cwd=root, check=True,
-                            capture_output=True, text=True).stdout
-    module = types.ModuleType(f"decode_staging_{rev}")
+    if Path(rev).is_file():
+        source = Path(rev).read_text()
+    else:
+        source = subprocess.run(["git", "show", f"{rev}:engine/decode_staging.py"], cwd=root, check=True,
+                                capture_output=True, text=True).stdout
+    module = types.ModuleType(f"decode_staging_{Path(rev).stem}")
     exec(compile(source, f"{rev}:engine/decode_staging.py", "exec"), module.__dict__)  # noqa: S102 -- our own file
     return module.HostStaging
 
@@ -60,7 +64,8 @@ def step_us(batch: int, context: int, whole: bool, steps: int = 200, staging_cls
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/decode_staging_cpu.json"))
-    parser.add_argument("--against", help="a git revision whose HostStaging is timed beside (incremental)")
+    parser.add_argument("--against", help="a git revision (or a file holding its engine/decode_staging.py) whose HostStaging is "
+                             "timed beside (incremental)")
     args = parser.parse_args()
     other = staging_of(args.against) if args.against else None
     rows = {}
