@@ -64,8 +64,8 @@ def step_us(batch: int, context: int, whole: bool, steps: int = 200, staging_cls
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/decode_staging_cpu.json"))
-    parser.add_argument("--against", help="a git revision (or a file holding its engine/decode_staging.py) whose HostStaging is "
-                             "timed beside (incremental)")
+    parser.add_argument("--against", help="a git revision, or a file holding its engine/decode_staging.py, whose "
+                                          "HostStaging is timed beside (incremental)")
     args = parser.parse_args()
     other = staging_of(args.against) if args.against else None
     rows = {}

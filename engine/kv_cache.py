@@ -34,15 +34,14 @@ ALIGN = 64  # bytes: torch's own CPU allocations are aligned so
 
 
 def zeros_on_demand(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """A zeroed CPU tensor whose pages the OS maps (zeroed) when first touched: numpy's zeros is calloc, which
-    hands a large block out as fresh anonymous pages, where torch.zeros writes every byte now. A worker's 1 GiB
-    CPU pool then costs neither start-up time (~1 CPU-s for the default model's 30 layers on a 2-core host) nor resident
-    memory for blocks no request has used."""
+    """A zeroed CPU tensor whose pages the OS maps (zeroed) when first touched: numpy's zeros is calloc,
+    which hands a large block out as fresh anonymous pages, where torch.zeros writes every byte now. A
+    worker's 1 GiB CPU pool then costs neither start-up time (~0.7 CPU-s of a default-model worker's ~4.7
+    on a 2-core host) nor resident memory for blocks no request has used (docs/architecture.md)."""
     nbytes = math.prod(shape) * torch.empty(0, dtype=dtype).element_size()
     raw = np.zeros(nbytes + ALIGN, dtype=np.uint8)
     start = -raw.ctypes.data % ALIGN
     return torch.from_numpy(raw[start:start + nbytes]).view(dtype).view(shape)
-
 
 
 def kv_cache_bytes(model: ModelConfig, cache: CacheConfig, dtype: torch.dtype) -> int:

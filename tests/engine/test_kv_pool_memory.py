@@ -12,8 +12,8 @@ from pdserve.engine.kv_cache import ALIGN, allocate_kv_caches, kv_cache_shape
 
 
 def tiny_config() -> ModelConfig:
-    return ModelConfig(name="tiny", vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=3, num_heads=4,
-                       num_kv_heads=2, head_dim=16, max_model_len=512)
+    return ModelConfig(name="tiny", vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=3,
+                       num_heads=4, num_kv_heads=2, head_dim=16, max_model_len=512)
 
 
 def resident_bytes() -> int:
