@@ -20,13 +20,16 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from pdserve.cache_store.host_tier import HostTier
 from pdserve.cache_store.policy import TierConfig
-from pdserve.cache_store.redis_tier import PrefixSink, RedisTier
 from pdserve.cache_store.tier_stats import TieredCacheStats
+
+if TYPE_CHECKING:  # redis-py loads only where a Redis tier is configured (tiered.py `_connect`)
+    from pdserve.cache_store.redis_tier import RedisTier
 
 logger = logging.getLogger(__name__)
 
@@ -96,6 +99,8 @@ class TierReader:
         if self.redis.backing_off:  # skip the thread hop while Redis is known to be down
             self.stats.count(redis_skipped=1)
             return []
+        from pdserve.cache_store.redis_tier import PrefixSink  # loaded with the tier itself
+
         sink = PrefixSink()
         try:
             future = self._io.submit(self.redis.fetch_prefix, hashes, salt, sink, deadline, redis_ttl_s)
