@@ -7,9 +7,6 @@ block belongs to which sequence is cache_store's business; the engine only reads
 
 from __future__ import annotations
 
-import math
-
-import numpy as np
 import torch
 
 from pdserve.engine.config import CacheConfig, ModelConfig
@@ -22,26 +19,13 @@ def kv_cache_shape(model: ModelConfig, cache: CacheConfig) -> tuple[int, int, in
 def allocate_kv_caches(
     model: ModelConfig, cache: CacheConfig, device: torch.device | str, dtype: torch.dtype
 ) -> list[torch.Tensor]:
-    """Zeroed, so a padded decode slot that reads an unwritten block sees zeros, never NaN garbage. On the CPU
-    the zeros come from the OS as pages are first touched (zeros_on_demand), not written here."""
+    """Zeroed, so a padded decode slot that reads an unwritten block sees zeros, never NaN garbage. Written now on
+    the CPU too: zeros from the OS as pages are first touched (numpy's calloc; tried 2026-12-07) start a
+    default-model worker ~0.7 CPU-s sooner and 1 GB smaller, but its RSS then grows as requests first reach
+    blocks (60-66 MB a decode worker in tests/reliability/test_overload.py's burst), which a leak check cannot
+    tell from a leak."""
     shape = kv_cache_shape(model, cache)
-    if torch.device(device).type == "cpu":
-        return [zeros_on_demand(shape, dtype) for _ in range(model.num_layers)]
     return [torch.zeros(shape, device=device, dtype=dtype) for _ in range(model.num_layers)]
-
-
-ALIGN = 64  # bytes: torch's own CPU allocations are aligned so
-
-
-def zeros_on_demand(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """A zeroed CPU tensor whose pages the OS maps (zeroed) when first touched: numpy's zeros is calloc,
-    which hands a large block out as fresh anonymous pages, where torch.zeros writes every byte now. A
-    worker's 1 GiB CPU pool then costs neither start-up time (~0.7 CPU-s of a default-model worker's ~4.7
-    on a 2-core host) nor resident memory for blocks no request has used (docs/architecture.md)."""
-    nbytes = math.prod(shape) * torch.empty(0, dtype=dtype).element_size()
-    raw = np.zeros(nbytes + ALIGN, dtype=np.uint8)
-    start = -raw.ctypes.data % ALIGN
-    return torch.from_numpy(raw[start:start + nbytes]).view(dtype).view(shape)
 
 
 def kv_cache_bytes(model: ModelConfig, cache: CacheConfig, dtype: torch.dtype) -> int:
