@@ -11,6 +11,7 @@ import argparse
 import os
 
 from pdserve.env_flags import apply_env_defaults
+from pdserve.gc_tuning import collector_off_while_starting
 from pdserve.worker.flags import add_worker_arguments, worker_settings_from_args
 
 
@@ -23,6 +24,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 
 def run(args: argparse.Namespace) -> int:
+    collector_off_while_starting()  # on again once serving (pdserve/gc_tuning.py)
     from pdserve.cache_store.shared_store import StoreError
     from pdserve.engine.weights.hub import ModelNotFoundError
     from pdserve.worker.app import run_worker

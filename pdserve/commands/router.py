@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pdserve.env_flags import apply_env_defaults
+from pdserve.gc_tuning import collector_off_while_starting
 
 if TYPE_CHECKING:
     from pdserve.engine.tokenizer import Tokenizer
@@ -62,6 +63,7 @@ def model_facts(model: str, load_format: str, preset: str | None, tokenizer_dir:
 
 
 def run(args: argparse.Namespace) -> int:
+    collector_off_while_starting()  # on again once serving (pdserve/gc_tuning.py)
     import logging
 
     from pdserve.engine.weights.hub import HubOptions, ModelNotFoundError
