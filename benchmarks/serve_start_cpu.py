@@ -1,7 +1,7 @@
 """CPU-seconds each process of `pdserve serve` spends to "pdserve ready" (launcher, router, prefill, decode),
 this checkout against another revision, interleaved, in one run.
 
-    python benchmarks/serve_start_cpu.py --against c21a699 [--starts 5] \
+    python benchmarks/serve_start_cpu.py --against c21a699 [--no-bytecode] [--starts 15] \
         [--out benchmarks/results/serve_start_cpu.json]
 
 The other revision's files (`git archive REV`) go to a temporary folder, and a link tree lays its package out the
@@ -9,8 +9,8 @@ way the installed one is (pyproject's package-dir: pdserve.engine is engine/, ..
 processes import only its code. Both get their bytecode compiled first, as scripts/setup.sh does for a checkout.
 `--no-bytecode` adds HEAD's files the same way with no bytecode and PYTHONDONTWRITEBYTECODE=1: every process
 compiles what it imports, as each did before setup.sh compiled (where that variable is set, as on this project's
-machines). Each start is the tests' deployment (tests/e2e/deployments.py's worker flags), on
-this host's cores; read the medians side by side, not as absolute times.
+machines). Each start is the tests' deployment (tests/e2e/deployments.py's worker flags), on this host's cores;
+read the medians side by side, not as absolute times.
 """
 
 from __future__ import annotations
@@ -107,7 +107,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--against", help="a git revision to start beside this checkout")
     parser.add_argument("--no-bytecode", action="store_true", help="also HEAD's files with no bytecode on disk")
-    parser.add_argument("--starts", type=int, default=5)
+    parser.add_argument("--starts", type=int, default=15)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as scratch_dir:

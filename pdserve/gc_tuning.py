@@ -11,9 +11,9 @@ While a serving process starts, the collector is off (`collector_off_while_start
 command does): the imports and the model load make ~0.5M objects that all live on, and the collections they
 triggered walked them again and again: 0.32 CPU-s in 484 collections during a worker's imports alone
 (gc.callbacks), of its ~4.5 CPU-s to ready. `quiet_garbage_collector` then collects once (~0.15 s), freezes what
-is left and turns it on. With the bytecode setup.sh compiles, a deployment's four processes took 10.95 CPU-s to
-ready against 11.43 before (medians of 15 interleaved starts, results/serve_start_cpu.json; one role's spread
-across starts is ~1 s on the 2-core host, so only the sum is read).
+is left and turns it on. A deployment's four processes took 10.95 CPU-s to ready, against 11.43 with the
+collector on while starting (both with setup.sh's bytecode; medians of 15 interleaved starts on the 2-core host,
+results/serve_start_cpu.json: one role's spread across starts is ~1 s, so only the sum is read).
 """
 
 from __future__ import annotations

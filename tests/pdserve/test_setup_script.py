@@ -1,6 +1,6 @@
 """scripts/setup.sh talks while it works: each step is numbered and timed. Run for real here, on a copy of the
-script in a scratch repository whose .venv holds stubs (a python whose `import torch` succeeds, a python and
-a pip that record their arguments) and a PATH with redis-server and chromium stubs, so it neither downloads nor installs."""
+script in a scratch repository whose .venv holds stubs (a python and a pip that record their arguments; the
+python's `import torch` succeeds, so torch is kept) and a PATH with redis-server and chromium stubs, so it neither downloads nor installs."""
 
 from __future__ import annotations
 
