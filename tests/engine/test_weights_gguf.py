@@ -1,11 +1,14 @@
 """GGUF files written here with gguf.GGUFWriter, the way llama.cpp's converter writes them, read back.
 
 Covers what the embedded SmolLM2 file does not: untied heads, Qwen2 q/k/v biases (not permuted), Llama 3.1
-rope scaling stored as a rope_freqs tensor, and files without a tokenizer.
+rope scaling stored as a rope_freqs tensor, and files without a tokenizer; and the one-time conversion's progress
+(a bar on stderr, a log line with its time), shown on a tiny file as on SmolLM2's (~15 CPU-s to convert).
 """
 
 from __future__ import annotations
 
+import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +21,7 @@ from gguf.quants import dequantize, quantize
 from pdserve.engine.config import Llama3RopeScaling
 from pdserve.engine.presets import weight_shapes
 from pdserve.engine.weights import ModelSpec, load_model
+from pdserve.engine.weights.convert import CONVERSION_INFO, ensure_converted
 from pdserve.engine.weights.hf_config import hf_config
 from pdserve.kernels.rope import rope_inv_freq
 
@@ -139,3 +143,16 @@ def test_conversion_is_cached(tmp_path: Path) -> None:
     assert second.path == first.path and (first.path / "model.safetensors").stat().st_mtime_ns == mtime
     assert second.fingerprint == first.fingerprint
     assert [p.name for p in (tmp_path / "cache" / "models").iterdir() if p.is_dir()] == [first.path.name]
+
+
+def test_conversion_shows_progress(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                   caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "tiny.gguf"
+    write_tiny_gguf(path, TinyGGUF("llama"))
+    caplog.set_level(logging.INFO, logger="pdserve.engine.weights.convert")
+    out = ensure_converted(path, tmp_path / "converted", "tiny-test")
+    err = capsys.readouterr().err
+    assert f"converting {path.name} (once)" in err and "100%" in err, err
+    seconds = json.loads((out / CONVERSION_INFO).read_text())["convert_seconds"]
+    assert any(r.getMessage() == f"converted {path.name} into {out} in {seconds:.1f} s"
+               for r in caplog.records), [r.getMessage() for r in caplog.records]
