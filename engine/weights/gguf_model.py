@@ -16,10 +16,10 @@ from typing import SupportsFloat, SupportsInt
 
 import numpy as np
 import torch
-from gguf import GGUFReader
 from gguf.quants import dequantize
 
 from pdserve.engine.config import Llama3RopeScaling, ModelConfig
+from pdserve.engine.weights.gguf_file import GGUFFile, read_gguf
 from pdserve.kernels.rope import rope_inv_freq
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
@@ -35,9 +35,8 @@ _GLOBAL_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.
 _NOT_WEIGHTS = {"rope_freqs.weight"}
 
 
-def field(reader: GGUFReader, key: str, default: object = None) -> object:
-    f = reader.fields.get(key)
-    return default if f is None else f.contents()
+def field(reader: GGUFFile, key: str, default: object = None) -> object:
+    return reader.fields.get(key, default)
 
 
 def _as_int(value: object, key: str) -> int:
@@ -61,7 +60,7 @@ def hf_name(gguf_name: str) -> str:
     return f"model.layers.{layer}.{_LAYER_NAMES[module]}.{kind}"
 
 
-def gguf_config(reader: GGUFReader, name: str) -> ModelConfig:
+def gguf_config(reader: GGUFFile, name: str) -> ModelConfig:
     arch = str(field(reader, "general.architecture"))
     if arch not in SUPPORTED_ARCHITECTURES:
         raise ValueError(f"GGUF architecture {arch!r} is not supported (supported: {SUPPORTED_ARCHITECTURES})")
@@ -82,12 +81,13 @@ def gguf_config(reader: GGUFReader, name: str) -> ModelConfig:
     heads, hidden = meta_int("attention.head_count"), meta_int("embedding_length")
     head_dim = meta_int("attention.key_length", hidden // heads)
     theta = meta_float("rope.freq_base", 10000.0)
-    scaling = _llama3_scaling(tensors["rope_freqs.weight"], head_dim, theta) if "rope_freqs.weight" in tensors else None
+    scaling = (_llama3_scaling(reader.tensor_data(tensors["rope_freqs.weight"]), head_dim, theta)
+               if "rope_freqs.weight" in tensors else None)
     eos_keys = ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
     eos = [_as_int(v, k) for k in eos_keys if (v := field(reader, k)) is not None]
     bos = field(reader, "tokenizer.ggml.bos_token_id")
     return ModelConfig(
-        name=name, vocab_size=int(tensors["token_embd.weight"].shape[1]), hidden_size=hidden,
+        name=name, vocab_size=tensors["token_embd.weight"].dims[1], hidden_size=hidden,
         intermediate_size=meta_int("feed_forward_length"), num_layers=meta_int("block_count"),
         num_heads=heads, num_kv_heads=meta_int("attention.head_count_kv", heads), head_dim=head_dim,
         max_model_len=meta_int("context_length"), rms_norm_eps=meta_float("attention.layer_norm_rms_epsilon"),
@@ -98,9 +98,9 @@ def gguf_config(reader: GGUFReader, name: str) -> ModelConfig:
     )
 
 
-def _llama3_scaling(rope_freqs: object, head_dim: int, theta: float) -> Llama3RopeScaling:
+def _llama3_scaling(rope_freqs: np.ndarray, head_dim: int, theta: float) -> Llama3RopeScaling:
     """Find the Llama 3.1-style parameters (low 1, high 4, original 8192; factor = largest divisor)."""
-    factors = torch.from_numpy(np.asarray(rope_freqs.data, dtype=np.float32).copy())  # type: ignore[attr-defined]
+    factors = torch.from_numpy(np.asarray(rope_freqs, dtype=np.float32).copy())
     base = rope_inv_freq(head_dim, theta, None)
     candidate = Llama3RopeScaling(factor=float(factors.max()), low_freq_factor=1.0, high_freq_factor=4.0,
                                   original_max_position_embeddings=8192)
@@ -117,14 +117,14 @@ def _unpermute(w: np.ndarray, n_heads: int) -> np.ndarray:
     return w.reshape(n_heads, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def gguf_tensors(reader: GGUFReader, config: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
+def gguf_tensors(reader: GGUFFile, config: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield (HF name, fp32 tensor) for every weight, dequantised; a tied head is not yielded."""
     permuted = str(field(reader, "general.architecture")) == "llama"
     for t in reader.tensors:
         if t.name in _NOT_WEIGHTS:
             continue
-        w: np.ndarray = dequantize(t.data, t.tensor_type).astype(np.float32, copy=False)
-        w = w.reshape(tuple(int(d) for d in reversed(t.shape.tolist())))
+        w: np.ndarray = dequantize(reader.tensor_data(t), t.ggml_type).astype(np.float32, copy=False)
+        w = w.reshape(t.shape)
         if permuted and ".attn_q." in t.name:
             w = _unpermute(w, config.num_heads)
         elif permuted and ".attn_k." in t.name:
@@ -134,9 +134,10 @@ def gguf_tensors(reader: GGUFReader, config: ModelConfig) -> Iterator[tuple[str,
         yield hf_name(t.name), torch.from_numpy(w)
 
 
-def has_tokenizer(reader: GGUFReader) -> bool:
+def has_tokenizer(reader: GGUFFile) -> bool:
     return "tokenizer.ggml.model" in reader.fields
 
 
-def open_gguf(path: Path) -> GGUFReader:
-    return GGUFReader(path)
+def open_gguf(path: Path) -> GGUFFile:
+    """The file checked complete (gguf_file.GGUFFormatError otherwise), its header read."""
+    return read_gguf(path)

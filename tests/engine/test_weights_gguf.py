@@ -15,13 +15,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from gguf import GGMLQuantizationType, GGUFWriter
+from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
 from gguf.quants import dequantize, quantize
 
 from pdserve.engine.config import Llama3RopeScaling
 from pdserve.engine.presets import weight_shapes
 from pdserve.engine.weights import ModelSpec, load_model
 from pdserve.engine.weights.convert import CONVERSION_INFO, ensure_converted
+from pdserve.engine.weights.gguf_file import read_gguf
 from pdserve.engine.weights.hf_config import hf_config
 from pdserve.kernels.rope import rope_inv_freq
 
@@ -75,10 +76,13 @@ def _reference_weights(spec: TinyGGUF) -> dict[str, np.ndarray]:
     return weights
 
 
-def write_tiny_gguf(path: Path, spec: TinyGGUF) -> dict[str, np.ndarray]:
-    """Write a tiny GGUF; returns the weights in HF layout that a correct reader must give back."""
+def write_tiny_gguf(path: Path, spec: TinyGGUF, extra: dict[str, object] | None = None) -> dict[str, np.ndarray]:
+    """Write a tiny GGUF (with `extra` key/values); returns the weights in HF layout that a correct reader must
+    give back."""
     weights = _reference_weights(spec)
     writer = GGUFWriter(str(path), spec.arch)
+    for key, value in (extra or {}).items():
+        _add_value(writer, key, value)
     writer.add_block_count(spec.layers)
     writer.add_context_length(256)
     writer.add_embedding_length(32)
@@ -109,6 +113,17 @@ def write_tiny_gguf(path: Path, spec: TinyGGUF) -> dict[str, np.ndarray]:
     writer.write_tensors_to_file()
     writer.close()
     return weights
+
+
+def _add_value(writer: GGUFWriter, key: str, value: object) -> None:
+    if isinstance(value, list):
+        writer.add_array(key, value)
+    elif isinstance(value, str):
+        writer.add_string(key, value)
+    elif isinstance(value, bool):
+        writer.add_bool(key, value)
+    else:
+        raise TypeError(f"{key}: {value!r}")
 
 
 @pytest.mark.parametrize(
@@ -156,3 +171,23 @@ def test_conversion_shows_progress(tmp_path: Path, capsys: pytest.CaptureFixture
     seconds = json.loads((out / CONVERSION_INFO).read_text())["convert_seconds"]
     assert any(r.getMessage() == f"converted {path.name} into {out} in {seconds:.1f} s"
                for r in caplog.records), [r.getMessage() for r in caplog.records]
+
+
+def test_read_gguf_gives_what_gguf_reader_gives(tmp_path: Path) -> None:
+    """Every key/value (strings, scalars, string and number arrays, as the tokenizer's are) and every tensor's
+    info and bytes, against gguf-py's own reader, on a file with an untied head, rope_freqs and Q8_0 data."""
+    path = tmp_path / "tiny.gguf"
+    write_tiny_gguf(path, TinyGGUF("llama", tied=False, rope_scaling=True),
+                    extra={"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.tokens": ["<s>", "a", "ĠbÃ", "é"],
+                           "tokenizer.ggml.token_type": [3, 1, 1, 1], "tokenizer.ggml.scores": [0.0, -1.5, 2.0, 0.25],
+                           "tokenizer.ggml.add_bos_token": True, "general.name": "tiny ✓"})
+    ours, theirs = read_gguf(path), GGUFReader(path)
+    assert ours.fields == {k: f.contents() for k, f in theirs.fields.items() if not k.startswith("GGUF.")}
+    assert ours.fields["tokenizer.ggml.tokens"] == ["<s>", "a", "ĠbÃ", "é"]
+    assert [t.name for t in ours.tensors] == [t.name for t in theirs.tensors]
+    for mine, reference in zip(ours.tensors, theirs.tensors, strict=True):
+        data = ours.tensor_data(mine)
+        assert (mine.ggml_type, mine.dims, mine.nbytes) == (reference.tensor_type, tuple(reference.shape.tolist()),
+                                                            reference.n_bytes), mine.name
+        assert ours.layout.data_offset + mine.offset == reference.data_offset, mine.name
+        assert data.dtype == reference.data.dtype and np.array_equal(data, reference.data), mine.name
