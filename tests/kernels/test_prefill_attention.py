@@ -62,7 +62,8 @@ def test_prefill_attention_rejects_dtype_mismatch(randn: Callable, paged_kv: Cal
 
 def test_prefill_attention_many_sequences(randn: Callable, paged_kv: Callable, check: Callable, device: str) -> None:
     """More sequences than one search step compares (150 > 128), lengths across tile boundaries, some after a
-    cached prefix: every tile finds its own sequence."""
+    cached prefix: every tile finds its own sequence. One query head: the tile -> sequence search is the same in
+    every head's programs (the grid's first axis), and the interpreter runs each (GQA: the cases above)."""
     from pdserve.kernels.prefill_attention_triton import _launch
 
     gen = torch.Generator().manual_seed(5)
@@ -72,7 +73,7 @@ def test_prefill_attention_many_sequences(randn: Callable, paged_kv: Callable, c
     cache, tables = paged_kv(seq_lens, 1, 16, 8, torch.float32)
     cu = torch.tensor([0, *q_lens], device=device).cumsum(0).to(torch.int32)
     lens = torch.tensor(seq_lens, dtype=torch.int32, device=device)
-    q = randn(int(cu[-1]), 2, 16)
+    q = randn(int(cu[-1]), 1, 16)
     out = _launch(q, cache, cu, lens, tables, 0.25, config=(16, 16, 4, 1))
     check(out, prefill_attention_ref(q, cache, cu, lens, tables, 0.25), torch.float32)
 
