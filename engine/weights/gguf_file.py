@@ -10,8 +10,9 @@ read_gguf(path) -> GGUFFile      the same check, then every value (strings, arra
 
 `gguf.GGUFReader` reads the same header through a numpy memmap field by field: 2.6-2.8 CPU-s for SmolLM2's
 49,152-token vocabulary and 48,900 merges on this project's 2-core host, against 0.11 s here (both three times,
-interleaved, 2026-12-07), and a truncated file fails in it with numpy reshape errors. Its tensor data layout is kept: F32 / F16 as their numpy dtype in the
-tensor's shape, every other type as uint8 rows of the row's quantized bytes.
+interleaved, 2026-12-07), and a truncated file fails in it with numpy reshape errors. Its tensor data layout
+is kept: F32 / F16 as their numpy dtype in the tensor's shape, every other type as uint8 rows of the row's
+quantized bytes.
 """
 
 from __future__ import annotations
@@ -54,13 +55,15 @@ class _Header:
         self._f, self._path, self._file_size = f, path, file_size
 
     def read(self, n: int) -> bytes:
-        data = self._f.read(n)
-        if len(data) != n:
+        """The next n bytes; a length that runs past the file's end is refused before anything is allocated (a
+        corrupt string or array length would otherwise ask for up to 2**64 bytes)."""
+        at = self._f.tell()
+        if n > self._file_size - at:
             raise GGUFFormatError(
                 f"GGUF file {self._path} is truncated inside its header: it has {self._file_size} bytes, "
-                f"the header continues past byte {self._f.tell()}"
+                f"the header asks for {n} more at byte {at}"
             )
-        return data
+        return self._f.read(n)
 
     def unpack(self, fmt: str) -> int | float | bool:
         value: int | float | bool = struct.unpack(fmt, self.read(struct.calcsize(fmt)))[0]

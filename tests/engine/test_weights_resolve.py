@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import struct
 import zipfile
 from pathlib import Path
 
@@ -57,6 +58,14 @@ def test_truncated_gguf_says_how_many_bytes_are_missing(tmp_path: Path, default_
     header_only.write_bytes(default_model_path.read_bytes()[:1000])
     with pytest.raises(ValueError, match="truncated inside its header: it has 1000 bytes"):
         resolve_model(str(header_only))
+
+
+def test_a_corrupt_length_in_the_header_is_refused_before_it_is_allocated(tmp_path: Path) -> None:
+    """A key whose length field says 2**62 bytes: refused with the numbers, not a MemoryError."""
+    corrupt = tmp_path / "corrupt.gguf"
+    corrupt.write_bytes(b"GGUF" + struct.pack("<IQQQ", 3, 0, 1, 1 << 62) + b"general.architecture")
+    with pytest.raises(ValueError, match=rf"it has 52 bytes, the header asks for {1 << 62} more at byte 32"):
+        resolve_model(str(corrupt))
 
 
 def test_file_that_is_not_gguf(tmp_path: Path) -> None:
