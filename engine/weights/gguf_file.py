@@ -35,6 +35,9 @@ _SCALAR_FORMATS = {
 }
 
 
+_MAX_DIMS = 4  # GGML_MAX_DIMS
+
+
 class GGUFFormatError(ValueError):
     """The file is not a complete GGUF file."""
 
@@ -52,7 +55,7 @@ class GGUFLayout:
 
 class _Header:
     def __init__(self, f: BinaryIO, path: Path, file_size: int) -> None:
-        self._f, self._path, self._file_size = f, path, file_size
+        self._f, self.path, self._file_size = f, path, file_size
 
     def read(self, n: int) -> bytes:
         """The next n bytes; a length that runs past the file's end is refused before anything is allocated (a
@@ -60,7 +63,7 @@ class _Header:
         at = self._f.tell()
         if n > self._file_size - at:
             raise GGUFFormatError(
-                f"GGUF file {self._path} is truncated inside its header: it has {self._file_size} bytes, "
+                f"GGUF file {self.path} is truncated inside its header: it has {self._file_size} bytes, "
                 f"the header asks for {n} more at byte {at}"
             )
         return self._f.read(n)
@@ -86,7 +89,7 @@ class _Header:
             items = [self.value(item_type, keep) for _ in range(count)]
             return items if keep else None
         if vtype not in _SCALAR_FORMATS:
-            raise GGUFFormatError(f"GGUF file {self._path}: unknown value type {vtype} at byte {self._f.tell()}")
+            raise GGUFFormatError(f"GGUF file {self.path}: unknown value type {vtype} at byte {self._f.tell()}")
         return self.unpack(_SCALAR_FORMATS[GGUFValueType(vtype)])
 
 
@@ -173,6 +176,8 @@ def _read(path: Path, keep: bool) -> GGUFFile:
 def _tensor_info(header: _Header) -> GGUFTensor:
     name = header.string()
     n_dims = int(header.unpack("<I"))
+    if n_dims > _MAX_DIMS:
+        raise GGUFFormatError(f"GGUF file {header.path}: tensor {name!r} has {n_dims} dimensions, at most {_MAX_DIMS}")
     dims = tuple(int(header.unpack("<Q")) for _ in range(n_dims))
     ggml_type, offset = GGMLQuantizationType(int(header.unpack("<I"))), int(header.unpack("<Q"))
     block_size, type_size = GGML_QUANT_SIZES[ggml_type]

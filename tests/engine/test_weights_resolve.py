@@ -61,10 +61,15 @@ def test_truncated_gguf_says_how_many_bytes_are_missing(tmp_path: Path, default_
 
 
 def test_a_corrupt_length_in_the_header_is_refused_before_it_is_allocated(tmp_path: Path) -> None:
-    """A key whose length field says 2**62 bytes: refused with the numbers, not a MemoryError."""
+    """A key whose length field says 2**62 bytes: refused with the numbers, not a MemoryError; a tensor of 2**31
+    dimensions: refused, not read a dimension at a time to the file's end."""
     corrupt = tmp_path / "corrupt.gguf"
     corrupt.write_bytes(b"GGUF" + struct.pack("<IQQQ", 3, 0, 1, 1 << 62) + b"general.architecture")
     with pytest.raises(ValueError, match=rf"it has 52 bytes, the header asks for {1 << 62} more at byte 32"):
+        resolve_model(str(corrupt))
+    name = b"blk.0.attn_q.weight"
+    corrupt.write_bytes(b"GGUF" + struct.pack("<IQQQ", 3, 1, 0, len(name)) + name + struct.pack("<I", 1 << 31))
+    with pytest.raises(ValueError, match=r"tensor 'blk.0.attn_q.weight' has 2147483648 dimensions, at most 4"):
         resolve_model(str(corrupt))
 
 
