@@ -8,11 +8,11 @@ check_gguf(path) -> GGUFLayout   a missing, foreign or truncated file reported w
 read_gguf(path) -> GGUFFile      the same check, then every value (strings, arrays) and tensor info kept;
                                  GGUFFile.tensor_data(t) is t's bytes as gguf.quants.dequantize takes them
 
-`gguf.GGUFReader` reads the same header through a numpy memmap field by field: 2.6-2.8 CPU-s for SmolLM2's
-49,152-token vocabulary and 48,900 merges on this project's 2-core host, against 0.10-0.11 s here (three
-interleaved runs each, twice, 2026-12-07: 2.4-2.8 s), and a truncated file fails in it with numpy reshape errors. Its tensor data layout
-is kept: F32 / F16 as their numpy dtype in the tensor's shape, every other type as uint8 rows of the row's
-quantized bytes.
+`gguf.GGUFReader` reads the same header through a numpy memmap field by field: 2.4-2.8 CPU-s for SmolLM2's
+49,152-token vocabulary and 48,900 merges on this project's 2-core host against read_gguf's 0.10-0.11 (two sets
+of three interleaved runs, 2026-12-07), and a truncated file fails in it with numpy reshape errors. Its tensor
+data layout is kept: F32 / F16 as their numpy dtype in the tensor's shape, every other type as uint8 rows of
+the row's quantized bytes.
 """
 
 from __future__ import annotations
