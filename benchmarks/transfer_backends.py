@@ -45,12 +45,13 @@ from pathlib import Path
 import torch
 from transfer_common import WARMUP, Skipped, Stores, plain_copy, summary, synchronize, write_report
 
+from pdserve.cache_store.kv_codec import DTYPES
 from pdserve.cache_store.shared_store import open_store
 from pdserve.engine.presets import get_preset
 from pdserve.kv_transfer.base import ChunkSend, KVSender
 from pdserve.kv_transfer.registry import TransferEnv, get_backend
 from pdserve.kv_transfer.target import TransferTarget
-from pdserve.kv_transfer.wire import DTYPES, dtype_name
+from pdserve.kv_transfer.wire import dtype_name
 
 BLOCK_SIZE = 16
 SECRET = "transfer-backends-benchmark"

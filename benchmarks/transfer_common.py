@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from pdserve.kv_transfer.wire import DTYPES
+from pdserve.cache_store.kv_codec import DTYPES
 
 WARMUP = 2
 

@@ -34,7 +34,8 @@ from pdserve.kernels.block_copy import gather_blocks, scatter_blocks
 FORMAT_VERSION = 1
 MAX_HEADER_BYTES = 4096
 
-# Names in stored headers → dtypes. A dict, never getattr(torch, name): names come from outside.
+# Names in stored headers and on the KV wire (kv_transfer/wire.py) → dtypes. A dict, never getattr(torch, name):
+# names come from outside.
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
     "float16": torch.float16,

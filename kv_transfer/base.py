@@ -30,10 +30,11 @@ from typing import Any
 
 import torch
 
+from pdserve.cache_store.kv_codec import DTYPES
 from pdserve.kernels.block_copy import scatter_blocks
 from pdserve.kv_transfer.target import TransferTarget
 from pdserve.kv_transfer.transfer_table import TransferTable
-from pdserve.kv_transfer.wire import DTYPES, FrameLimits, dtype_name
+from pdserve.kv_transfer.wire import FrameLimits, dtype_name
 
 OnComplete = Callable[[str, int, float | None, list[tuple[int, float]]], None]
 OnFailure = Callable[[str, str], None]

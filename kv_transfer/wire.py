@@ -60,20 +60,14 @@ from typing import Any, ClassVar
 import msgpack
 import torch
 
+# dtype names as the cache store writes them (a table, never getattr(torch, name): names come from the network)
+from pdserve.cache_store.kv_codec import DTYPE_NAMES, DTYPES
+
 WIRE_VERSION = 1
 _LENGTH = struct.Struct(">I")
 _READ_CHUNK = 1 << 20
 _AUTH_CONTEXT = b"pdserve-kv-auth-v1"
 
-# Names on the wire → torch dtypes. A dict, never getattr(torch, name): names come from the network.
-DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "float8_e4m3fn": torch.float8_e4m3fn,
-    "float8_e5m2": torch.float8_e5m2,
-}
-_DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
 
 
 class ProtocolError(Exception):
@@ -200,9 +194,9 @@ _FIELD_TYPES: dict[str, tuple[type, ...]] = {
 
 
 def dtype_name(dtype: torch.dtype) -> str:
-    if dtype not in _DTYPE_NAMES:
+    if dtype not in DTYPE_NAMES:
         raise ValueError(f"KV dtype {dtype} cannot be sent; supported: {sorted(DTYPES)}")
-    return _DTYPE_NAMES[dtype]
+    return DTYPE_NAMES[dtype]
 
 
 def auth_mac(secret: str, nonce: bytes) -> bytes:

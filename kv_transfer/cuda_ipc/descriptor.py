@@ -28,8 +28,9 @@ from typing import Any
 import msgpack
 import torch
 
+from pdserve.cache_store.kv_codec import DTYPES
 from pdserve.kv_transfer.base import KVTransferError
-from pdserve.kv_transfer.wire import DTYPES, dtype_name
+from pdserve.kv_transfer.wire import dtype_name
 
 DESCRIPTOR_VERSION = 1
 MAX_LAYERS = 1024

@@ -30,6 +30,7 @@ from typing import Any, TypeVar, Unpack
 
 import torch
 
+from pdserve.cache_store.kv_codec import DTYPES
 from pdserve.kernels.block_copy import scatter_blocks
 from pdserve.kv_transfer.base import KVTransferError, OnComplete, OnFailure
 from pdserve.kv_transfer.control.server import (
@@ -47,7 +48,6 @@ from pdserve.kv_transfer.nccl.group import (
     in_thread,
 )
 from pdserve.kv_transfer.wire import (
-    DTYPES,
     BulkKVHeader,
     Header,
     KVHeader,

@@ -33,12 +33,13 @@ from typing import Any
 
 import torch
 
+from pdserve.cache_store.kv_codec import DTYPES
 from pdserve.cache_store.redis_auth import ForgedValueError
 from pdserve.cache_store.shared_store import Listening, SharedStore, StoreError
 from pdserve.kv_transfer.base import KVReceiver, OnComplete, OnFailure
 from pdserve.kv_transfer.control.server import end_transfer
 from pdserve.kv_transfer.store.records import TransferSeal, stored_size
-from pdserve.kv_transfer.wire import DTYPES, Done, Error, FrameLimits, Header, Lost, ProtocolError, StoredKV
+from pdserve.kv_transfer.wire import Done, Error, FrameLimits, Header, Lost, ProtocolError, StoredKV
 
 logger = logging.getLogger(__name__)
 _REMEMBERED = 4096  # ended requests whose late records are recognised (and their values deleted)
