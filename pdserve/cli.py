@@ -1,5 +1,6 @@
 """The `pdserve` command: each subcommand lives in `pdserve/commands/<name>.py` and registers itself there
-through `add_parser(subparsers)`. Environment variables are read here and in those modules only.
+through `add_parser(subparsers)` (modules named `_*` there are shared by commands, not commands themselves).
+Environment variables are read here and in those modules only.
 
 Every parser prints each flag's default in its --help (HelpFormatter), unless the help already says it."""
 
@@ -42,6 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="pdserve", description="prefill/decode disaggregated LLM serving")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
+        if info.name.startswith("_"):  # shared by commands (pdserve/commands/_worker.py), not one itself
+            continue
         module = importlib.import_module(f"pdserve.commands.{info.name}")
         module.add_parser(subparsers)
     return parser
