@@ -26,12 +26,19 @@ def run_worker_command(args: argparse.Namespace, role: str, cache_dir: str | Non
     collector_off_while_starting()  # on again once serving (pdserve/gc_tuning.py)
     from pdserve.cache_store.shared_store import StoreError
     from pdserve.engine.weights.hub import ModelNotFoundError
+    from pdserve.engine.weights.registry import resolve_model
     from pdserve.worker.app import run_worker
 
     try:
         settings = worker_settings_from_args(args, cache_dir=cache_dir, secret=secret)
     except ValueError as exc:
         raise SystemExit(f"pdserve {role}: {exc}") from None
+    model = settings.model
+    dummy = model.load_format == "dummy"
+    try:  # before anything loads: a mistyped --model ends in one line, as `pdserve router` reports it
+        resolve_model((model.model_preset or model.model) if dummy else model.model, model.load_format)
+    except (FileNotFoundError, ValueError) as exc:
+        raise SystemExit(f"pdserve {role}: model {model.model!r}: {exc}") from None
     try:
         return run_worker(settings)
     except (ModelNotFoundError, StoreError) as exc:

@@ -5,6 +5,8 @@ environment), vLLM's on/off spelling works from the environment too."""
 from __future__ import annotations
 
 import argparse
+import subprocess
+import sys
 
 import pytest
 
@@ -153,3 +155,17 @@ def test_router_flags_module_is_complete_for_a_bare_parser() -> None:
     parser = argparse.ArgumentParser()
     add_router_arguments(parser, internal_port=False)
     assert "--internal-port" not in {f for a in parser._actions for f in a.option_strings}
+
+
+@pytest.mark.parametrize(("role", "model", "says"), [
+    ("prefill", "/nonexistent/model-dir", "model path /nonexistent/model-dir does not exist"),
+    ("decode", "smollm2-135m-instruc", "unknown model 'smollm2-135m-instruc'; known models: smollm2-135m-instruct"),
+])
+def test_a_worker_given_a_model_that_does_not_resolve_exits_in_one_line(role: str, model: str, says: str) -> None:
+    """`pdserve prefill|decode --model <typo>` (how compose and Kubernetes start workers) ends with the command's
+    one-line error before anything loads, as `pdserve router` does, not a traceback."""
+    result = subprocess.run([sys.executable, "-m", "pdserve.cli", role, "--model", model, "--device", "cpu"],
+                            capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 1, result.stderr
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith(f"pdserve {role}: model {model!r}: ") and says in line, line
