@@ -44,7 +44,14 @@ from pdserve.engine.model import ModelWeights, fuse_weights
 from pdserve.engine.output import OutputProcessor
 from pdserve.engine.runner import ModelRunner
 from pdserve.engine.sampling import Sampler
-from pdserve.engine.weights import LoadedModel, ModelSpec, load_model, parse_dtype, resolve_model
+from pdserve.engine.weights import (
+    LoadedModel,
+    ModelSpec,
+    load_model,
+    parse_dtype,
+    resolve_device,
+    resolve_model,
+)
 from pdserve.engine.weights.kv_scales import load_kv_cache_spec
 from pdserve.kv_transfer.control.server import ListeningReceiver
 from pdserve.kv_transfer.registry import get_backend
@@ -63,12 +70,6 @@ from pdserve.worker.router_links import RouterLinks, RouterLinkSettings
 from pdserve.worker.transfer import transfer_env
 
 logger = logging.getLogger("pdserve.worker")
-
-
-def resolve_device(name: str) -> str:
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return name
 
 
 def served_model_name(settings: ModelSettings) -> str:

@@ -1,7 +1,7 @@
 """Model loading: GGUF files, Hugging Face directories, embedded (pip-fetched) models and dummy presets.
 
-The names below torch-free modules hold are imported with the package; LoadedModel, load_model and parse_dtype
-(loader.py, which imports torch) only when first asked for, so that the router and the launcher, which read
+The names below torch-free modules hold are imported with the package; LoadedModel, load_model, parse_dtype and
+resolve_device (loader.py, which imports torch) only when first asked for, so that the router and the launcher, which read
 a model's tokenizer and limits through this package, import no torch.
 """
 
@@ -15,13 +15,13 @@ from pdserve.engine.weights.locate import ModelSpec, load_tokenizer
 from pdserve.engine.weights.registry import DEFAULT_MODEL, KNOWN_MODELS, ResolvedModel, resolve_model
 
 if TYPE_CHECKING:
-    from pdserve.engine.weights.loader import LoadedModel, load_model, parse_dtype
+    from pdserve.engine.weights.loader import LoadedModel, load_model, parse_dtype, resolve_device
 
-_FROM_LOADER = ("LoadedModel", "load_model", "parse_dtype")
+_FROM_LOADER = ("LoadedModel", "load_model", "parse_dtype", "resolve_device")
 
 __all__ = [
     "DEFAULT_MODEL", "KNOWN_MODELS", "LoadedModel", "ModelSpec", "ResolvedModel", "default_cache_dir",
-    "fetch_default_model", "load_model", "load_tokenizer", "parse_dtype", "resolve_model",
+    "fetch_default_model", "load_model", "load_tokenizer", "parse_dtype", "resolve_device", "resolve_model",
 ]
 
 

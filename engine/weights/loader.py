@@ -50,6 +50,26 @@ class LoadedModel:
     quantization: str = "none"  # what fuse_weights makes of the linears: "none" or "fp8" (ModelSpec's, resolved)
 
 
+def resolve_device(name: str) -> str:
+    """--device as torch takes it: auto is cuda where torch sees a GPU, else cpu. A name torch does not parse, a
+    device type other than cpu and cuda, or a CUDA device torch cannot use is refused here (ValueError, the
+    numbers in it), before anything is allocated."""
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ValueError(f"--device {name!r} is not a device name torch takes (cpu, cuda, cuda:N)") from None
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"--device {name!r}: pdserve runs on cpu or cuda")
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if (device.index or 0) >= count:
+            built = f"CUDA {torch.version.cuda}" if torch.version.cuda else "no CUDA"
+            raise ValueError(f"--device {name}: torch {torch.__version__} ({built}) sees {count} CUDA device(s)")
+    return name
+
+
 def parse_dtype(dtype: torch.dtype | str | None, device: str) -> torch.dtype:
     """None → float32 on CPU, bfloat16 on accelerators."""
     if dtype is None:

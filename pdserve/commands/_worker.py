@@ -25,8 +25,8 @@ def add_worker_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
 def run_worker_command(args: argparse.Namespace, role: str, cache_dir: str | None, secret: str | None) -> int:
     collector_off_while_starting()  # on again once serving (pdserve/gc_tuning.py)
     from pdserve.cache_store.shared_store import StoreError
+    from pdserve.engine.weights import resolve_device, resolve_model
     from pdserve.engine.weights.hub import ModelNotFoundError
-    from pdserve.engine.weights.registry import resolve_model
     from pdserve.worker.app import run_worker
 
     try:
@@ -39,6 +39,10 @@ def run_worker_command(args: argparse.Namespace, role: str, cache_dir: str | Non
         resolve_model((model.model_preset or model.model) if dummy else model.model, model.load_format)
     except (FileNotFoundError, ValueError) as exc:
         raise SystemExit(f"pdserve {role}: model {model.model!r}: {exc}") from None
+    try:
+        resolve_device(model.device)
+    except ValueError as exc:
+        raise SystemExit(f"pdserve {role}: {exc}") from None
     try:
         return run_worker(settings)
     except (ModelNotFoundError, StoreError) as exc:

@@ -61,10 +61,8 @@ def _stdout_to_stderr() -> Iterator[None]:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
     from pdserve.engine.sampling_params import SamplingParams
-    from pdserve.engine.weights import DEFAULT_MODEL
+    from pdserve.engine.weights import DEFAULT_MODEL, resolve_device
     from pdserve.engine.weights.hub import HubOptions, ModelNotFoundError
     from pdserve.llm import LLM
 
@@ -76,9 +74,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     env_cache = os.environ.get("PDSERVE_CACHE_DIR")
     cache_dir = args.cache_dir or (Path(env_cache) if env_cache else None)
-    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     hub = HubOptions(revision=args.revision, cache_dir=args.download_dir)
     try:
+        device = resolve_device(args.device)
         with _stdout_to_stderr():
             llm = LLM(args.model or DEFAULT_MODEL, dtype=args.dtype, device=device, num_blocks=args.num_blocks,
                       max_num_seqs=1, cache_dir=cache_dir, hub=hub, kv_cache_dtype=args.kv_cache_dtype,

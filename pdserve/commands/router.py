@@ -93,8 +93,11 @@ def run(args: argparse.Namespace) -> int:
     if template is not None:
         tokenizer.chat_template = template
     names = tuple(args.served_model_name or (name,))
-    config = router_config(args, names[0], names[1:], min(max_len, args.max_model_len or max_len),
-                           os.environ.get("PDSERVE_SECRET") or None)
+    try:
+        config = router_config(args, names[0], names[1:], min(max_len, args.max_model_len or max_len),
+                               os.environ.get("PDSERVE_SECRET") or None)
+    except ValueError as exc:
+        raise SystemExit(f"pdserve router: {exc}") from None
     app = create_app(config, tokenizer)
     install_cors(app, cors)
     logging.getLogger("pdserve.router").info("router for %s on %s", ", ".join(names), listen.url)

@@ -157,15 +157,21 @@ def test_router_flags_module_is_complete_for_a_bare_parser() -> None:
     assert "--internal-port" not in {f for a in parser._actions for f in a.option_strings}
 
 
-@pytest.mark.parametrize(("role", "model", "says"), [
-    ("prefill", "/nonexistent/model-dir", "model path /nonexistent/model-dir does not exist"),
-    ("decode", "smollm2-135m-instruc", "unknown model 'smollm2-135m-instruc'; known models: smollm2-135m-instruct"),
+@pytest.mark.parametrize(("role", "flags", "says"), [
+    ("prefill", ["--model", "/nonexistent/model-dir"],
+     "pdserve prefill: model '/nonexistent/model-dir': model path /nonexistent/model-dir does not exist"),
+    ("decode", ["--model", "smollm2-135m-instruc"],
+     "pdserve decode: model 'smollm2-135m-instruc': unknown model 'smollm2-135m-instruc'; known models: smollm2"),
+    ("decode", ["--device", "gpu"], "pdserve decode: --device 'gpu' is not a device name torch takes"),
+    ("prefill", ["--device", "cuda:64"], "pdserve prefill: --device cuda:64: torch "),
 ])
-def test_a_worker_given_a_model_that_does_not_resolve_exits_in_one_line(role: str, model: str, says: str) -> None:
-    """`pdserve prefill|decode --model <typo>` (how compose and Kubernetes start workers) ends with the command's
-    one-line error before anything loads, as `pdserve router` does, not a traceback."""
-    result = subprocess.run([sys.executable, "-m", "pdserve.cli", role, "--model", model, "--device", "cpu"],
-                            capture_output=True, text=True, timeout=120, check=False)
+def test_a_worker_given_a_model_or_device_it_cannot_use_exits_in_one_line(role: str, flags: list[str],
+                                                                          says: str) -> None:
+    """`pdserve prefill|decode` (how compose and Kubernetes start workers) given a --model that does not resolve
+    or a --device torch cannot use ends with the command's one-line error before anything loads, as `pdserve
+    router` does, not a traceback."""
+    result = subprocess.run([sys.executable, "-m", "pdserve.cli", role, *flags], capture_output=True, text=True,
+                            timeout=120, check=False)
     assert result.returncode == 1, result.stderr
     [line] = result.stderr.strip().splitlines()
-    assert line.startswith(f"pdserve {role}: model {model!r}: ") and says in line, line
+    assert line.startswith(says), line
