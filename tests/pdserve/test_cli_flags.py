@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -175,3 +176,11 @@ def test_a_worker_given_a_model_or_device_it_cannot_use_exits_in_one_line(role: 
     assert result.returncode == 1, result.stderr
     [line] = result.stderr.strip().splitlines()
     assert line.startswith(says), line
+
+
+def test_a_router_given_a_worker_url_that_is_not_one_exits_in_one_line(default_model_dir: Path) -> None:
+    result = subprocess.run([sys.executable, "-m", "pdserve.cli", "router", "--prefill", "worker-1:8100"],
+                            capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 1, result.stderr
+    [line] = result.stderr.strip().splitlines()
+    assert line == "pdserve router: worker URLs must be http(s) URLs, got 'worker-1:8100'", line
