@@ -38,6 +38,17 @@ from pdserve.protocol.cache_policy import CachePolicy, known_fields, positive_nu
 __all__ = ["GIB", "CachePolicy", "TierConfig", "add_cache_arguments", "cache_argv", "cache_settings_from_args",
            "load_cache_file"]  # CachePolicy with them: callers take it together with TierConfig
 GIB = 1 << 30
+REDIS_SCHEMES = ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster", "redis+sentinel", "rediss+sentinel")
+
+
+def redis_url_scheme(url: str) -> str:
+    """The scheme of a Redis URL this project connects to; ValueError naming the URL otherwise."""
+    scheme, sep, _ = url.partition("://")
+    if not sep:
+        raise ValueError(f"Redis URL {url!r} has no scheme (redis://host:port)")
+    if scheme not in REDIS_SCHEMES:
+        raise ValueError(f"unsupported Redis URL scheme {scheme!r} in {url!r}; use one of {list(REDIS_SCHEMES)}")
+    return scheme
 
 
 @dataclass(frozen=True)
@@ -53,6 +64,8 @@ class TierConfig:
     max_fetch_blocks: int = 4096  # blocks staged in host memory by one request's lookup
 
     def __post_init__(self) -> None:
+        if self.redis_url is not None:
+            redis_url_scheme(self.redis_url)
         if not (isinstance(self.host_capacity_gb, (int, float)) and self.host_capacity_gb >= 0):
             raise ValueError(f"host_capacity_gb must be >= 0, got {self.host_capacity_gb!r}")
         for name in ("redis_socket_timeout_s", "redis_retry_interval_s"):

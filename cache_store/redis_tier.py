@@ -51,6 +51,7 @@ from redis.retry import Retry
 from redis.sentinel import Sentinel
 
 from pdserve.cache_store.kv_codec import BlockLayout, CorruptValueError, decode_block, encode_block_parts
+from pdserve.cache_store.policy import redis_url_scheme
 from pdserve.cache_store.redis_auth import ForgedValueError, RedisAuth
 from pdserve.cache_store.tier_stats import TieredCacheStats
 
@@ -72,15 +73,11 @@ def connect_redis(url: str, socket_timeout_s: float, max_connections: int = 32) 
     # One immediate retry: the first command on a pooled connection to a restarted server fails once.
     options: dict[str, Any] = {"socket_timeout": socket_timeout_s, "socket_connect_timeout": socket_timeout_s,
                                "retry": Retry(NoBackoff(), 1)}
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        raise ValueError(f"Redis URL {url!r} has no scheme (redis://host:port)")
+    scheme, rest = redis_url_scheme(url), url.partition("://")[2]
     if scheme in ("redis+cluster", "rediss+cluster"):
         return _cluster(scheme.split("+")[0], rest, options)
     if scheme in ("redis+sentinel", "rediss+sentinel"):
         return _sentinel(scheme.split("+")[0], rest, options)
-    if scheme not in ("redis", "rediss", "unix"):
-        raise ValueError(f"unsupported Redis URL scheme {scheme!r} in {url!r}")
     return redis.Redis.from_url(url, max_connections=max_connections, **options)
 
 

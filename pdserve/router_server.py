@@ -37,6 +37,9 @@ class ListenSettings:
     internal_fd: int | None = None  # the same for internal_port
 
     def __post_init__(self) -> None:
+        for flag, port in (("--port", self.port), ("--internal-port", self.internal_port)):
+            if port is not None and not 0 <= port <= 65535:
+                raise ValueError(f"{flag} must be in [0, 65535], got {port}")
         if (self.ssl_keyfile is None) != (self.ssl_certfile is None):
             raise ValueError(f"TLS needs both --ssl-keyfile and --ssl-certfile, got keyfile={self.ssl_keyfile} "
                              f"certfile={self.ssl_certfile}")

@@ -146,6 +146,8 @@ class KVCacheSettings:
             raise ValueError(f"kv_cache_memory must be positive, got {self.kv_cache_memory}")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(f"gpu memory utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.block_size <= 0 or self.block_size & (self.block_size - 1):
+            raise ValueError(f"--block-size must be a power of two, got {self.block_size}")
 
     @property
     def sized_explicitly(self) -> bool:
@@ -351,6 +353,8 @@ class LaunchSettings:
     restart: RestartPolicy = field(default_factory=RestartPolicy)  # children that exit (pdserve/supervision.py)
 
     def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"--port must be in [0, 65535], got {self.port}")
         if self.transfer_backend not in TRANSFER_BACKENDS or self.transfer_backend == "local":
             choices = [b for b in TRANSFER_BACKENDS if b != "local"]
             raise ValueError(f"unknown transfer backend {self.transfer_backend!r} for serve; choose one of {choices}")

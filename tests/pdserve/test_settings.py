@@ -6,8 +6,11 @@ import argparse
 
 import pytest
 
+from pdserve.cache_store.policy import TierConfig
+from pdserve.router_server import ListenSettings
 from pdserve.settings import (
     KVCacheSettings,
+    LaunchSettings,
     SchedulerSettings,
     ServerSettings,
     WorkerSettings,
@@ -35,6 +38,20 @@ def test_validation_names_the_values() -> None:
         ServerSettings(router_url="localhost:8000")
     with pytest.raises(ValueError, match="needs --role both"):
         WorkerSettings(roles=("decode",), transfer=WorkerSettings(roles=("prefill", "decode")).transfer)
+    # each of these reached a traceback (ZeroDivisionError, OverflowError at bind, ...) before it was checked here
+    with pytest.raises(ValueError, match="--block-size must be a power of two, got 0"):
+        KVCacheSettings(block_size=0)
+    with pytest.raises(ValueError, match="--block-size must be a power of two, got 24"):
+        KVCacheSettings(block_size=24)
+    with pytest.raises(ValueError, match=r"--port must be in \[0, 65535\], got 70000"):
+        LaunchSettings(port=70000)
+    with pytest.raises(ValueError, match=r"--internal-port must be in \[0, 65535\], got -1"):
+        ListenSettings(internal_port=-1, ssl_keyfile="k", ssl_certfile="c")
+    with pytest.raises(ValueError, match="Redis URL 'cache:6379' has no scheme"):
+        TierConfig(redis_url="cache:6379")
+    with pytest.raises(ValueError, match="unsupported Redis URL scheme 'http'"):
+        TierConfig(redis_url="http://cache:6379")
+    assert TierConfig(redis_url="redis+sentinel://a:26379,b:26379/main").redis_url is not None
 
 
 def test_transfer_backend_follows_the_roles() -> None:
