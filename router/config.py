@@ -84,8 +84,10 @@ class RouterConfig:
     tool_call_parser: str = "hermes"  # how `tool_choice: auto` output is read (router/tool_parser.py)
 
     def __post_init__(self) -> None:
-        if not self.model:
-            raise ValueError("RouterConfig.model must name the served model, got an empty string")
+        if not self.model or not all(self.extra_models):
+            raise ValueError(f"served model names must not be empty, got {[self.model, *self.extra_models]}")
+        if self.block_size & (self.block_size - 1):  # what every worker's pool takes (pdserve/settings.py)
+            raise ValueError(f"--block-size must be a power of two, got {self.block_size}")
         for name in ("max_model_len", "block_size", "max_connections", "max_n", "max_body_bytes",
                      "max_inflight_requests", "max_request_prompt_tokens", "max_request_completion_tokens"):
             if getattr(self, name) <= 0:

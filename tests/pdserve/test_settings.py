@@ -7,6 +7,7 @@ import argparse
 import pytest
 
 from pdserve.cache_store.policy import TierConfig
+from pdserve.router.config import RouterConfig
 from pdserve.router_server import ListenSettings
 from pdserve.settings import (
     KVCacheSettings,
@@ -52,6 +53,10 @@ def test_validation_names_the_values() -> None:
     with pytest.raises(ValueError, match="unsupported Redis URL scheme 'http'"):
         TierConfig(redis_url="http://cache:6379")
     assert TierConfig(redis_url="redis+sentinel://a:26379,b:26379/main").redis_url is not None
+    with pytest.raises(ValueError, match="--block-size must be a power of two, got 24"):
+        RouterConfig(model="m", block_size=24)
+    with pytest.raises(ValueError, match=r"served model names must not be empty, got \['m', ''\]"):
+        RouterConfig(model="m", extra_models=("",))
 
 
 def test_transfer_backend_follows_the_roles() -> None:
