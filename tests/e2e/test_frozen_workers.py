@@ -64,8 +64,12 @@ def stream(deployment: Deployment, max_tokens: int, prompt: str = "Tell me a sto
 
 
 def running_on(deployment: Deployment, worker_id: str) -> int:
-    workers = httpx.get(f"{deployment.url}/internal/workers", headers=INTERNAL, timeout=5).json()["workers"]
-    return next(w["inflight"] for w in workers if w["worker_id"] == worker_id)
+    """Sequences the worker itself is decoding (its own /internal/status), not the router's count of requests
+    sent to it, which also counts a request still in prefill or a reservation the router then places elsewhere.
+    On that count, in a full run on an overloaded host (2026-12-07), decode-0 was frozen and no stream was cut,
+    twice: with nothing of its own decoding, a frozen worker ends no stream."""
+    [url] = [w["url"] for w in deployment.workers if w["worker_id"] == worker_id]
+    return httpx.get(f"{url}/internal/status", headers=INTERNAL, timeout=5).json()["num_running"]
 
 
 def test_a_frozen_decode_worker_ends_its_streams_and_is_gone_around(pools: Deployment) -> None:
