@@ -69,7 +69,6 @@ _READ_CHUNK = 1 << 20
 _AUTH_CONTEXT = b"pdserve-kv-auth-v1"
 
 
-
 class ProtocolError(Exception):
     """The peer broke the protocol (or timed out mid-frame): drop the connection."""
 

@@ -1,8 +1,8 @@
 """Model loading: GGUF files, Hugging Face directories, embedded (pip-fetched) models and dummy presets.
 
 The names below torch-free modules hold are imported with the package; LoadedModel, load_model, parse_dtype and
-resolve_device (loader.py, which imports torch) only when first asked for, so that the router and the launcher, which read
-a model's tokenizer and limits through this package, import no torch.
+resolve_device (loader.py, which imports torch) only when first asked for, so that the router and the launcher,
+which read a model's tokenizer and limits through this package, import no torch.
 """
 
 from __future__ import annotations

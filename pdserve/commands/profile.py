@@ -57,11 +57,15 @@ def run(args: argparse.Namespace) -> int:
 
     from pdserve.engine.config import CacheConfig
     from pdserve.engine.runner import ModelRunner
+    from pdserve.engine.weights import resolve_device
     from pdserve.engine.weights.dummy import dummy_weights
     from pdserve.planner.measure import decode_shapes, profile_runner
     from pdserve.planner.profile import fit_warnings
 
-    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = resolve_device(args.device)
+    except ValueError as exc:
+        raise SystemExit(f"pdserve profile: {exc}") from None
     dtype_name = args.dtype if args.dtype != "auto" else ("bfloat16" if device.startswith("cuda") else "float32")
     dtype = getattr(torch, dtype_name)
     grid = dataclasses.replace(default_grid(device.split(":")[0]), **_overrides(args))
