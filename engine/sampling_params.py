@@ -18,6 +18,8 @@ MAX_STOP_STRINGS = 4  # OpenAI's documented limit ("up to 4 sequences")
 MAX_STOP_CHARS = 256
 MAX_STOP_TOKEN_IDS = 1024
 MAX_LOGPROBS = 20
+# integers every process's messages carry (msgpack: 64 bits); seed's range is vLLM's (torch.long)
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 _GREEDY_EPS = 1e-5  # temperatures below this are greedy (as in vLLM): dividing by them overflows
 
 
@@ -72,7 +74,8 @@ class SamplingParams:
             (self.max_tokens >= 1, f"max_tokens must be >= 1, got {self.max_tokens}"),
             (self.temperature >= 0, f"temperature must be >= 0, got {self.temperature}"),
             (0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}"),
-            (self.top_k == -1 or self.top_k >= 1, f"top_k must be -1 (off) or >= 1, got {self.top_k}"),
+            (self.top_k == -1 or 1 <= self.top_k <= INT64_MAX,
+             f"top_k must be -1 (off) or in [1, {INT64_MAX}], got {self.top_k}"),
             (0 <= self.min_p <= 1, f"min_p must be in [0, 1], got {self.min_p}"),
             (-2 <= self.presence_penalty <= 2,
              f"presence_penalty must be in [-2, 2], got {self.presence_penalty}"),
@@ -86,8 +89,10 @@ class SamplingParams:
              f"stop strings must be at most {MAX_STOP_CHARS} characters each, got {max(map(len, self.stop), default=0)}"),
             (len(self.stop_token_ids) <= MAX_STOP_TOKEN_IDS,
              f"at most {MAX_STOP_TOKEN_IDS} stop_token_ids are allowed, got {len(self.stop_token_ids)}"),
-            (all(t >= 0 for t in self.stop_token_ids),
-             f"stop_token_ids must be >= 0, got {list(self.stop_token_ids)}"),
+            (all(0 <= t <= INT64_MAX for t in self.stop_token_ids),
+             f"stop_token_ids must be in [0, {INT64_MAX}], got {list(self.stop_token_ids)}"),
+            (self.seed is None or INT64_MIN <= self.seed <= INT64_MAX,
+             f"seed must be in [{INT64_MIN}, {INT64_MAX}], got {self.seed}"),
             (self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS,
              f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}"),
             (self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= MAX_LOGPROBS,

@@ -11,7 +11,7 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from pdserve.engine.sampling_params import SamplingParams
+from pdserve.engine.sampling_params import INT64_MIN, SamplingParams
 from pdserve.engine.structured_output import StructuredOutput
 from pdserve.router.config import RouterConfig
 from pdserve.router.errors import APIError, bad_request, context_length_exceeded, model_not_found
@@ -164,7 +164,9 @@ def _build_plan(plan_id: str, model: str, req: SamplingFields, token_lists: list
     for prompt_index, ids in enumerate(token_lists):
         for sample in range(req.n):
             index = prompt_index * req.n + sample
-            seed = None if req.seed is None else req.seed + index  # n samples must differ, reproducibly
+            # n samples must differ, reproducibly; the first takes the seed as given (SamplingParams checks its range),
+            # the others wrap at the 64-bit edge
+            seed = None if req.seed is None else req.seed if index == 0 else _int64(req.seed + index)
             sampling = _sampling_params(req, max_tokens[prompt_index], stop, seed, logprobs)
             sampling = dataclasses.replace(sampling, structured=structured, prompt_logprobs=prompt_logprobs,
                                            include_stop_str_in_output=req.include_stop_str_in_output)
@@ -172,6 +174,10 @@ def _build_plan(plan_id: str, model: str, req: SamplingFields, token_lists: list
     continuous = req.stream_options is not None and req.stream_options.continuous_usage_stats
     return GenerationPlan(plan_id, model, int(time.time()), chat, req.stream, req.include_usage or continuous,
                           logprobs, [len(ids) for ids in token_lists], subrequests, continuous_usage=continuous)
+
+
+def _int64(value: int) -> int:
+    return (value - INT64_MIN) % (1 << 64) + INT64_MIN
 
 
 def _sampling_params(req: SamplingFields, max_tokens: int, stop: tuple[str, ...], seed: int | None,

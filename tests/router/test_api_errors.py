@@ -78,11 +78,23 @@ def test_out_of_range_parameters_are_400_not_422(cluster, field: str, value: obj
     ({"prompt": "Hi", "logit_bias": {"1": 5}}, "logit_bias", "not supported"),
     ({"prompt": "Hi", "best_of": 3}, "best_of", "best_of"),
     ({"prompt": "Hi", "n": 1000}, "n", "at most"),
+    # integers past 64 bits were a 500 (msgpack could not carry them to the workers)
+    ({"prompt": "Hi", "seed": 1 << 70}, "seed", "seed must be in [-9223372036854775808, 9223372036854775807]"),
+    ({"prompt": "Hi", "seed": -(1 << 70)}, "seed", "got -1180591620717411303424"),
+    ({"prompt": "Hi", "top_k": 1 << 70}, "top_k", "top_k must be -1 (off) or in [1, 9223372036854775807]"),
+    ({"prompt": "Hi", "stop_token_ids": [1 << 70]}, "stop_token_ids", "stop_token_ids must be in [0, "),
     ({}, "prompt", "Missing required parameter: 'prompt'"),
 ])
 def test_bad_completion_inputs(cluster, body: dict, param: str, words: str) -> None:
     error = _error(httpx.post(f"{cluster.url}/v1/completions", json={"model": MODEL, **body}), 400)
     assert error["param"] == param and words in error["message"], error
+
+
+def test_n_samples_from_the_largest_seed_are_served(cluster) -> None:
+    """Sample i of n takes seed + i, wrapped at the 64-bit edge: the largest seed is valid for n > 1 too."""
+    body = {"model": MODEL, "prompt": "Hi", "max_tokens": 1, "n": 2, "seed": (1 << 63) - 1, "temperature": 1.0}
+    reply = httpx.post(f"{cluster.url}/v1/completions", json=body)
+    assert reply.status_code == 200 and len(reply.json()["choices"]) == 2, reply.text
 
 
 @pytest.mark.parametrize(("body", "param", "words"), [
