@@ -175,7 +175,23 @@ class Profile:
 
     @classmethod
     def from_json(cls, text: str) -> Profile:
-        raw = json.loads(text)
+        """ValueError, saying what is wrong, for text that is not a profile `pdserve profile` wrote."""
+        written_by = "a profile is the JSON object `pdserve profile` writes"
+        try:
+            raw = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"not JSON ({exc}); {written_by}") from None
+        if not isinstance(raw, dict):
+            raise ValueError(f"a JSON {type(raw).__name__}, not an object; {written_by}")  # noqa: TRY004 (one kind)
+        try:
+            return cls._from_raw(raw)
+        except KeyError as exc:
+            raise ValueError(f"no {exc} field; {written_by}") from None
+        except (TypeError, ValueError, AttributeError) as exc:
+            raise ValueError(f"a malformed field ({exc}); {written_by}") from None
+
+    @classmethod
+    def _from_raw(cls, raw: dict[str, Any]) -> Profile:
         return cls(
             model=raw["model"], device=raw["device"], dtype=raw["dtype"],
             kv_bytes_per_token=int(raw["kv_bytes_per_token"]), block_size=int(raw["block_size"]),

@@ -102,7 +102,10 @@ def run(args: argparse.Namespace) -> int:
     from pdserve.planner.plan import Planner, PlanResult, format_plan
     from pdserve.planner.profile import Profile
 
-    profile = Profile.load(args.profile)
+    try:
+        profile = Profile.load(args.profile)
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"pdserve plan: --profile {args.profile}: {exc}") from None
     slos = SLOs.parse(args.goodput)
     planner = Planner(profile, cluster_from_args(args, profile.block_size), workload_from_args(args), slos,
                       args.target_attainment, args.max_workers)

@@ -86,3 +86,16 @@ def test_profile_json_round_trip(tmp_path) -> None:
     assert loaded.decode_time(4, 256) == pytest.approx(0.01 + 4e-4, rel=1e-6)
     with pytest.raises(ValueError, match="at least 5 samples"):
         fit_decode(dsamples[:4])
+
+
+def test_a_file_that_is_not_a_profile_is_named_by_what_is_wrong(tmp_path) -> None:
+    """`pdserve plan --profile F` reports these in one line (pdserve/commands/plan.py); they were tracebacks."""
+    cases = {"text": ("hello", "not JSON"), "list": ("[1, 2]", "a JSON list, not an object"),
+             "object": ('{"model": "m"}', "no 'device' field"),
+             "field": ('{"model": "m", "device": "cpu", "dtype": "float32", "kv_bytes_per_token": "many"}',
+                       "a malformed field")}
+    for name, (text, says) in cases.items():
+        path = tmp_path / f"{name}.json"
+        path.write_text(text)
+        with pytest.raises(ValueError, match=says):
+            Profile.load(path)
