@@ -16,6 +16,11 @@ from typing import Any, Literal
 EVICTION_KINDS: tuple[str, ...] = ("lru", "lfu")  # cache_store/eviction.py's evictors
 WritePolicy = Literal["write_through", "write_back", "none"]
 WRITE_POLICIES: tuple[str, ...] = ("write_through", "write_back", "none")
+# upper bounds: past them a value is a mistake, and some break what takes them (a lookup thread's wait raised
+# OverflowError for 1e300 s, accepted by PUT /admin/cache-policy; Redis refuses an expiry past ~9e15 s, and each
+# GETEX then fails): an hour of lookup, ~68 years of TTL or admission hits
+MAX_LOOKUP_TIMEOUT_S = 3600.0
+MAX_COUNT = (1 << 31) - 1
 
 
 @dataclass(frozen=True)
@@ -33,12 +38,14 @@ class CachePolicy:
                 raise ValueError(f"{name} must be one of {EVICTION_KINDS}, got {getattr(self, name)!r}")
         if self.write not in WRITE_POLICIES:
             raise ValueError(f"write must be one of {WRITE_POLICIES}, got {self.write!r}")
-        if not isinstance(self.redis_admission_hits, int) or self.redis_admission_hits < 0:
-            raise ValueError(f"redis_admission_hits must be an integer >= 0, got {self.redis_admission_hits!r}")
-        if not positive_number(self.lookup_timeout_s):
-            raise ValueError(f"lookup_timeout_s must be a positive number, got {self.lookup_timeout_s!r}")
-        if self.redis_ttl_s is not None and (not isinstance(self.redis_ttl_s, int) or self.redis_ttl_s <= 0):
-            raise ValueError(f"redis_ttl_s must be a positive integer or None, got {self.redis_ttl_s!r}")
+        if not _integer(self.redis_admission_hits) or not 0 <= self.redis_admission_hits <= MAX_COUNT:
+            raise ValueError(f"redis_admission_hits must be an integer in [0, {MAX_COUNT}], "
+                             f"got {self.redis_admission_hits!r}")
+        if not positive_number(self.lookup_timeout_s) or self.lookup_timeout_s > MAX_LOOKUP_TIMEOUT_S:
+            raise ValueError(f"lookup_timeout_s must be a positive number <= {MAX_LOOKUP_TIMEOUT_S:g}, "
+                             f"got {self.lookup_timeout_s!r}")
+        if self.redis_ttl_s is not None and (not _integer(self.redis_ttl_s) or not 0 < self.redis_ttl_s <= MAX_COUNT):
+            raise ValueError(f"redis_ttl_s must be an integer in [1, {MAX_COUNT}] or None, got {self.redis_ttl_s!r}")
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> CachePolicy:
@@ -50,6 +57,10 @@ class CachePolicy:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def _integer(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def positive_number(value: object) -> bool:

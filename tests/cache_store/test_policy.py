@@ -19,10 +19,14 @@ from pdserve.cache_store.policy import (
     ({"device_eviction": "fifo"}, "device_eviction must be one of"),
     ({"host_eviction": "mru"}, "host_eviction must be one of"),
     ({"write": "write_around"}, "write must be one of"),
-    ({"redis_admission_hits": -1}, "redis_admission_hits must be an integer >= 0, got -1"),
-    ({"lookup_timeout_s": 0}, "lookup_timeout_s must be a positive number, got 0"),
+    ({"redis_admission_hits": -1}, r"redis_admission_hits must be an integer in \[0, 2147483647\], got -1"),
+    ({"redis_admission_hits": 1 << 70}, r"redis_admission_hits must be an integer in \[0, 2147483647\], got 1180"),
+    ({"redis_admission_hits": True}, "redis_admission_hits must be an integer"),
+    ({"lookup_timeout_s": 0}, "lookup_timeout_s must be a positive number <= 3600, got 0"),
     ({"lookup_timeout_s": float("inf")}, "lookup_timeout_s must be a positive number"),
-    ({"redis_ttl_s": 0}, "redis_ttl_s must be a positive integer or None, got 0"),
+    ({"lookup_timeout_s": 1e300}, "lookup_timeout_s must be a positive number <= 3600, got 1e"),
+    ({"redis_ttl_s": 0}, r"redis_ttl_s must be an integer in \[1, 2147483647\] or None, got 0"),
+    ({"redis_ttl_s": 1 << 70}, r"redis_ttl_s must be an integer in \[1, 2147483647\] or None, got 1180"),
 ])
 def test_policy_validation_names_the_bad_value(changes: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
