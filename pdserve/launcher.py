@@ -121,7 +121,11 @@ class Launcher:
 
     def start(self) -> None:
         """Bind every router's address (a port in use fails here, before any child runs), then start all."""
-        specs = [self.listeners.bind(spec, self.settings.host) for spec in plan_children(self.settings)]
+        try:
+            planned = plan_children(self.settings)  # takes free ports on --host: fails if it is no address here
+        except OSError as exc:
+            raise ListenError(f"cannot listen on --host {self.settings.host}: {exc}") from None
+        specs = [self.listeners.bind(spec, self.settings.host) for spec in planned]
         for spec in specs:
             if self._stop.is_set():
                 raise InterruptedError("stopping before the deployment was started")

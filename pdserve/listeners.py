@@ -24,7 +24,7 @@ _BACKLOG = 2048  # uvicorn's default
 
 
 class ListenError(Exception):
-    """A router's address cannot be listened on (in use, or not this host's)."""
+    """An address cannot be listened on (in use, not this host's, or not an address at all)."""
 
 
 def bind_socket(host: str, port: int) -> socket.socket:

@@ -97,6 +97,8 @@ class ModelSettings:
     served_model_names: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        if self.torch_threads is not None and self.torch_threads < 1:
+            raise ValueError(f"--torch-threads must be >= 1, got {self.torch_threads}")
         if self.load_format not in LOAD_FORMATS:
             raise ValueError(f"unknown load format {self.load_format!r}; choose one of {LOAD_FORMATS}")
         if self.dtype not in DTYPES:
@@ -355,6 +357,8 @@ class LaunchSettings:
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ValueError(f"--port must be in [0, 65535], got {self.port}")
+        if not self.ready_timeout_s > 0:
+            raise ValueError(f"--ready-timeout must be positive, got {self.ready_timeout_s}")
         if self.transfer_backend not in TRANSFER_BACKENDS or self.transfer_backend == "local":
             choices = [b for b in TRANSFER_BACKENDS if b != "local"]
             raise ValueError(f"unknown transfer backend {self.transfer_backend!r} for serve; choose one of {choices}")

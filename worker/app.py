@@ -26,7 +26,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from pdserve.gc_tuning import quiet_garbage_collector
-from pdserve.listeners import bind_socket
+from pdserve.listeners import ListenError, bind_socket
 from pdserve.settings import WorkerSettings
 from pdserve.supervision import PORT_TAKEN_EXIT
 from pdserve.worker.assembly import Worker
@@ -103,8 +103,9 @@ def run_worker(settings: WorkerSettings) -> int:
     try:  # before the model loads: a port taken meanwhile is told in milliseconds, not after the load
         sock = bind_socket(settings.server.host, settings.server.port)
     except OSError as exc:
-        if exc.errno != errno.EADDRINUSE:
-            raise
+        if exc.errno != errno.EADDRINUSE:  # not this host's address (EADDRNOTAVAIL), or no address (gaierror)
+            raise ListenError(f"cannot listen on --host {settings.server.host} --port {settings.server.port}: "
+                              f"{exc}") from None
         logger.error("port %d on %s is taken by another process: %s", settings.server.port, settings.server.host,
                      exc)
         return PORT_TAKEN_EXIT

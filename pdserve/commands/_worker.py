@@ -27,6 +27,7 @@ def run_worker_command(args: argparse.Namespace, role: str, cache_dir: str | Non
     from pdserve.cache_store.shared_store import StoreError
     from pdserve.engine.weights import resolve_device, resolve_model
     from pdserve.engine.weights.hub import ModelNotFoundError
+    from pdserve.listeners import ListenError
     from pdserve.worker.app import run_worker
 
     try:
@@ -45,5 +46,5 @@ def run_worker_command(args: argparse.Namespace, role: str, cache_dir: str | Non
         raise SystemExit(f"pdserve {role}: {exc}") from None
     try:
         return run_worker(settings)
-    except (ModelNotFoundError, StoreError) as exc:
+    except (ModelNotFoundError, StoreError, ListenError) as exc:
         raise SystemExit(f"pdserve {role}: {exc}") from None

@@ -165,12 +165,15 @@ def test_router_flags_module_is_complete_for_a_bare_parser() -> None:
      "pdserve decode: model 'smollm2-135m-instruc': unknown model 'smollm2-135m-instruc'; known models: smollm2"),
     ("decode", ["--device", "gpu"], "pdserve decode: --device 'gpu' is not a device name torch takes"),
     ("prefill", ["--device", "cuda:64"], "pdserve prefill: --device cuda:64: torch "),
+    # an address that is not this machine's (TEST-NET-1): a traceback at bind before, for workers and serve
+    ("decode", ["--device", "cpu", "--host", "192.0.2.1"], "pdserve decode: cannot listen on --host 192.0.2.1"),
+    ("serve", ["--host", "192.0.2.1"], "pdserve serve: cannot listen on --host 192.0.2.1"),
 ])
 def test_a_worker_given_a_model_or_device_it_cannot_use_exits_in_one_line(role: str, flags: list[str],
                                                                           says: str) -> None:
-    """`pdserve prefill|decode` (how compose and Kubernetes start workers) given a --model that does not resolve
-    or a --device torch cannot use ends with the command's one-line error before anything loads, as `pdserve
-    router` does, not a traceback."""
+    """`pdserve prefill|decode` (how compose and Kubernetes start workers) given a --model that does not resolve,
+    a --device torch cannot use or a --host it cannot listen on ends with the command's one-line error before
+    anything loads, as `pdserve router` does, not a traceback; `pdserve serve` too for its --host."""
     result = subprocess.run([sys.executable, "-m", "pdserve.cli", role, *flags], capture_output=True, text=True,
                             timeout=120, check=False)
     assert result.returncode == 1, result.stderr

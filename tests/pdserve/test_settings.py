@@ -12,6 +12,7 @@ from pdserve.router_server import ListenSettings
 from pdserve.settings import (
     KVCacheSettings,
     LaunchSettings,
+    ModelSettings,
     SchedulerSettings,
     ServerSettings,
     WorkerSettings,
@@ -46,6 +47,10 @@ def test_validation_names_the_values() -> None:
         KVCacheSettings(block_size=24)
     with pytest.raises(ValueError, match=r"--port must be in \[0, 65535\], got 70000"):
         LaunchSettings(port=70000)
+    with pytest.raises(ValueError, match="--ready-timeout must be positive, got -5"):
+        LaunchSettings(ready_timeout_s=-5)
+    with pytest.raises(ValueError, match="--torch-threads must be >= 1, got 0"):
+        ModelSettings(torch_threads=0)
     with pytest.raises(ValueError, match=r"--internal-port must be in \[0, 65535\], got -1"):
         ListenSettings(internal_port=-1, ssl_keyfile="k", ssl_certfile="c")
     with pytest.raises(ValueError, match="Redis URL 'cache:6379' has no scheme"):
