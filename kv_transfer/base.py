@@ -236,7 +236,9 @@ class KVReceiver(ABC):
     def write_blocks(self, request_id: str, layer: int, block_ids: list[int], blocks: torch.Tensor) -> None:
         """Scatter blocks [2, n, block_size, Hkv, D] that passed `check_blocks` into the pool, and record them."""
         pool = self.pools[layer]
-        scatter_blocks(pool, torch.tensor(block_ids, dtype=torch.int64, device=pool.device), blocks.to(pool.device))
+        # from pinned memory the copy is queued (the host buffer is held by torch's pinned cache until it is done)
+        blocks = blocks.to(pool.device, non_blocking=blocks.is_pinned())
+        scatter_blocks(pool, torch.tensor(block_ids, dtype=torch.int64, device=pool.device), blocks)
         self.table.record_layer(request_id, layer, block_ids)
 
     async def start(self) -> None:

@@ -62,11 +62,12 @@ import torch
 
 # dtype names as the cache store writes them (a table, never getattr(torch, name): names come from the network)
 from pdserve.cache_store.kv_codec import DTYPE_NAMES, DTYPES
+from pdserve.kv_transfer.payload_reader import PayloadReader
 
 WIRE_VERSION = 1
 _LENGTH = struct.Struct(">I")
-_READ_CHUNK = 1 << 20
 _AUTH_CONTEXT = b"pdserve-kv-auth-v1"
+_SUM_STEP_BYTES = 2 << 20  # a payload's received bytes are summed in a worker thread this many at a time
 
 
 class ProtocolError(Exception):
@@ -233,12 +234,14 @@ def done_frame(request_id: str, first_token_id: int, first_logprob: float | None
                 [float(lp) for _, lp in first_top])
 
 
-def kv_frame(request_id: str, layer: int, block_ids: list[int], blocks: torch.Tensor) -> list[bytes | memoryview]:
-    """A "kv" frame for host blocks [2, len(block_ids), block_size, Hkv, D]."""
+def kv_frame(request_id: str, layer: int, block_ids: list[int], blocks: torch.Tensor,
+             checksum: int | None = None) -> list[bytes | memoryview]:
+    """A "kv" frame for host blocks [2, len(block_ids), block_size, Hkv, D]; `checksum`: their bytes' CRC-32,
+    when the caller has it already."""
     payload = tensor_bytes(blocks)
     header = KVHeader(
         request_id, layer, list(block_ids), dtype_name(blocks.dtype), list(blocks.shape),
-        payload.nbytes, zlib.crc32(payload),
+        payload.nbytes, zlib.crc32(payload) if checksum is None else checksum,
     )
     return encode_frame(header, payload)
 
@@ -250,7 +253,7 @@ def tensor_bytes(tensor: torch.Tensor) -> memoryview:
     return memoryview(tensor.contiguous().view(torch.uint8).reshape(-1).numpy())
 
 
-def tensor_from_payload(payload: bytearray, header: KVHeader) -> torch.Tensor:
+def tensor_from_payload(payload: memoryview | bytearray, header: KVHeader) -> torch.Tensor:
     return torch.frombuffer(payload, dtype=DTYPES[header.dtype]).view(header.shape)
 
 
@@ -314,25 +317,43 @@ async def read_header(reader: asyncio.StreamReader, limits: FrameLimits) -> Head
     return decode_header(raw)
 
 
-async def read_payload(reader: asyncio.StreamReader, header: KVHeader, limits: FrameLimits) -> bytearray:
-    """The payload announced by an already-validated header, checksum verified."""
-    payload = bytearray(header.nbytes)
-    view = memoryview(payload)
-    filled = 0
-    while filled < header.nbytes:
-        try:
-            async with asyncio.timeout(limits.read_timeout_s):
-                chunk = await reader.read(min(header.nbytes - filled, _READ_CHUNK))
-        except TimeoutError:
-            raise ProtocolError(f"payload read stalled at {filled} of {header.nbytes} bytes") from None
-        if not chunk:
-            raise ProtocolError(f"connection closed after {filled} of {header.nbytes} payload bytes")
-        view[filled:filled + len(chunk)] = chunk
-        filled += len(chunk)
-    checksum = zlib.crc32(payload)
+async def read_payload(reader: PayloadReader, header: KVHeader, limits: FrameLimits,
+                       into: memoryview | None = None) -> memoryview:
+    """The payload announced by an already-validated header, checksum verified: in `into` (header.nbytes
+    writable bytes, e.g. pinned host memory) or a new bytearray. The socket receives straight into it
+    (kv_transfer/payload_reader.py), and the CRC-32 of what has arrived is computed in a worker thread while
+    the rest arrives (zlib releases the GIL; crc32(b, crc32(a)) == crc32(a + b)), so only the tail is summed
+    after the last byte."""
+    view = memoryview(bytearray(header.nbytes)) if into is None else into
+    if view.nbytes != header.nbytes:
+        raise ValueError(f"payload buffer of {view.nbytes} bytes for a payload of {header.nbytes}")
+    filled = summed = checksum = 0
+    job: asyncio.Future[int] | None = None  # the sum of view[summed:job_end] onto `checksum`
+    job_end = 0
+    try:
+        while filled < header.nbytes:
+            try:
+                async with asyncio.timeout(limits.read_timeout_s):
+                    n = await reader.read_into(view[filled:])
+            except TimeoutError:
+                raise ProtocolError(f"payload read stalled at {filled} of {header.nbytes} bytes") from None
+            if not n:
+                raise ProtocolError(f"connection closed after {filled} of {header.nbytes} payload bytes")
+            filled += n
+            if job is not None and job.done():
+                checksum, summed, job = job.result(), job_end, None
+            if job is None and filled - summed >= _SUM_STEP_BYTES:
+                job_end = filled
+                job = asyncio.ensure_future(asyncio.to_thread(zlib.crc32, view[summed:job_end], checksum))
+        if job is not None:
+            checksum, summed, job = await job, job_end, None
+    finally:
+        if job is not None:
+            job.cancel()
+    checksum = zlib.crc32(view[summed:], checksum)
     if checksum != header.checksum:
         raise ProtocolError(f"payload checksum {checksum:#010x} != header's {header.checksum:#010x}")
-    return payload
+    return view
 
 
 async def _read_exactly(reader: asyncio.StreamReader, n: int, timeout_s: float, what: str) -> bytes:

@@ -11,6 +11,9 @@ A connection's life:
                               anything else         ─▶ ProtocolError (path.refusal says why)
            ─▶ close: path.close(); any request this connection carried that is still pending fails
 
+Connections read through a PayloadReader (kv_transfer/payload_reader.py): a kv frame's payload lands in the
+receiver's buffer straight from the socket.
+
 A frame for a request id that was never expected is a protocol violation; one for a request that ended
 meanwhile (lease expired, cancelled) is dropped (its payload read first, so the other requests sharing the
 connection go on). Any violation drops the connection (the stream is no longer trustworthy) and fails the
@@ -30,6 +33,7 @@ import torch
 
 from pdserve.kv_transfer.base import KVReceiver, OnComplete, OnFailure
 from pdserve.kv_transfer.control.handshake import accept
+from pdserve.kv_transfer.payload_reader import PayloadReader, start_payload_server
 from pdserve.kv_transfer.transfer_table import TransferTable
 from pdserve.kv_transfer.wire import (
     BulkKVHeader,
@@ -77,7 +81,7 @@ class ConnectionPath(ABC):
     def refusal(self, header: Header, backend: str) -> str:
         return f"unexpected {header.KIND} frame on a {backend} connection after the handshake"
 
-    async def receive(self, header: DataFrame, reader: asyncio.StreamReader) -> None:
+    async def receive(self, header: DataFrame, reader: PayloadReader) -> None:
         """A frame of `carries` for a request that is live or recently ended (ProtocolError: drop)."""
         raise ProtocolError(f"a {header.KIND} frame on a connection that carries none")
 
@@ -105,7 +109,7 @@ class ListeningReceiver(KVReceiver):
         """A sender was authenticated on this connection: its data path (may write to the sender first)."""
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(self._serve, self.host, self.port)
+        self._server = await start_payload_server(self._serve, self.host, self.port)
         self.port = self._server.sockets[0].getsockname()[1]
         logger.info("KV receiver listening on %s:%d", self.host, self.port)
 
@@ -126,7 +130,7 @@ class ListeningReceiver(KVReceiver):
 
     # ---- one connection -------------------------------------------------------------------------
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _serve(self, reader: PayloadReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
         self._connections[task] = writer
@@ -154,7 +158,7 @@ class ListeningReceiver(KVReceiver):
             if path is not None:
                 path.close()
 
-    async def _handle(self, header: Header, reader: asyncio.StreamReader, path: ConnectionPath,
+    async def _handle(self, header: Header, reader: PayloadReader, path: ConnectionPath,
                       carried: set[str]) -> None:
         if isinstance(header, Done | Error):
             self._end(header, carried)

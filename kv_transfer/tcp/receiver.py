@@ -21,9 +21,13 @@ from __future__ import annotations
 
 import asyncio
 
+import torch
+
+from pdserve.cache_store.kv_codec import DTYPES
 from pdserve.kv_transfer.base import KVReceiver
 from pdserve.kv_transfer.control.server import ConnectionPath, DataFrame, ListeningReceiver, check_frame
-from pdserve.kv_transfer.wire import KVHeader, read_payload, tensor_from_payload
+from pdserve.kv_transfer.payload_reader import PayloadReader
+from pdserve.kv_transfer.wire import KVHeader, read_payload
 
 
 class TcpBytesIn(ConnectionPath):
@@ -32,16 +36,19 @@ class TcpBytesIn(ConnectionPath):
     def __init__(self, receiver: KVReceiver) -> None:
         self.receiver = receiver
 
-    async def receive(self, header: DataFrame, reader: asyncio.StreamReader) -> None:
+    async def receive(self, header: DataFrame, reader: PayloadReader) -> None:
         """Frames of a request that ended meanwhile (lease expired, cancelled) are read and dropped, so
         one expired request does not cost the other requests sharing its connection."""
         assert isinstance(header, KVHeader)
         receiver = self.receiver
         check_frame(receiver, header, header.nbytes)
-        payload = await read_payload(reader, header, receiver.limits)
+        pool = receiver.pools[header.layer]
+        host = torch.empty(header.nbytes, dtype=torch.uint8, pin_memory=pool.device.type == "cuda")
+        await read_payload(reader, header, receiver.limits, memoryview(host.numpy()))
         if header.request_id not in receiver.table:
             return
-        receiver.write_blocks(header.request_id, header.layer, header.block_ids, tensor_from_payload(payload, header))
+        blocks = host.view(DTYPES[header.dtype]).view(header.shape)
+        receiver.write_blocks(header.request_id, header.layer, header.block_ids, blocks)
 
 
 class TcpKVReceiver(ListeningReceiver):

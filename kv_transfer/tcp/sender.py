@@ -31,8 +31,8 @@ class TcpBytes:
         return StagedBlocks.gather(kv_cache, block_ids)
 
     async def send(self, target: TransferTarget, layer: int, staged: StagedBlocks, dst_block_ids: list[int]) -> None:
-        await staged.ready()
-        await self.links.write(target.address, kv_frame(target.request_id, layer, dst_block_ids, staged.host))
+        checksum = await staged.checksum()
+        await self.links.write(target.address, kv_frame(target.request_id, layer, dst_block_ids, staged.host, checksum))
 
     async def settle(self, request_id: str, failed: bool) -> None:
         """A written frame is the receiver's: nothing stays in flight."""

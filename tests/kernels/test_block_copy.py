@@ -86,3 +86,15 @@ def test_prepared_copy_over_layers_matches_ref(cache_dtype: torch.dtype, randn: 
         copy(sources[0], randn(2, 12, 16, 3, 64).to(cache_dtype))  # a pool of another size: other strides
     with pytest.raises(ValueError, match="laid out otherwise"):
         copy(sources[0].to(torch.float32), targets[0])
+
+
+@pytest.mark.parametrize("shape", [(4, 2, 8), (3, 1, 5)])  # whole 8-byte words a block, and not
+def test_fp8_scatter_ref_writes_each_block_whole(shape: tuple[int, int, int]) -> None:
+    """The reference scatters 1-byte caches as words where a block is whole words, as bytes elsewhere."""
+    codes = torch.randint(0, 255, (2, 6, *shape), dtype=torch.uint8)
+    cache = codes.view(torch.float8_e4m3fn)
+    blocks = torch.randint(0, 255, (2, 2, *shape), dtype=torch.uint8).view(torch.float8_e4m3fn)
+    expected = codes.clone()
+    expected[:, 4], expected[:, 1] = blocks.view(torch.uint8)[:, 0], blocks.view(torch.uint8)[:, 1]
+    scatter_blocks_ref(cache, torch.tensor([4, 1]), blocks)
+    assert torch.equal(cache.view(torch.uint8), expected)

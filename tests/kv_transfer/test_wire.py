@@ -8,6 +8,7 @@ import msgpack
 import pytest
 import torch
 
+from pdserve.kv_transfer.payload_reader import PayloadReader
 from pdserve.kv_transfer.wire import (
     Auth,
     Done,
@@ -35,8 +36,8 @@ def header_bytes(buffers: list) -> bytes:
     return bytes(buffers[0])[4:]
 
 
-def stream_of(data: bytes, eof: bool = True) -> asyncio.StreamReader:
-    reader = asyncio.StreamReader()
+def stream_of(data: bytes, eof: bool = True) -> PayloadReader:
+    reader = PayloadReader()
     reader.feed_data(data)
     if eof:
         reader.feed_eof()
@@ -119,6 +120,42 @@ async def test_read_header_limits() -> None:
         await read_header(stream_of(struct.pack(">I", 10), eof=False), limits)
     frame = encode_frame(Error("r", "x"))
     assert await read_header(stream_of(bytes(frame[0])), limits) == Error("r", "x")
+
+
+async def test_read_payload_sums_large_payloads_while_they_arrive() -> None:
+    """Past 2 MiB the sum runs in a worker thread on what has arrived: a damaged byte in the part summed
+    there or in the tail summed after is caught, and the bytes land in the caller's buffer."""
+    limits = FrameLimits(read_timeout_s=5)
+    blocks = torch.randint(0, 255, (2, 5, 1 << 19), dtype=torch.uint8).view(torch.float8_e4m3fn)  # 5 MiB
+    buffers = kv_frame("r", 0, [1, 2, 3, 4, 5], blocks)
+    header = decode_header(header_bytes(buffers))
+    assert isinstance(header, KVHeader)
+    payload = bytes(buffers[1])
+
+    def arriving(data: bytes) -> PayloadReader:
+        reader = PayloadReader()
+
+        async def feed() -> None:
+            for i in range(0, len(data), 1 << 20):
+                reader.feed_data(data[i:i + (1 << 20)])
+                await asyncio.sleep(0.002)
+            reader.feed_eof()
+
+        feeders.append(asyncio.ensure_future(feed()))
+        return reader
+
+    feeders: list[asyncio.Future[None]] = []
+    into = bytearray(len(payload))
+    await read_payload(arriving(payload), header, limits, memoryview(into))
+    assert into == payload
+    for where in (1 << 20, len(payload) - 1):
+        damaged = bytearray(payload)
+        damaged[where] ^= 1
+        with pytest.raises(ProtocolError, match="checksum"):
+            await read_payload(arriving(bytes(damaged)), header, limits)
+    with pytest.raises(ValueError, match="buffer of 3 bytes"):
+        await read_payload(arriving(payload), header, limits, memoryview(bytearray(3)))
+    await asyncio.gather(*feeders)
 
 
 async def test_read_payload_checks_crc_and_length() -> None:
