@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The tcp KV transfer before and after a change, alternating in one device call (base, change, base, change:
+# the machine's drift shows in the pairs), on the GPU tests of the transfer first. The base is the change's
+# files as they were, in BASE (a copy of the same paths, e.g. filled with `git show BASE_COMMIT:path`), laid
+# over this checkout for the base runs and put back after.
+#
+#   here:         mkdir -p .bench_base && for f in $(git diff --name-only BASE_COMMIT -- kv_transfer kernels); do
+#                   mkdir -p .bench_base/$(dirname $f); git show BASE_COMMIT:$f > .bench_base/$f; done
+#   device call:  OUT=$OUT BASE=.bench_base bash benchmarks/transfer_tcp_ab_h200.sh   with carry [".whl", ".bench_base"]
+set -uo pipefail
+source benchmarks/device_env.sh
+: "${BASE:?set BASE to the folder holding the base versions of the changed files}"
+python3 -m pytest -q -p no:cacheprovider tests/kv_transfer/test_tcp_cuda.py tests/kv_transfer/test_tcp.py \
+  tests/kv_transfer/test_payload_reader.py tests/kv_transfer/test_wire.py tests/kv_transfer/test_fp8_transfer.py \
+  tests/kv_transfer/test_cuda_ipc.py tests/kernels/test_block_copy.py >"$OUT/tcp_gpu_tests.log" 2>&1
+tail -3 "$OUT/tcp_gpu_tests.log"
+files=$(cd "$BASE" && find . -type f -name '*.py')
+mkdir -p /tmp/change && for f in $files; do mkdir -p "/tmp/change/$(dirname "$f")"; cp "$f" "/tmp/change/$f"; done
+for round in 1 2; do
+  for side in base change; do
+    src=$BASE; [ $side = change ] && src=/tmp/change
+    for f in $files; do cp "$src/$f" "$f"; done
+    timeout $((560 - (SECONDS - t0))) python3 benchmarks/transfer_backends.py \
+      --presets llama3-8b:bfloat16 llama3-8b:float8_e4m3fn --backends copy tcp --repeat 10 \
+      --out "$OUT/transfer_tcp_${side}_${round}.json" 2>&1 | grep -E "tcp|copy" | sed "s/^/$side $round: /"
+  done
+done
+for f in $files; do cp "/tmp/change/$f" "$f"; done
