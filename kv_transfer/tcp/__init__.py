@@ -4,7 +4,8 @@
     P: begin(target) ─▶ control connection: hello / auth (HMAC) / ready (kv_transfer/control/links.py)
        layer i done ─▶ host snapshot on the compute thread ─▶ "kv" frame on the loop (kv_transfer/staging.py)
        finish ─▶ every frame written ─▶ "done"
-    D: kv frame ─▶ checks ─▶ payload ─▶ crc32 ─▶ scatter into pool[i];  "done" ─▶ on_complete
+    D: kv frame ─▶ checks ─▶ payload (socket ─▶ host buffer, pinned on CUDA) ─▶ crc32 ─▶ scatter into pool[i]
+       "done" ─▶ on_complete
 """
 
 from pdserve.kv_transfer.tcp.receiver import TcpKVReceiver

@@ -8,13 +8,13 @@ the layer exists; block ids are distinct and reserved for that request; dtype is
 whitelist; shape is [2, n, block_size, Hkv, D] of the pool with n = len(block_ids); nbytes equals
 prod(shape) * itemsize and is within FrameLimits.max_payload_bytes. Any violation drops the connection.
 
-Scatter runs on the loop thread: on CPU it is one memcpy of the frame; on CUDA the host→device copy of a
-pageable buffer is synchronous. Measured on the H200 host (16 cores), sender and receiver in one process
-and one loop over loopback, 32 layers × 128 blocks of Llama-3-8B shape in bf16 (256 MiB): about
-0.7 GB/s for CPU and for CUDA pools, of which crc32 (3.4 GiB/s there) takes about 40 %; a 4 MiB stream
-buffer limit instead of the default 64 KiB changed nothing. Next steps, by measured cost: a faster
-checksum (xxh3: 6.7 GiB/s there), then a BufferedProtocol reading straight into (pinned) payload buffers,
-which removes two of the receive path's copies.
+The payload is received straight into a host buffer (pinned for a CUDA pool: kv_transfer/payload_reader.py),
+its CRC-32 summed in a worker thread while the rest arrives (wire.read_payload); the scatter runs on the loop
+thread (on CUDA the copy to the device from the pinned buffer is queued, not waited for). Before (asyncio's
+StreamReader, a pageable buffer, the sums on the loop) the receive path copied every byte three times in
+user space and the sums took ~40 % of the time; on the 2-core dev box a 4,096-token Llama-3-8B KV
+(benchmarks/transfer_backends.py --backends tcp) went 1,048 -> 776-790 ms in bf16 and 897 -> 321-385 ms in
+fp8 (with the CPU scatter of fp8 blocks as words, kernels/block_copy.py).
 """
 
 from __future__ import annotations
