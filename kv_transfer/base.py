@@ -40,6 +40,17 @@ OnComplete = Callable[[str, int, float | None, list[tuple[int, float]]], None]
 OnFailure = Callable[[str, str], None]
 
 
+def ids_on(device: torch.device, block_ids: Sequence[int] | torch.Tensor) -> torch.Tensor:
+    """Block ids as an int64 tensor on `device`; to a GPU from pinned memory without blocking (a pageable copy
+    waits for the stream: for P the layer being computed, for D's receiver the decode step in flight)."""
+    if isinstance(block_ids, torch.Tensor):
+        return block_ids
+    host = torch.tensor(list(block_ids), dtype=torch.int64)
+    if device.type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
+
+
 class KVTransferError(RuntimeError):
     """A send could not be completed (bad target, broken connection, failed layer send)."""
 
@@ -238,7 +249,7 @@ class KVReceiver(ABC):
         pool = self.pools[layer]
         # from pinned memory the copy is queued (the host buffer is held by torch's pinned cache until it is done)
         blocks = blocks.to(pool.device, non_blocking=blocks.is_pinned())
-        scatter_blocks(pool, torch.tensor(block_ids, dtype=torch.int64, device=pool.device), blocks)
+        scatter_blocks(pool, ids_on(pool.device, block_ids), blocks)
         self.table.record_layer(request_id, layer, block_ids)
 
     async def start(self) -> None:

@@ -29,7 +29,7 @@ from typing import Generic, Protocol, TypeVar
 import torch
 
 from pdserve.kernels.block_copy import gather_blocks
-from pdserve.kv_transfer.base import ChunkSend, KVTransferError, PreparedSends
+from pdserve.kv_transfer.base import ChunkSend, KVTransferError, PreparedSends, ids_on
 from pdserve.kv_transfer.control.outgoing import ChannelSender, ControlChannel, layer_problem
 from pdserve.kv_transfer.target import TransferTarget
 from pdserve.kv_transfer.wire import tensor_bytes
@@ -79,17 +79,6 @@ class StagedBlocks:
         crc = await asyncio.to_thread(wait_and_sum)
         self.device_copy = None
         return crc
-
-
-def ids_on(device: torch.device, block_ids: Sequence[int] | torch.Tensor) -> torch.Tensor:
-    """Block ids as an int64 tensor on `device`; to a GPU from pinned memory without blocking (a pageable copy
-    waits for the stream, i.e. for the layer being computed)."""
-    if isinstance(block_ids, torch.Tensor):
-        return block_ids
-    host = torch.tensor(list(block_ids), dtype=torch.int64)
-    if device.type != "cuda":
-        return host.to(device)
-    return host.pin_memory().to(device, non_blocking=True)
 
 
 class StagedPath(Protocol[S]):

@@ -30,7 +30,7 @@ from typing import Any, Unpack
 import torch
 
 from pdserve.kernels.block_copy import gather_blocks
-from pdserve.kv_transfer.base import KVTransferError
+from pdserve.kv_transfer.base import KVTransferError, ids_on
 from pdserve.kv_transfer.control.links import ControlLinks, LinkOptions
 from pdserve.kv_transfer.nccl.group import (
     SENDER_RANK,
@@ -40,7 +40,7 @@ from pdserve.kv_transfer.nccl.group import (
     in_thread,
     local_address,
 )
-from pdserve.kv_transfer.staging import StagedKVSender, ids_on
+from pdserve.kv_transfer.staging import StagedKVSender
 from pdserve.kv_transfer.target import TransferTarget
 from pdserve.kv_transfer.wire import (
     BulkKVHeader,

@@ -49,3 +49,18 @@ def test_cuda_round_trip_is_bit_exact(dtype: torch.dtype) -> None:
     for src, dst in zip(src_pools, dst_pools):
         assert torch.equal(dst[:, [7, 0, 3]].view(torch.uint8), src[:, [1, 2, 5]].view(torch.uint8))
         assert not dst[:, [1, 2, 4, 5, 6]].any()
+
+
+def test_a_received_layer_is_queued_behind_the_work_in_flight_not_waited_for() -> None:
+    """D's receiver runs beside the decode loop on the same stream: scattering a layer must not make its
+    thread wait for what the device has queued (a pageable copy does: the decode step in flight, per layer)."""
+    pools = [p.cuda() for p in make_pools(torch.bfloat16)]
+    receiver = TcpKVReceiver("127.0.0.1", 0, pools, Outcomes().on_complete, Outcomes().on_failure)
+    receiver.expect("r1", [7, 0, 3], deadline=None)
+    blocks = torch.randn(2, 3, *pools[0].shape[2:]).to(torch.bfloat16).pin_memory()
+    torch.cuda.synchronize()
+    torch.cuda._sleep(1 << 30)  # ~0.5 s of queued work on the current stream
+    receiver.write_blocks("r1", 0, [7, 0, 3], blocks)
+    assert not torch.cuda.current_stream().query(), "write_blocks waited for the device's queued work"
+    torch.cuda.synchronize()
+    assert torch.equal(pools[0][:, [7, 0, 3]].cpu(), blocks)
