@@ -30,6 +30,7 @@ import msgpack
 import torch
 
 from pdserve.kernels.block_copy import gather_blocks, scatter_blocks
+from pdserve.kernels.host_copy import to_device
 
 FORMAT_VERSION = 1
 MAX_HEADER_BYTES = 4096
@@ -174,7 +175,7 @@ def gather_to_host(kv_caches: list[torch.Tensor], block_ids: list[int], out: tor
     `event.synchronize()`. Later kernels on the stream (a forward that reuses the blocks) run after it.
     """
     device = kv_caches[0].device
-    ids = torch.tensor(block_ids, dtype=torch.int64, device=device)
+    ids = to_device(block_ids, torch.int64, device)  # not waiting for the step in flight
     per_layer = torch.stack([gather_blocks(kv, ids) for kv in kv_caches])  # [L, 2, n, bs, Hkv, D]
     packed = per_layer.permute(2, 0, 1, 3, 4, 5)  # [n, L, 2, bs, Hkv, D]
     if device.type != "cuda":
@@ -189,7 +190,7 @@ def gather_to_host(kv_caches: list[torch.Tensor], block_ids: list[int], out: tor
 def scatter_from_host(kv_caches: list[torch.Tensor], block_ids: list[int], blocks: torch.Tensor) -> None:
     """Write `blocks` [n, layers, 2, block_size, Hkv, D] (CPU) into pool blocks `block_ids`."""
     device = kv_caches[0].device
-    ids = torch.tensor(block_ids, dtype=torch.int64, device=device)
+    ids = to_device(block_ids, torch.int64, device)  # not waiting for the step in flight
     staged = blocks.to(device, non_blocking=True)
     for layer, kv in enumerate(kv_caches):
         scatter_blocks(kv, ids, staged[:, layer].transpose(0, 1))  # [2, n, bs, Hkv, D]

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from pdserve.engine.host_copy import to_device
+from pdserve.kernels.host_copy import to_device
 
 ROWS_PER_SLICE = 256  # log_softmax, rank and top-k of this many rows, then a tick (engine/step_liveness.py)
 

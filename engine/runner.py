@@ -21,11 +21,11 @@ from pdserve.engine.attention_metadata import (
 )
 from pdserve.engine.config import CacheConfig, ModelConfig
 from pdserve.engine.cuda_graphs import DecodeGraphs, use_cuda_graphs
-from pdserve.engine.host_copy import to_device
 from pdserve.engine.kv_cache import allocate_kv_caches
 from pdserve.engine.kv_cache_spec import KVCacheSpec
 from pdserve.engine.model import LayerDone, LlamaModel, ModelWeights, Tick, fuse_weights
 from pdserve.engine.prefill_warm_up import warm_up_block_copies, warm_up_chunks, warm_up_limit, warm_up_plan
+from pdserve.kernels.host_copy import to_device
 from pdserve.kernels.prefill_attention import warm_up_sdpa
 
 logger = logging.getLogger(__name__)

@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from pdserve.engine.host_copy import to_device
 from pdserve.engine.sampling_params import SamplingParams  # tests and benchmarks import it from here too
+from pdserve.kernels.host_copy import to_device
 
 if TYPE_CHECKING:  # xgrammar is imported only once a constrained request is sampled
     from pdserve.engine.grammar import Matcher, TokenBitmasks

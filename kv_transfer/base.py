@@ -32,6 +32,7 @@ import torch
 
 from pdserve.cache_store.kv_codec import DTYPES
 from pdserve.kernels.block_copy import scatter_blocks
+from pdserve.kernels.host_copy import to_device
 from pdserve.kv_transfer.target import TransferTarget
 from pdserve.kv_transfer.transfer_table import TransferTable
 from pdserve.kv_transfer.wire import FrameLimits, dtype_name
@@ -41,14 +42,11 @@ OnFailure = Callable[[str, str], None]
 
 
 def ids_on(device: torch.device, block_ids: Sequence[int] | torch.Tensor) -> torch.Tensor:
-    """Block ids as an int64 tensor on `device`; to a GPU from pinned memory without blocking (a pageable copy
-    waits for the stream: for P the layer being computed, for D's receiver the decode step in flight)."""
+    """Block ids as an int64 tensor on `device`, without waiting for the device (kernels/host_copy.py: a
+    pageable copy waits for the stream, for P the layer being computed, for D's receiver the step in flight)."""
     if isinstance(block_ids, torch.Tensor):
         return block_ids
-    host = torch.tensor(list(block_ids), dtype=torch.int64)
-    if device.type != "cuda":
-        return host.to(device)
-    return host.pin_memory().to(device, non_blocking=True)
+    return to_device(list(block_ids), torch.int64, device)
 
 
 class KVTransferError(RuntimeError):

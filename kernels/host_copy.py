@@ -5,7 +5,8 @@ host waits for everything already queued on the stream. Inside a decode step tha
 forward (about 5 ms of llama3-8b on the H200), so one such call per step undoes the overlapped loop
 (decode_node/engine.py). Here the values go through pinned memory and are copied non_blocking; torch's pinned
 allocator does not hand the block out again until the copy has completed, so the host tensor may be dropped at
-once. On the CPU it is the plain tensor.
+once. On the CPU it is the plain tensor. Here, below every package, so that the engine, the cache tiers and the
+KV receivers share it (a tier's block ids, a received layer's: each would otherwise wait for the step in flight).
 """
 
 from __future__ import annotations
