@@ -4,7 +4,7 @@
 # files as they were, in BASE (a copy of the same paths, e.g. filled with `git show BASE_COMMIT:path`), laid
 # over this checkout for the base runs and put back after.
 #
-#   here:         mkdir -p .bench_base && for f in $(git diff --name-only BASE_COMMIT -- kv_transfer kernels); do
+#   here:         mkdir -p .bench_base && for f in $(git diff --name-only --diff-filter=M BASE_COMMIT -- kv_transfer kernels); do
 #                   mkdir -p .bench_base/$(dirname $f); git show BASE_COMMIT:$f > .bench_base/$f; done
 #   device call:  OUT=$OUT BASE=.bench_base bash benchmarks/transfer_tcp_ab_h200.sh   with carry [".whl", ".bench_base"]
 set -uo pipefail
