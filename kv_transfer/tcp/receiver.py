@@ -14,7 +14,9 @@ thread (on CUDA the copy to the device from the pinned buffer is queued, not wai
 StreamReader, a pageable buffer, the sums on the loop) the receive path copied every byte three times in
 user space and the sums took ~40 % of the time; on the 2-core dev box a 4,096-token Llama-3-8B KV
 (benchmarks/transfer_backends.py --backends tcp) went 1,048 -> 776-790 ms in bf16 and 897 -> 321-385 ms in
-fp8 (with the CPU scatter of fp8 blocks as words, kernels/block_copy.py).
+fp8 (with the CPU scatter of fp8 blocks as words, kernels/block_copy.py); on an H100 host (CUDA pools, Python
+3.12, base and change alternating in one call) 1,002 / 977 -> 374 / 353 ms in bf16 and 429 / 475 -> 200 / 194
+ms in fp8 (benchmarks/results/transfer_tcp_receive_ab_h100.json).
 """
 
 from __future__ import annotations
