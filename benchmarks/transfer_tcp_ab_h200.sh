@@ -10,10 +10,10 @@
 set -uo pipefail
 source benchmarks/device_env.sh
 : "${BASE:?set BASE to the folder holding the base versions of the changed files}"
-python3 -m pytest -q -p no:cacheprovider tests/kv_transfer/test_tcp_cuda.py tests/kv_transfer/test_tcp.py \
+python3 -m pytest -q -o addopts="" -p no:cacheprovider tests/kv_transfer/test_tcp_cuda.py tests/kv_transfer/test_tcp.py \
   tests/kv_transfer/test_payload_reader.py tests/kv_transfer/test_wire.py tests/kv_transfer/test_fp8_transfer.py \
-  tests/kv_transfer/test_cuda_ipc.py tests/kernels/test_block_copy.py >"$OUT/tcp_gpu_tests.log" 2>&1
-tail -3 "$OUT/tcp_gpu_tests.log"
+  tests/kv_transfer/test_cuda_ipc.py tests/kernels/test_block_copy.py >"$OUT/transfer_ab_gpu_tests.log" 2>&1
+tail -3 "$OUT/transfer_ab_gpu_tests.log"
 files=$(cd "$BASE" && find . -type f -name '*.py')
 mkdir -p /tmp/change && for f in $files; do mkdir -p "/tmp/change/$(dirname "$f")"; cp "$f" "/tmp/change/$f"; done
 for round in 1 2; do
