@@ -12,7 +12,8 @@ By default every backend the devices can run, P and D on the first two GPUs (one
 which needs two ranks on two devices, is listed under `skipped`; no GPU: both on the CPU, nccl over gloo), store
 rows at value sizes 0.25, 1, 4 and 16 MiB.
 
-Every backend is built through the kv_transfer registry as a worker builds it. D is this process (the receiver,
+Every backend is built through the kv_transfer registry as a worker builds it, and both sides run on the event
+loop a worker's does (uvloop where it is installed, as uvicorn picks it; `host.event_loop`). D is this process (the receiver,
 pool of 2 x the request's blocks: transfers alternate halves); P is a child process (`_prefill SPEC`) that sends
 the way the prefill engine does: `prepare_sends` once, `submit_prepared` for every layer from a compute thread,
 then `await finish`. P starts a transfer only once D completed the previous one, `repeat` times after 2 warm-ups
@@ -39,8 +40,9 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
+from typing import Any, TypeVar
 
 import torch
 from transfer_common import WARMUP, Skipped, Stores, plain_copy, summary, synchronize, write_report
@@ -52,6 +54,8 @@ from pdserve.kv_transfer.base import ChunkSend, KVSender
 from pdserve.kv_transfer.registry import TransferEnv, get_backend
 from pdserve.kv_transfer.target import TransferTarget
 from pdserve.kv_transfer.wire import dtype_name
+
+T = TypeVar("T")
 
 BLOCK_SIZE = 16
 SECRET = "transfer-backends-benchmark"
@@ -262,8 +266,23 @@ def runs(args: argparse.Namespace) -> list[dict]:
     return rows
 
 
+def workers_loop() -> Callable[[], asyncio.AbstractEventLoop]:
+    """The loop factory of a worker's event loop: uvicorn's "auto" takes uvloop when it is importable."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop
+    return uvloop.new_event_loop
+
+
+def run_on_workers_loop(coro: Coroutine[Any, Any, T]) -> T:
+    with asyncio.Runner(loop_factory=workers_loop()) as runner:
+        return runner.run(coro)
+
+
 def host_info(devices: list[torch.device]) -> dict[str, object]:
     info: dict[str, object] = {"torch": torch.__version__, "devices": [str(d) for d in devices],
+                               "event_loop": workers_loop().__module__,
                                "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
                                "load_before": os.getloadavg()[0],
                                "nccl_p2p_disable": os.environ.get("NCCL_P2P_DISABLE")}
@@ -295,7 +314,7 @@ def run(args: argparse.Namespace) -> dict:
                     else:
                         spec = {**row, "store": stores.spec(row["kind"]) if "kind" in row else None}
                         server_cpu = stores.server_cpu if row.get("kind") == "redis" and not args.redis_url else None
-                        results[row["name"]] = asyncio.run(transfer(spec, kv, devices, args.repeat, server_cpu))
+                        results[row["name"]] = run_on_workers_loop(transfer(spec, kv, devices, args.repeat, server_cpu))
                         if "p_exit" in results[row["name"]]:
                             report["warnings"][f"{name}/{row['name']}"] = results[row["name"]].pop("p_exit")
                 except Skipped as exc:
@@ -319,7 +338,7 @@ def relative_to(results: dict[str, dict], base: str) -> None:
 
 def main() -> int:
     if sys.argv[1:2] == ["_prefill"]:
-        asyncio.run(prefill_side(json.loads(sys.argv[2])))
+        run_on_workers_loop(prefill_side(json.loads(sys.argv[2])))
         return 0
     args = build_parser().parse_args()
     check_args(args)

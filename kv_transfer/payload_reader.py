@@ -9,9 +9,10 @@ that was 30 % of the receiving process's samples on the 2-core dev box (py-spy, 
     header bytes   socket ─recv_into─▶ scratch ─feed_data─▶ reader buffer ─readexactly─▶ caller   (as before)
     payload        socket ─recv_into─▶ caller's buffer (pinned host memory for a CUDA pool)      (read_into)
 
-`PayloadProtocol` is asyncio's StreamReaderProtocol made a BufferedProtocol, so the transport asks it for a
-buffer before each receive: the caller's (what is left of it) while `read_into` waits with nothing buffered,
-else a scratch buffer whose bytes are fed to the reader as usual. So bytes already buffered are handed out
+`PayloadProtocol` is a BufferedProtocol in front of asyncio's StreamReaderProtocol, so the transport asks it
+for a buffer before each receive (CPython's selector transports and uvloop's alike): the caller's (what is left
+of it) while `read_into` waits with nothing buffered, else a scratch buffer whose bytes are fed to the reader as
+usual. So bytes already buffered are handed out
 first and the order of the stream is kept. Everything else (readexactly, at_eof, the writer, flow control) is
 the StreamReader's own. It reads the reader's buffer and wakes its waiter through StreamReader's internals
 (`_buffer`, `_wait_for_data`, `_wakeup_waiter`, `_maybe_resume_transport`: unchanged since Python 3.8);
@@ -87,19 +88,37 @@ class PayloadReader(asyncio.StreamReader):
             self.feed_data(memoryview(self._scratch)[:nbytes])
 
 
-class PayloadProtocol(asyncio.StreamReaderProtocol, asyncio.BufferedProtocol):
-    """StreamReaderProtocol whose transport receives into the buffers its PayloadReader chooses."""
+class PayloadProtocol(asyncio.BufferedProtocol):
+    """A BufferedProtocol in front of asyncio's StreamReaderProtocol: the transport receives into the buffers
+    the PayloadReader chooses; the rest (the writer, the client callback, flow control, EOF, loss) is the
+    StreamReaderProtocol's. Not a subclass of it: uvloop, which the workers' servers run on, takes the buffered
+    path only for a protocol that is not an asyncio.Protocol (CPython's transports test BufferedProtocol first)."""
 
     def __init__(self, reader: PayloadReader, connected: Callable[..., Awaitable[None]] | None = None,
                  loop: asyncio.AbstractEventLoop | None = None) -> None:
-        super().__init__(reader, connected, loop=loop)
-        self._payload_reader = reader
+        self._reader = reader
+        self._stream = asyncio.StreamReaderProtocol(reader, connected, loop=loop)
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._stream.connection_made(transport)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._stream.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        self._stream.pause_writing()
+
+    def resume_writing(self) -> None:
+        self._stream.resume_writing()
+
+    def eof_received(self) -> bool | None:
+        return self._stream.eof_received()
 
     def get_buffer(self, sizehint: int) -> memoryview | bytearray:
-        return self._payload_reader.receive_buffer()
+        return self._reader.receive_buffer()
 
     def buffer_updated(self, nbytes: int) -> None:
-        self._payload_reader.received(nbytes)
+        self._reader.received(nbytes)
 
 
 async def start_payload_server(connected: Callable[[PayloadReader, asyncio.StreamWriter], Awaitable[None]],

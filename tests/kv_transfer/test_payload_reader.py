@@ -1,11 +1,11 @@
-"""PayloadReader over real loopback sockets: payloads land in the caller's buffer, in stream order with the
-bytes read as a stream around them, and EOF and errors end a read as StreamReader's do."""
+"""PayloadReader over real loopback sockets, on asyncio's loop and on uvloop: payloads land in the caller's buffer,
+in stream order with the bytes read as a stream around them, and EOF and errors end a read as StreamReader's do."""
 
 from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 import pytest
 
@@ -41,27 +41,21 @@ async def read_all_into(reader: PayloadReader, view: memoryview) -> int:
     return filled
 
 
-@pytest.fixture
-async def client_pair() -> AsyncIterator[Callable[[Handler], Awaitable[tuple[asyncio.StreamWriter, asyncio.Future[None]]]]]:
-    servers: list[asyncio.Server] = []
-    writers: list[asyncio.StreamWriter] = []
-
-    async def connect(handler: Handler) -> tuple[asyncio.StreamWriter, asyncio.Future[None]]:
-        server, port, done = await serve_one(handler)
-        servers.append(server)
-        _, writer = await asyncio.open_connection("127.0.0.1", port)
-        writers.append(writer)
-        return writer, done
-
-    yield connect
-    for writer in writers:
-        writer.close()
-    for server in servers:
-        server.close()
-        await server.wait_closed()
+async def connected_to(handler: Handler) -> tuple[asyncio.Server, asyncio.StreamWriter, asyncio.Future[None]]:
+    server, port, done = await serve_one(handler)
+    _, writer = await asyncio.open_connection("127.0.0.1", port)
+    return server, writer, done
 
 
-async def test_payloads_land_in_the_callers_buffer_in_stream_order(client_pair) -> None:
+async def closing(server: asyncio.Server, writer: asyncio.StreamWriter) -> None:
+    writer.close()
+    server.close()
+    await server.wait_closed()
+
+
+async def exchange_payloads() -> None:
+    """Four length-prefixed payloads and a trailer over one connection: each lands whole and in order, and most
+    of each large one went from the socket straight into the caller's buffer, not through the stream buffer."""
     payloads = [os.urandom(n) for n in (5 << 20, 1, 300 << 10, 3 << 20)]
     got: list[bytes] = []
     direct = []
@@ -77,38 +71,45 @@ async def test_payloads_land_in_the_callers_buffer_in_stream_order(client_pair) 
         assert await reader.readexactly(3) == b"end"
         assert await reader.read_into(memoryview(bytearray(8))) == 0, "EOF: nothing more"
 
-    writer, done = await client_pair(handler)
-    for i, payload in enumerate(payloads):
-        writer.write(len(payload).to_bytes(4, "big"))
-        # the first frame in one write (the reader buffers its start with the length), the others in pieces
-        pieces = [payload] if i == 0 else [payload[j:j + (1 << 20)] for j in range(0, len(payload), 1 << 20)]
-        for piece in pieces:
-            writer.write(piece)
-            await writer.drain()
-            await asyncio.sleep(0.001)
-    writer.write(b"end")
-    writer.write_eof()
-    await asyncio.wait_for(done, 30)
+    server, writer, done = await connected_to(handler)
+    try:
+        for i, payload in enumerate(payloads):
+            writer.write(len(payload).to_bytes(4, "big"))
+            # the first frame in one write (the reader buffers its start with the length), the others in pieces
+            pieces = [payload] if i == 0 else [payload[j:j + (1 << 20)] for j in range(0, len(payload), 1 << 20)]
+            for piece in pieces:
+                writer.write(piece)
+                await writer.drain()
+                await asyncio.sleep(0.001)
+        writer.write(b"end")
+        writer.write_eof()
+        await asyncio.wait_for(done, 30)
+    finally:
+        await closing(server, writer)
     assert got == payloads
-    # most of each large payload went from the socket straight into the buffer, not through the stream buffer
     assert direct[0] > 0.8 * len(payloads[0]) and direct[3] > 0.8 * len(payloads[3]), direct
 
 
-async def test_eof_inside_a_payload_ends_the_read_with_what_came(client_pair) -> None:
+async def eof_inside_a_payload() -> None:
+    """EOF inside a payload ends the read with what came."""
     seen: list[int] = []
 
     async def handler(reader: PayloadReader, writer: asyncio.StreamWriter) -> None:
         seen.append(await read_all_into(reader, memoryview(bytearray(1 << 20))))
 
-    writer, done = await client_pair(handler)
-    writer.write(b"x" * 1000)
-    await writer.drain()
-    writer.write_eof()
-    await asyncio.wait_for(done, 10)
+    server, writer, done = await connected_to(handler)
+    try:
+        writer.write(b"x" * 1000)
+        await writer.drain()
+        writer.write_eof()
+        await asyncio.wait_for(done, 10)
+    finally:
+        await closing(server, writer)
     assert seen == [1000]
 
 
-async def test_a_reset_connection_ends_the_waiting_read(client_pair) -> None:
+async def reset_while_waiting() -> None:
+    """A reset connection ends the waiting read: 0 (EOF) or a ConnectionError, never a hang."""
     started = asyncio.Event()
     outcome: list[object] = []
 
@@ -119,8 +120,28 @@ async def test_a_reset_connection_ends_the_waiting_read(client_pair) -> None:
         except ConnectionError as exc:
             outcome.append(exc)
 
-    writer, done = await client_pair(handler)
-    await started.wait()
-    writer.transport.abort()  # RST
-    await asyncio.wait_for(done, 10)
+    server, writer, done = await connected_to(handler)
+    try:
+        await started.wait()
+        writer.transport.abort()  # RST
+        await asyncio.wait_for(done, 10)
+    finally:
+        await closing(server, writer)
     assert outcome == [0] or isinstance(outcome[0], ConnectionError), outcome
+
+
+def uvloop_factory() -> Callable[[], asyncio.AbstractEventLoop]:
+    return pytest.importorskip("uvloop").new_event_loop
+
+
+# asyncio's own loop, and uvloop: uvicorn's default where it is installed (pdserve's dependencies have it), so the
+# loop the workers' KV receivers run on
+LOOPS = {"asyncio": lambda: asyncio.new_event_loop, "uvloop": uvloop_factory}
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+@pytest.mark.parametrize("case", [exchange_payloads, eof_inside_a_payload, reset_while_waiting],
+                         ids=lambda case: case.__name__)
+def test_payload_reader(loop: str, case: Callable[[], Awaitable[None]]) -> None:
+    with asyncio.Runner(loop_factory=LOOPS[loop]()) as runner:
+        runner.run(case())
