@@ -6,7 +6,7 @@
 #
 #   here:         mkdir -p .bench_base && for f in $(git diff --name-only --diff-filter=M BASE_COMMIT -- kv_transfer kernels); do
 #                   mkdir -p .bench_base/$(dirname $f); git show BASE_COMMIT:$f > .bench_base/$f; done
-#   device call:  OUT=$OUT BASE=.bench_base bash benchmarks/transfer_tcp_ab_h200.sh   with carry [".whl", ".bench_base"]
+#   device call:  OUT=$OUT BASE=.bench_base [ROUNDS=2] bash benchmarks/transfer_tcp_ab_h200.sh   with carry [".whl", ".bench_base"]
 set -uo pipefail
 source benchmarks/device_env.sh
 : "${BASE:?set BASE to the folder holding the base versions of the changed files}"
@@ -16,7 +16,7 @@ python3 -m pytest -q -o addopts="" -p no:cacheprovider tests/kv_transfer/test_tc
 tail -3 "$OUT/transfer_ab_gpu_tests.log"
 files=$(cd "$BASE" && find . -type f -name '*.py')
 mkdir -p /tmp/change && for f in $files; do mkdir -p "/tmp/change/$(dirname "$f")"; cp "$f" "/tmp/change/$f"; done
-for round in 1 2; do
+for round in $(seq 1 "${ROUNDS:-2}"); do
   for side in base change; do
     src=$BASE; [ $side = change ] && src=/tmp/change
     for f in $files; do cp "$src/$f" "$f"; done
