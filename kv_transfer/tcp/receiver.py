@@ -16,7 +16,9 @@ user space and the sums took ~40 % of the time; on the 2-core dev box a 4,096-to
 (benchmarks/transfer_backends.py --backends tcp) went 1,048 -> 776-790 ms in bf16 and 897 -> 321-385 ms in
 fp8 (with the CPU scatter of fp8 blocks as words, kernels/block_copy.py); on an H100 host (CUDA pools, Python
 3.12, base and change alternating in one call) 1,002 / 977 -> 374 / 353 ms in bf16 and 429 / 475 -> 200 / 194
-ms in fp8 (benchmarks/results/transfer_tcp_receive_ab_h100.json).
+ms in fp8 (benchmarks/results/transfer_tcp_receive_ab_h100.json). Those runs had both sides on asyncio's own
+loop; the workers run uvloop, where the same A/B on the dev box gave bf16 784 / 741 -> 528 / 535 ms and fp8
+735 / 757 -> 281 / 253 ms (results/transfer_tcp_receive_ab_uvloop_cpu.json; the benchmark now runs uvloop).
 """
 
 from __future__ import annotations
