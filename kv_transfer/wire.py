@@ -253,8 +253,10 @@ def tensor_bytes(tensor: torch.Tensor) -> memoryview:
     return memoryview(tensor.contiguous().view(torch.uint8).reshape(-1).numpy())
 
 
-def tensor_from_payload(payload: memoryview | bytearray, header: KVHeader) -> torch.Tensor:
-    return torch.frombuffer(payload, dtype=DTYPES[header.dtype]).view(header.shape)
+def tensor_from_payload(payload: torch.Tensor, header: KVHeader) -> torch.Tensor:
+    """The blocks a kv frame's payload holds: its bytes (a uint8 tensor, e.g. the pinned buffer it was read
+    into) as the header's dtype and shape, without a copy."""
+    return payload.view(DTYPES[header.dtype]).view(header.shape)
 
 
 # ---- decoding -----------------------------------------------------------------------------------

@@ -27,11 +27,10 @@ import asyncio
 
 import torch
 
-from pdserve.cache_store.kv_codec import DTYPES
 from pdserve.kv_transfer.base import KVReceiver
 from pdserve.kv_transfer.control.server import ConnectionPath, DataFrame, ListeningReceiver, check_frame
 from pdserve.kv_transfer.payload_reader import PayloadReader
-from pdserve.kv_transfer.wire import KVHeader, read_payload
+from pdserve.kv_transfer.wire import KVHeader, read_payload, tensor_from_payload
 
 
 class TcpBytesIn(ConnectionPath):
@@ -51,8 +50,7 @@ class TcpBytesIn(ConnectionPath):
         await read_payload(reader, header, receiver.limits, memoryview(host.numpy()))
         if header.request_id not in receiver.table:
             return
-        blocks = host.view(DTYPES[header.dtype]).view(header.shape)
-        receiver.write_blocks(header.request_id, header.layer, header.block_ids, blocks)
+        receiver.write_blocks(header.request_id, header.layer, header.block_ids, tensor_from_payload(host, header))
 
 
 class TcpKVReceiver(ListeningReceiver):

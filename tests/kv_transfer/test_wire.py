@@ -94,7 +94,7 @@ def test_tensor_bytes_round_trip(dtype: torch.dtype) -> None:
     assert isinstance(header, KVHeader)
     assert header.nbytes == blocks.numel() * blocks.element_size() == len(buffers[1])
     assert header.checksum == zlib.crc32(buffers[1])
-    back = tensor_from_payload(bytearray(buffers[1]), header)
+    back = tensor_from_payload(torch.frombuffer(bytearray(buffers[1]), dtype=torch.uint8), header)
     assert back.dtype == dtype and torch.equal(back, blocks)
 
 
