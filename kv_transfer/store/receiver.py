@@ -2,8 +2,10 @@
 
     expect(request)   ─▶ a random token for it; the target names the store, this receiver's inbox, the token
     kv_stored record  ─▶ the checks of a tcp kv frame (request, layer, reserved blocks, dtype, shape, size)
-                      ─▶ I/O thread: take the value (exactly stored_nbytes + seal, then gone), seal, CRC-32
-                      ─▶ event loop, in record order: scatter into pools[layer], record the layer (renews the lease)
+                      ─▶ I/O thread: take the value (exactly stored_nbytes + seal, then gone), seal, CRC-32,
+                         into pinned memory for a CUDA pool
+                      ─▶ event loop, in record order: scatter into pools[layer] (a CUDA pool's copy queued, never
+                         waited for), record the layer (renews the lease)
     done / error      ─▶ once every load before it was applied: end_transfer, as every backend
                          (kv_transfer/control/server.py)
     lost              ─▶ (pushed by this receiver to its own inbox when the router saw the sender go, so it comes
@@ -162,7 +164,10 @@ class StoreKVReceiver(KVReceiver):
         future.add_done_callback(lambda _: self._drain(rid))
 
     def _read_chunk(self, key: str, header: StoredKV) -> torch.Tensor:
-        """I/O thread: the chunk's blocks, on the pool's device, once its size, seal and CRC-32 passed."""
+        """I/O thread: the chunk's blocks once its size, seal and CRC-32 passed, on the host: in pinned memory for
+        a CUDA pool, so that `write_blocks` (on the loop) queues the copy to the device behind the step in flight.
+        A copy to the device from the store's pageable bytes, made here, would wait for that step: this thread's
+        stream is the decode loop's (the default one)."""
         try:
             value = self.store.take(key, stored_size(header.stored_nbytes))
         except StoreError as exc:
@@ -179,7 +184,7 @@ class StoreKVReceiver(KVReceiver):
         with warnings.catch_warnings():  # a read-only buffer (Redis's bytes): only ever copied from
             warnings.simplefilter("ignore", UserWarning)
             blocks = torch.frombuffer(payload, dtype=DTYPES[header.dtype]).view(header.shape)
-        return blocks.to(self.pools[header.layer].device)
+        return blocks.pin_memory() if self.pools[header.layer].device.type == "cuda" else blocks
 
     def _drain(self, request_id: str) -> None:
         """Event loop: apply the finished loads at the head of the request's queue, in order; then its end."""
