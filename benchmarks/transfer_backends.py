@@ -21,7 +21,8 @@ then `await finish`. P starts a transfer only once D completed the previous one,
 on_complete (CLOCK_MONOTONIC, shared by the processes of a host), the figure that matters; `p_ms` P's part alone
 (first layer -> finish returned: for store, D may still be loading then), split into `p_layers_ms` (the
 compute thread's own span: prepare_sends and every layer handed over) and `p_finish_ms` (finish), with
-`done_to_d_ms` from finish returned to D's on_complete (negative when D heard first); `p_cpu_ms`, `d_cpu_ms`,
+`done_to_d_ms` from finish returned to D's on_complete (negative when D heard first), `d_first_layer_ms` and
+`d_last_layer_ms` from P's start to D recording its first and last layer (not cuda_ipc, whose "done" records all); `p_cpu_ms`, `d_cpu_ms`,
 `server_cpu_ms` the CPU time each transfer cost P's process, D's and the redis-server started here, `cpu_ms`
 their sum: what other load on a shared machine changes least. D checks that the last transfer's blocks
 hold P's values. store-redis uses --redis-url or starts a redis-server on loopback (skipped, and said so, when
@@ -156,6 +157,7 @@ async def transfer(spec: dict, kv: dict, devices: list[torch.device], repeat: in
 
     receiver = get_backend(spec["backend"]).build_receiver(
         environment(spec, devices[1]), pools, lambda rid, *_: end(rid, "ok"), lambda rid, why: end(rid, why))
+    layer_times = timed_layers(receiver)
     await receiver.start()
     halves = [list(range(blocks)), list(range(blocks, 2 * blocks))]
     targets = [receiver.expect(f"t{i}", halves[i % 2], None, int(kv["tokens"])) for i in range(WARMUP + repeat)]
@@ -187,6 +189,9 @@ async def transfer(spec: dict, kv: dict, devices: list[torch.device], repeat: in
             for name, (a, b) in (("p_layers_ms", sent["layers"]), ("p_finish_ms", (sent["finish"], sent["t1"])),
                                  ("done_to_d_ms", (sent["t1"], done_at))):
                 parts[name].append((b - a) * 1e3)
+            if seen := layer_times.get(target.request_id):  # layer by layer (not cuda_ipc: its "done" says all)
+                for name, at in (("d_first_layer_ms", seen[0]), ("d_last_layer_ms", seen[-1])):
+                    parts.setdefault(name, []).append((at - sent["t0"]) * 1e3)
             cpu["p_cpu_ms"].append(sent["cpu"] * 1e3)
             cpu["d_cpu_ms"].append((time.process_time() - d_cpu) * 1e3)
             cpu["server_cpu_ms"].append(((server_cpu() if server_cpu else 0.0) - s_cpu) * 1e3)
@@ -213,6 +218,20 @@ async def transfer(spec: dict, kv: dict, devices: list[torch.device], repeat: in
     # every transfer done and checked, then P failed on its way out (seen: gloo's threads at exit, 1 run in 3):
     # the figures stand, the exit is reported under `warnings`
     return {**result, "p_exit": exit_note} if process.returncode != 0 else result
+
+
+def timed_layers(receiver: object) -> dict[str, list[float]]:
+    """When D recorded each layer of each request (monotonic), by wrapping its table's record_layer: with P's t0,
+    how long the first layer took to land (the pipeline's fill) and the last (the stream's end)."""
+    times: dict[str, list[float]] = {}
+    table = receiver.table  # type: ignore[attr-defined]
+    record = table.record_layer
+
+    def timed(request_id: str, layer: int, block_ids: list[int]) -> None:
+        times.setdefault(request_id, []).append(time.monotonic())
+        record(request_id, layer, block_ids)
+    table.record_layer = timed
+    return times
 
 
 def compute_thread(sender: KVSender, chunk: ChunkSend, pools: list[torch.Tensor]) -> tuple[float, float]:
