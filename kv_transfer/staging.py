@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
@@ -30,17 +29,12 @@ import torch
 
 from pdserve.kernels.block_copy import gather_blocks
 from pdserve.kv_transfer.base import ChunkSend, KVTransferError, PreparedSends, ids_on
+from pdserve.kv_transfer.checksum import PieceSums
 from pdserve.kv_transfer.control.outgoing import ChannelSender, ControlChannel, layer_problem
 from pdserve.kv_transfer.target import TransferTarget
 from pdserve.kv_transfer.wire import tensor_bytes
 
 S = TypeVar("S")
-# payloads from this size are summed in a worker thread: a thread's round trip (~0.1 ms) is below the sum's
-THREADED_CHECKSUM_BYTES = 1 << 20
-# one thread for them all, in submission order: as fast as asyncio's default pool (up to 20 threads on 16 cores)
-# and the compute thread, which launches the next layer meanwhile, loses less time (H200, 4,096-token llama3-8b
-# KV over tcp: its 32 submissions 9.0-11.2 against 15.7-19.4 ms; results/transfer_tcp_sums_thread_h200.json)
-_SUMS = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="kv-sums")
 
 
 @dataclass
@@ -58,7 +52,7 @@ class StagedBlocks:
             return cls(blocks)
         host = torch.empty(blocks.shape, dtype=blocks.dtype, pin_memory=True)
         host.copy_(blocks, non_blocking=True)
-        event = torch.cuda.Event()
+        event = torch.cuda.Event(blocking=True)  # its waiters (a thread each, layers in flight) sleep, not spin
         event.record()
         return cls(host, event, blocks)
 
@@ -68,21 +62,10 @@ class StagedBlocks:
             self.device_copy = None
 
     async def checksum(self) -> int:
-        """Once ready: the host bytes' CRC-32, computed in the sums' thread (zlib releases the GIL) where they are
-        large, so the loop writes other layers meanwhile (the event's wait shares the thread's trip)."""
-        payload = tensor_bytes(self.host)
-        if payload.nbytes < THREADED_CHECKSUM_BYTES:
-            await self.ready()
-            return zlib.crc32(payload)
-
-        def wait_and_sum() -> int:
-            if self.event is not None:
-                self.event.synchronize()
-            return zlib.crc32(payload)
-
-        crc = await asyncio.get_running_loop().run_in_executor(_SUMS, wait_and_sum)
-        self.device_copy = None
-        return crc
+        """Once ready: the host bytes' CRC-32, large ones in pieces on the sums' threads (kv_transfer/checksum.py),
+        so the loop writes other layers meanwhile and a layer's sum takes a fraction of one thread's time."""
+        await self.ready()
+        return await PieceSums(tensor_bytes(self.host)).result()
 
 
 class StagedPath(Protocol[S]):

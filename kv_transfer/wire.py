@@ -62,12 +62,12 @@ import torch
 
 # dtype names as the cache store writes them (a table, never getattr(torch, name): names come from the network)
 from pdserve.cache_store.kv_codec import DTYPE_NAMES, DTYPES
+from pdserve.kv_transfer.checksum import PieceSums
 from pdserve.kv_transfer.payload_reader import PayloadReader
 
 WIRE_VERSION = 1
 _LENGTH = struct.Struct(">I")
 _AUTH_CONTEXT = b"pdserve-kv-auth-v1"
-_SUM_STEP_BYTES = 2 << 20  # a payload's received bytes are summed in a worker thread this many at a time
 
 
 class ProtocolError(Exception):
@@ -323,15 +323,14 @@ async def read_payload(reader: PayloadReader, header: KVHeader, limits: FrameLim
                        into: memoryview | None = None) -> memoryview:
     """The payload announced by an already-validated header, checksum verified: in `into` (header.nbytes
     writable bytes, e.g. pinned host memory) or a new bytearray. The socket receives straight into it
-    (kv_transfer/payload_reader.py), and the CRC-32 of what has arrived is computed in a worker thread while
-    the rest arrives (zlib releases the GIL; crc32(b, crc32(a)) == crc32(a + b)), so only the tail is summed
-    after the last byte."""
+    (kv_transfer/payload_reader.py), and each 1 MiB piece is summed on the sums' threads as soon as it has
+    arrived, in parallel, the CRC-32s combined at the end (kv_transfer/checksum.py): the loop only receives,
+    and after the last byte only the last piece is left to sum."""
     view = memoryview(bytearray(header.nbytes)) if into is None else into
     if view.nbytes != header.nbytes:
         raise ValueError(f"payload buffer of {view.nbytes} bytes for a payload of {header.nbytes}")
-    filled = summed = checksum = 0
-    job: asyncio.Future[int] | None = None  # the sum of view[summed:job_end] onto `checksum`
-    job_end = 0
+    sums = PieceSums(view)
+    filled = 0
     try:
         while filled < header.nbytes:
             try:
@@ -342,17 +341,10 @@ async def read_payload(reader: PayloadReader, header: KVHeader, limits: FrameLim
             if not n:
                 raise ProtocolError(f"connection closed after {filled} of {header.nbytes} payload bytes")
             filled += n
-            if job is not None and job.done():
-                checksum, summed, job = job.result(), job_end, None
-            if job is None and filled - summed >= _SUM_STEP_BYTES:
-                job_end = filled
-                job = asyncio.ensure_future(asyncio.to_thread(zlib.crc32, view[summed:job_end], checksum))
-        if job is not None:
-            checksum, summed, job = await job, job_end, None
+            sums.filled(filled)
+        checksum = await sums.result()
     finally:
-        if job is not None:
-            job.cancel()
-    checksum = zlib.crc32(view[summed:], checksum)
+        sums.cancel()
     if checksum != header.checksum:
         raise ProtocolError(f"payload checksum {checksum:#010x} != header's {header.checksum:#010x}")
     return view

@@ -1,0 +1,70 @@
+"""kv_transfer/checksum.py: piecewise CRC-32 equals zlib.crc32 of the whole, however the bytes arrive."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import random
+import threading
+import zlib
+
+import pytest
+
+from pdserve.kv_transfer import checksum
+from pdserve.kv_transfer.checksum import INLINE_BYTES, PIECE_BYTES, PieceSums, combine, combine_pieces, pieces
+
+SIZES = [0, 1, 7, INLINE_BYTES - 1, INLINE_BYTES, PIECE_BYTES - 1, PIECE_BYTES, PIECE_BYTES + 1,
+         3 * PIECE_BYTES + 12_345, 4 * PIECE_BYTES]
+
+
+def data(n: int, seed: int = 0) -> bytes:
+    return random.Random(seed).randbytes(n)
+
+
+@pytest.mark.parametrize(("len_a", "len_b"), [(0, 0), (1, 0), (0, 1), (1000, 777), (5, 1 << 16), (1 << 16, 3)])
+def test_combine_is_zlibs_crc_of_the_concatenation(len_a: int, len_b: int) -> None:
+    a, b = data(len_a, 1), data(len_b, 2)
+    assert combine(zlib.crc32(a), zlib.crc32(b), len_b) == zlib.crc32(a + b)
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_pieces_cover_the_payload_and_combine_to_its_crc(n: int) -> None:
+    spans = pieces(n)
+    assert spans[0][0] == 0 and spans[-1][1] == n
+    assert all(end == start for (_, end), (start, _) in itertools.pairwise(spans))
+    assert all(end - start == PIECE_BYTES for start, end in spans[1:])
+    payload = data(n)
+    assert combine_pieces([zlib.crc32(payload[s:e]) for s, e in spans]) == zlib.crc32(payload)
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_piece_sums_of_a_buffer_filled_in_random_steps(n: int) -> None:
+    payload = data(n, 3)
+
+    async def receive() -> int:
+        view = memoryview(bytearray(n))
+        sums, filled, rng = PieceSums(view), 0, random.Random(n)
+        while filled < n:
+            step = min(n - filled, rng.choice([1, 4096, 65_536, PIECE_BYTES // 3, 2 * PIECE_BYTES]))
+            view[filled:filled + step] = payload[filled:filled + step]
+            filled += step
+            sums.filled(filled)
+        return await sums.result()
+
+    assert asyncio.run(receive()) == zlib.crc32(payload)
+
+
+def test_large_payloads_are_summed_on_the_sums_threads_small_ones_inline(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[tuple[int, str]] = []
+    real = checksum.zlib.crc32
+
+    def counted(buffer: memoryview, *args: int) -> int:
+        seen.append((len(buffer), threading.current_thread().name.split("_")[0]))
+        return real(buffer, *args)
+
+    monkeypatch.setattr(checksum.zlib, "crc32", counted)
+    asyncio.run(checksum.crc32_threaded(memoryview(data(3 * PIECE_BYTES + 5))))
+    assert sorted(seen) == [(5, "kv-sums")] + [(PIECE_BYTES, "kv-sums")] * 3
+    seen.clear()
+    asyncio.run(checksum.crc32_threaded(memoryview(data(1000))))
+    assert seen == [(1000, "MainThread")]
