@@ -9,10 +9,10 @@ whitelist; shape is [2, n, block_size, Hkv, D] of the pool with n = len(block_id
 prod(shape) * itemsize and is within FrameLimits.max_payload_bytes. Any violation drops the connection.
 
 The payload is received straight into a host buffer (pinned for a CUDA pool: kv_transfer/payload_reader.py),
-its CRC-32 summed in a worker thread while the rest arrives (wire.read_payload); the scatter runs on the loop
-thread (on CUDA the copy to the device from the pinned buffer is queued, not waited for). Before (asyncio's
-StreamReader, a pageable buffer, the sums on the loop) the receive path copied every byte three times in
-user space and the sums took ~40 % of the time; on the 2-core dev box a 4,096-token Llama-3-8B KV
+its CRC-32 summed in 1 MiB pieces on the sums' threads as they arrive (wire.read_payload, kv_transfer/checksum.py);
+the scatter runs on the loop thread (on CUDA the copy to the device from the pinned buffer is queued, not
+waited for). Before (asyncio's StreamReader, a pageable buffer, the sums on the loop) the receive path copied
+every byte three times in user space and the sums took ~40 % of the time; on the 2-core dev box a 4,096-token Llama-3-8B KV
 (benchmarks/transfer_backends.py --backends tcp) went 1,048 -> 776-790 ms in bf16 and 897 -> 321-385 ms in
 fp8 (with the CPU scatter of fp8 blocks as words, kernels/block_copy.py); on an H100 host (CUDA pools, Python
 3.12, base and change alternating in one call) 1,002 / 977 -> 374 / 353 ms in bf16 and 429 / 475 -> 200 / 194
