@@ -6,7 +6,8 @@
 #
 #   here, once:   bash ../shared/hooks/device-wheels          (.whl: py-spy and the rest the machine lacks)
 #   device call:  OUT=$OUT bash benchmarks/transfer_tcp_profile_h200.sh       with carry [".whl"]
-#   then: the raw stacks summed per thread and frame (results/transfer_tcp_profile_h200.json says how)
+#   then here:    python benchmarks/pyspy_threads.py $OUT/tcp_prof_*.txt --rate 250 --frames wait_and_sum read_payload
+#                 (results/transfer_tcp_profile_h100.json: the first run, on an H100 host)
 set -uo pipefail
 source benchmarks/device_env.sh
 python3 -m pytest -q -o addopts="" -p no:cacheprovider tests/kv_transfer/test_store_cuda.py \
