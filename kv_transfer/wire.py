@@ -322,16 +322,10 @@ async def read_header(reader: asyncio.StreamReader, limits: FrameLimits) -> Head
 async def read_payload(reader: PayloadReader, header: KVHeader, limits: FrameLimits,
                        into: memoryview | None = None) -> memoryview:
     """The payload announced by an already-validated header, checksum verified: in `into` (header.nbytes
-    writable bytes, e.g. pinned host memory) or a new bytearray (receive_payload, then verify_payload)."""
-    return await verify_payload(await receive_payload(reader, header, limits, into), header)
-
-
-async def receive_payload(reader: PayloadReader, header: KVHeader, limits: FrameLimits,
-                          into: memoryview | None = None) -> PieceSums:
-    """Every byte of the payload, not yet verified: the sums of its pieces are in flight (verify_payload waits
-    for them). The socket receives straight into `into` (kv_transfer/payload_reader.py), and each 1 MiB piece
-    is summed on the sums' threads as soon as it has arrived, in parallel (kv_transfer/checksum.py): the loop
-    only receives, and after the last byte only the last piece is left to sum."""
+    writable bytes, e.g. pinned host memory) or a new bytearray. The socket receives straight into it
+    (kv_transfer/payload_reader.py), and each 1 MiB piece is summed on the sums' threads as soon as it has
+    arrived, in parallel, the CRC-32s combined at the end (kv_transfer/checksum.py): the loop only receives,
+    and after the last byte only the last piece is left to sum."""
     view = memoryview(bytearray(header.nbytes)) if into is None else into
     if view.nbytes != header.nbytes:
         raise ValueError(f"payload buffer of {view.nbytes} bytes for a payload of {header.nbytes}")
@@ -348,21 +342,12 @@ async def receive_payload(reader: PayloadReader, header: KVHeader, limits: Frame
                 raise ProtocolError(f"connection closed after {filled} of {header.nbytes} payload bytes")
             filled += n
             sums.filled(filled)
-    except BaseException:
-        sums.cancel()
-        raise
-    return sums
-
-
-async def verify_payload(sums: PieceSums, header: KVHeader) -> memoryview:
-    """The received payload once its CRC-32 matched the header's (ProtocolError otherwise)."""
-    try:
         checksum = await sums.result()
     finally:
         sums.cancel()
     if checksum != header.checksum:
         raise ProtocolError(f"payload checksum {checksum:#010x} != header's {header.checksum:#010x}")
-    return sums.view
+    return view
 
 
 async def _read_exactly(reader: asyncio.StreamReader, n: int, timeout_s: float, what: str) -> bytes:

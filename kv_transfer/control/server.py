@@ -6,7 +6,7 @@ A connection's life:
     accept ─▶ handshake.accept (hello / auth checked with the secret / ready)
            ─▶ path = receiver.open_path(writer)   the backend's data path for this connection; it may send
                                                    first (cuda_ipc: its pools; nccl: the rendezvous, then the join)
-           ─▶ loop: header ─▶ done / error          ─▶ path.flush(), then end_transfer: TransferTable.complete / fail
+           ─▶ loop: header ─▶ done / error          ─▶ end_transfer: TransferTable.complete / fail
                               one of path.carries   ─▶ path.receive(header, reader)  (tcp: kv; nccl: kv_bulk)
                               anything else         ─▶ ProtocolError (path.refusal says why)
            ─▶ close: path.close(); any request this connection carried that is still pending fails
@@ -85,10 +85,6 @@ class ConnectionPath(ABC):
         """A frame of `carries` for a request that is live or recently ended (ProtocolError: drop)."""
         raise ProtocolError(f"a {header.KIND} frame on a connection that carries none")
 
-    async def flush(self) -> None:
-        """Every frame received so far applied (a path that applies a frame after reading on: its failure
-        raises here). Called before a done or error is acted on, and at the connection's end."""
-
     def close(self) -> None:
         """The connection ended."""
 
@@ -144,13 +140,8 @@ class ListeningReceiver(KVReceiver):
         try:
             await accept(reader, writer, self.secret, self.limits)
             path = await self.open_path(writer)
-            try:
-                while (header := await read_header(reader, self.limits)) is not None:
-                    await self._handle(header, reader, path, carried)
-            except (ProtocolError, ConnectionError, OSError):
-                await path.flush()  # a frame's deferred check failed (and dropped the connection): the reason
-                raise
-            await path.flush()
+            while (header := await read_header(reader, self.limits)) is not None:
+                await self._handle(header, reader, path, carried)
         except ProtocolError as exc:
             reason = f"protocol error: {exc}"
             logger.warning("dropping KV connection from %s: %s", writer.get_extra_info("peername"), exc)
@@ -170,7 +161,6 @@ class ListeningReceiver(KVReceiver):
     async def _handle(self, header: Header, reader: PayloadReader, path: ConnectionPath,
                       carried: set[str]) -> None:
         if isinstance(header, Done | Error):
-            await path.flush()
             self._end(header, carried)
             return
         if not isinstance(header, KVHeader | BulkKVHeader) or not isinstance(header, path.carries):

@@ -112,27 +112,6 @@ async def test_bad_checksum_is_caught_after_the_payload(receiver: TcpKVReceiver,
     await serves_others(receiver, outcomes)
 
 
-@pytest.mark.parametrize("then", ["a good frame", "done", "nothing"])
-async def test_a_bad_checksum_is_the_reason_whatever_follows_it(receiver: TcpKVReceiver, outcomes: Outcomes,
-                                                                then: str) -> None:
-    """A frame is checked while the next one is read (kv_transfer/tcp/receiver.py): the bad one still drops the
-    connection, is the reason given, and neither it nor anything after it is written or acted on."""
-    receiver.expect("victim", [3], deadline=None)
-    bad, bad_payload = valid_header(checksum=0)
-    good, good_payload = valid_header(layer=1)
-    reader, writer = await raw_client(receiver)
-    writer.writelines(encode_frame(bad, bad_payload))
-    if then == "a good frame":
-        writer.writelines(encode_frame(good, good_payload))
-    elif then == "done":
-        writer.writelines(encode_frame(Done("victim", 1, None, 16)))
-    await assert_dropped(reader)
-    await outcomes.wait("victim")
-    assert "victim" not in outcomes.completed and "payload checksum" in outcomes.failed["victim"]
-    assert not any(pool.any() for pool in receiver.pools)
-    await serves_others(receiver, outcomes)
-
-
 async def test_payload_limit_is_configurable(outcomes: Outcomes) -> None:
     receiver = await start_receiver(outcomes)
     receiver.limits = FrameLimits(max_payload_bytes=BLOCK_BYTES)

@@ -123,8 +123,8 @@ async def test_read_header_limits() -> None:
 
 
 async def test_read_payload_sums_large_payloads_while_they_arrive() -> None:
-    """Each 1 MiB piece is summed on the sums' threads once it has arrived: a damaged byte in a piece summed
-    while the rest arrived or in the last one is caught, and the bytes land in the caller's buffer."""
+    """Past 2 MiB the sum runs in a worker thread on what has arrived: a damaged byte in the part summed
+    there or in the tail summed after is caught, and the bytes land in the caller's buffer."""
     limits = FrameLimits(read_timeout_s=5)
     blocks = torch.randint(0, 255, (2, 5, 1 << 19), dtype=torch.uint8).view(torch.float8_e4m3fn)  # 5 MiB
     buffers = kv_frame("r", 0, [1, 2, 3, 4, 5], blocks)
