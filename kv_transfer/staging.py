@@ -35,6 +35,10 @@ from pdserve.kv_transfer.target import TransferTarget
 from pdserve.kv_transfer.wire import tensor_bytes
 
 S = TypeVar("S")
+# one thread waits for the staged layers' copies to the host, in submission order: they complete in that order
+# (the compute thread's stream), so one waiter loses nothing, and a forward's 32 layers in flight do not hold 32
+# of asyncio's default threads while the GPU catches up with the launches
+_WAITS = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="kv-staged")
 
 
 @dataclass
@@ -52,13 +56,13 @@ class StagedBlocks:
             return cls(blocks)
         host = torch.empty(blocks.shape, dtype=blocks.dtype, pin_memory=True)
         host.copy_(blocks, non_blocking=True)
-        event = torch.cuda.Event(blocking=True)  # its waiters (a thread each, layers in flight) sleep, not spin
+        event = torch.cuda.Event(blocking=True)  # its waiter sleeps in the driver, not spins
         event.record()
         return cls(host, event, blocks)
 
     async def ready(self) -> None:
         if self.event is not None:
-            await asyncio.to_thread(self.event.synchronize)
+            await asyncio.get_running_loop().run_in_executor(_WAITS, self.event.synchronize)
             self.device_copy = None
 
     async def checksum(self) -> int:
