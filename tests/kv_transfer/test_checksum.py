@@ -1,4 +1,5 @@
-"""kv_transfer/checksum.py: piecewise CRC-32 equals zlib.crc32 of the whole, however the bytes arrive."""
+"""kv_transfer/checksum.py: piecewise CRC-32 equals zlib.crc32 of the whole, however the bytes arrive; and P's
+staged layers (kv_transfer/staging.py) use it after their one waiting thread."""
 
 from __future__ import annotations
 
@@ -9,9 +10,11 @@ import threading
 import zlib
 
 import pytest
+import torch
 
 from pdserve.kv_transfer import checksum
 from pdserve.kv_transfer.checksum import INLINE_BYTES, PIECE_BYTES, PieceSums, combine, combine_pieces, pieces
+from pdserve.kv_transfer.staging import StagedBlocks
 
 SIZES = [0, 1, 7, INLINE_BYTES - 1, INLINE_BYTES, PIECE_BYTES - 1, PIECE_BYTES, PIECE_BYTES + 1,
          3 * PIECE_BYTES + 12_345, 4 * PIECE_BYTES]
@@ -68,3 +71,26 @@ def test_large_payloads_are_summed_on_the_sums_threads_small_ones_inline(monkeyp
     seen.clear()
     asyncio.run(checksum.crc32_threaded(memoryview(data(1000))))
     assert seen == [(1000, "MainThread")]
+
+
+def test_staged_layers_wait_on_one_thread_in_order_then_sum_on_the_sums_threads() -> None:
+    """P's staged layers (kv_transfer/staging.py): each host copy's event is waited for on the one "kv-staged"
+    thread, in submission order (not one of asyncio's default threads per layer in flight), then the layer's CRC-32
+    is summed in pieces. The events stand in for CUDA's (this host has none); only `synchronize` is called."""
+    waits: list[tuple[int, str]] = []
+
+    class Event:
+        def __init__(self, layer: int) -> None:
+            self.layer = layer
+
+        def synchronize(self) -> None:
+            waits.append((self.layer, threading.current_thread().name.split("_")[0]))
+
+    layers = [torch.randint(0, 255, (2 * PIECE_BYTES + 3,), dtype=torch.uint8) for _ in range(4)]
+
+    async def stage_all() -> list[int]:
+        staged = [StagedBlocks(host, Event(i)) for i, host in enumerate(layers)]  # type: ignore[arg-type]
+        return await asyncio.gather(*(s.checksum() for s in staged))
+
+    assert asyncio.run(stage_all()) == [zlib.crc32(layer.numpy()) for layer in layers]
+    assert waits == [(i, "kv-staged") for i in range(4)]
