@@ -29,7 +29,7 @@ import torch
 
 from pdserve.kernels.block_copy import gather_blocks
 from pdserve.kv_transfer.base import ChunkSend, KVTransferError, PreparedSends, ids_on
-from pdserve.kv_transfer.checksum import PieceSums
+from pdserve.kv_transfer.checksum import crc32_threaded
 from pdserve.kv_transfer.control.outgoing import ChannelSender, ControlChannel, layer_problem
 from pdserve.kv_transfer.target import TransferTarget
 from pdserve.kv_transfer.wire import tensor_bytes
@@ -69,7 +69,7 @@ class StagedBlocks:
         """Once ready: the host bytes' CRC-32, large ones in pieces on the sums' threads (kv_transfer/checksum.py),
         so the loop writes other layers meanwhile and a layer's sum takes a fraction of one thread's time."""
         await self.ready()
-        return await PieceSums(tensor_bytes(self.host)).result()
+        return await crc32_threaded(tensor_bytes(self.host))
 
 
 class StagedPath(Protocol[S]):
