@@ -10,14 +10,15 @@
 #
 # ALT (optional) names a folder of a third variant's files, laid over the change for "alt" runs (a change not
 # kept, from its commit: `git show COMMIT:path > .bench_alt/path`): base, change and alt then alternate.
+# TESTS=0 skips the GPU tests (a second call on a warm machine that already ran them).
 set -uo pipefail
 source benchmarks/device_env.sh
 : "${BASE:?set BASE to the folder holding the base versions of the changed files}"
-python3 -m pytest -q -o addopts="" -p no:cacheprovider tests/kv_transfer/test_tcp_cuda.py tests/kv_transfer/test_tcp.py \
+[ "${TESTS:-1}" = 0 ] || python3 -m pytest -q -o addopts="" -p no:cacheprovider tests/kv_transfer/test_tcp_cuda.py tests/kv_transfer/test_tcp.py \
   tests/kv_transfer/test_payload_reader.py tests/kv_transfer/test_wire.py tests/kv_transfer/test_fp8_transfer.py \
   tests/kv_transfer/test_cuda_ipc.py tests/kv_transfer/test_checksum.py tests/kv_transfer/test_store_cuda.py \
   tests/kernels/test_block_copy.py >"$OUT/transfer_ab_gpu_tests.log" 2>&1
-tail -3 "$OUT/transfer_ab_gpu_tests.log"
+[ "${TESTS:-1}" = 0 ] || tail -3 "$OUT/transfer_ab_gpu_tests.log"
 files=$(cd "$BASE" && find . -type f -name '*.py')
 alt_files=$([ -n "${ALT:-}" ] && cd "$ALT" && find . -type f -name '*.py')
 mkdir -p /tmp/change && for f in $files $alt_files; do mkdir -p "/tmp/change/$(dirname "$f")"; cp "$f" "/tmp/change/$f"; done
