@@ -13,7 +13,15 @@ import pytest
 import torch
 
 from pdserve.kv_transfer import checksum
-from pdserve.kv_transfer.checksum import INLINE_BYTES, PIECE_BYTES, PieceSums, combine, combine_pieces, pieces
+from pdserve.kv_transfer.checksum import (
+    INLINE_BYTES,
+    PIECE_BYTES,
+    PieceSums,
+    combine,
+    combine_pieces,
+    pieces,
+    whole_buffer_piece_bytes,
+)
 from pdserve.kv_transfer.staging import StagedBlocks
 
 SIZES = [0, 1, 7, INLINE_BYTES - 1, INLINE_BYTES, PIECE_BYTES - 1, PIECE_BYTES, PIECE_BYTES + 1,
@@ -30,14 +38,25 @@ def test_combine_is_zlibs_crc_of_the_concatenation(len_a: int, len_b: int) -> No
     assert combine(zlib.crc32(a), zlib.crc32(b), len_b) == zlib.crc32(a + b)
 
 
-@pytest.mark.parametrize("n", SIZES)
-def test_pieces_cover_the_payload_and_combine_to_its_crc(n: int) -> None:
-    spans = pieces(n)
+@pytest.mark.parametrize("piece_bytes", [PIECE_BYTES, 4 * PIECE_BYTES])
+@pytest.mark.parametrize("n", SIZES + [16 * PIECE_BYTES + 9])
+def test_pieces_cover_the_payload_and_combine_to_its_crc(n: int, piece_bytes: int) -> None:
+    spans = pieces(n, piece_bytes)
     assert spans[0][0] == 0 and spans[-1][1] == n
     assert all(end == start for (_, end), (start, _) in itertools.pairwise(spans))
-    assert all(end - start == PIECE_BYTES for start, end in spans[1:])
+    assert all(end - start == piece_bytes for start, end in spans[1:])
     payload = data(n)
-    assert combine_pieces([zlib.crc32(payload[s:e]) for s, e in spans]) == zlib.crc32(payload)
+    assert combine_pieces([zlib.crc32(payload[s:e]) for s, e in spans], piece_bytes) == zlib.crc32(payload)
+
+
+def test_a_whole_buffer_is_one_piece_per_sums_thread_of_a_power_of_two_size() -> None:
+    threads = checksum.SUMS_THREADS
+    assert whole_buffer_piece_bytes(1000) == PIECE_BYTES
+    for n in (16 << 20, 8 << 20, 12 << 20, (16 << 20) + 1, 512 << 20):
+        size = whole_buffer_piece_bytes(n)
+        assert size >= PIECE_BYTES and size & (size - 1) == 0
+        assert len(pieces(n, size)) <= threads or size == PIECE_BYTES
+        assert size == PIECE_BYTES or len(pieces(n, size // 2)) > threads  # the smallest such size
 
 
 @pytest.mark.parametrize("n", SIZES)
@@ -66,11 +85,34 @@ def test_large_payloads_are_summed_on_the_sums_threads_small_ones_inline(monkeyp
         return real(buffer, *args)
 
     monkeypatch.setattr(checksum.zlib, "crc32", counted)
-    asyncio.run(checksum.crc32_threaded(memoryview(data(3 * PIECE_BYTES + 5))))
-    assert sorted(seen) == [(5, "kv-sums")] + [(PIECE_BYTES, "kv-sums")] * 3
+    n = 3 * PIECE_BYTES + 5
+    asyncio.run(checksum.crc32_threaded(memoryview(data(n))))
+    size = whole_buffer_piece_bytes(n)
+    assert sorted(seen) == sorted((end - start, "kv-sums") for start, end in pieces(n, size))
+    assert len(seen) <= checksum.SUMS_THREADS or size == PIECE_BYTES
+    seen.clear()
+    asyncio.run(checksum.crc32_threaded(memoryview(data(16 * PIECE_BYTES))))  # a bf16 llama3-8b layer's 16 MiB
+    assert len(seen) == max(1, min(16, checksum.SUMS_THREADS))
     seen.clear()
     asyncio.run(checksum.crc32_threaded(memoryview(data(1000))))
     assert seen == [(1000, "MainThread")]
+
+
+def test_the_loop_waits_on_few_pieces_not_on_each(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A piece's sum does not call back into the event loop: `result()` waits for the last piece sent and then
+    only for pieces still running (fewer than the sums threads, as the pool starts pieces in order)."""
+    waited = []
+    real = checksum.asyncio.wrap_future
+
+    def counted(future, **kwargs):  # type: ignore[no-untyped-def]
+        waited.append(future)
+        return real(future, **kwargs)
+
+    monkeypatch.setattr(checksum.asyncio, "wrap_future", counted)
+    payload = data(16 * PIECE_BYTES, 4)
+    sums = PieceSums(memoryview(payload))
+    assert asyncio.run(sums.result()) == zlib.crc32(payload)
+    assert 1 <= len(waited) <= checksum.SUMS_THREADS
 
 
 def test_staged_layers_wait_on_one_thread_in_order_then_sum_on_the_sums_threads() -> None:
