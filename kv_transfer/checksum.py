@@ -24,7 +24,8 @@ wake-up). So the sums threads no longer call back into the event loop: a piece i
 still running, ~one wake-up a payload; and a whole buffer (P's, `crc32_threaded`) is cut into one piece per sums
 thread (at least PIECE_BYTES, a power of two: few distinct combining tables), not into PIECE_BYTES pieces: 16 MiB
 is four pieces, not sixteen. D keeps PIECE_BYTES pieces, so that all but the last are summed while the rest of its
-payload arrives. Not yet measured on a GPU host.
+payload arrives. On an H100 host against the callbacks (results/transfer_tcp_fewer_wakeups_ab_h100.json): P's
+submissions bf16 31 / 32 -> 17 / 21 ms, fp8 31 / 38 -> 33 / 27; the transfer unchanged (fp8 0.53-0.57x of bf16).
 """
 
 from __future__ import annotations
