@@ -22,7 +22,8 @@ on_complete (CLOCK_MONOTONIC, shared by the processes of a host), the figure tha
 (first layer -> finish returned: for store, D may still be loading then), split into `p_layers_ms` (the
 compute thread's own span: prepare_sends and every layer handed over) and `p_finish_ms` (finish), with
 `done_to_d_ms` from finish returned to D's on_complete (negative when D heard first), `d_first_layer_ms` and
-`d_last_layer_ms` from P's start to D recording its first and last layer (not cuda_ipc, whose "done" records all); `p_cpu_ms`, `d_cpu_ms`,
+`d_last_layer_ms` from P's start to D recording its first and last layer (not cuda_ipc, whose "done" records all),
+`p_ready_*`, `p_summed_*`, `p_sent_*` when P's staged senders passed each stage (benchmarks/transfer_stages.py); `p_cpu_ms`, `d_cpu_ms`,
 `server_cpu_ms` the CPU time each transfer cost P's process, D's and the redis-server started here, `cpu_ms`
 their sum: what other load on a shared machine changes least. D checks that the last transfer's blocks
 hold P's values. store-redis uses --redis-url or starts a redis-server on loopback (skipped, and said so, when
@@ -47,6 +48,8 @@ from typing import Any, TypeVar
 
 import torch
 from transfer_common import WARMUP, Skipped, Stores, plain_copy, summary, synchronize, write_report
+from transfer_stages import parts as stage_parts
+from transfer_stages import timed_stages
 
 from pdserve.cache_store.kv_codec import DTYPES
 from pdserve.cache_store.shared_store import open_store
@@ -192,6 +195,8 @@ async def transfer(spec: dict, kv: dict, devices: list[torch.device], repeat: in
             if seen := layer_times.get(target.request_id):  # layer by layer (not cuda_ipc: its "done" says all)
                 for name, at in (("d_first_layer_ms", seen[0]), ("d_last_layer_ms", seen[-1])):
                     parts.setdefault(name, []).append((at - sent["t0"]) * 1e3)
+            for name, value in sent["stages"].items():  # P's staged senders: benchmarks/transfer_stages.py
+                parts.setdefault(name, []).append(value)
             cpu["p_cpu_ms"].append(sent["cpu"] * 1e3)
             cpu["d_cpu_ms"].append((time.process_time() - d_cpu) * 1e3)
             cpu["server_cpu_ms"].append(((server_cpu() if server_cpu else 0.0) - s_cpu) * 1e3)
@@ -252,6 +257,7 @@ async def prefill_side(spec: dict) -> None:
     dtype, shape, num_layers = DTYPES[kv["dtype"]], kv["layer_shape"], kv["num_layers"]
     pools = [source_pool(shape, layer, dtype, device) for layer in range(num_layers)]
     sender = get_backend(spec["backend"]).build_sender(environment(spec, device), None)
+    stages = timed_stages(sender)
     src = tuple(range(kv["blocks"]))
     for raw in spec["targets"]:
         if not await asyncio.to_thread(sys.stdin.readline):
@@ -266,7 +272,7 @@ async def prefill_side(spec: dict) -> None:
         finish = time.monotonic()
         await sender.finish(target.request_id, 0, None, kv["tokens"])
         print(json.dumps({"t0": t0, "t1": time.monotonic(), "layers": layers, "finish": finish,
-                          "cpu": time.process_time() - cpu}), flush=True)
+                          "cpu": time.process_time() - cpu, "stages": stage_parts(stages, t0)}), flush=True)
     await sender.close()
 
 

@@ -105,6 +105,11 @@ def test_tcp_and_both_stores_side_by_side(tmp_path: Path, redis_server) -> None:
     assert rows["store-redis@1MiB"]["cpu_ms"] == pytest.approx(sum(
         rows["store-redis@1MiB"][part] for part in ("p_cpu_ms", "d_cpu_ms", "server_cpu_ms")))
     assert "store-shm@1MiB" in done.stdout
+    # P's stages (benchmarks/transfer_stages.py), in the order a layer passes them: only tcp sums on P
+    tcp = rows["tcp"]
+    assert 0 < tcp["p_ready_first_ms"] <= tcp["p_summed_first_ms"] <= tcp["p_sent_first_ms"] <= tcp["p_sent_last_ms"]
+    assert tcp["p_ready_last_ms"] <= tcp["p_summed_last_ms"] <= tcp["p_sent_last_ms"] <= tcp["p_ms"]
+    assert "p_summed_first_ms" not in rows["store-shm@1MiB"] and rows["store-shm@1MiB"]["p_sent_last_ms"] > 0
 
 
 def test_one_preset_in_two_dtypes_gets_two_entries(tmp_path: Path) -> None:
