@@ -45,7 +45,7 @@ def parts(stages: dict[str, list[float]], t0: float) -> dict[str, float]:
     out = {}
     for name, times in stages.items():
         if times:
-            times.sort()  # a layer's ready can return after the next one's (different waiters: store, nccl)
+            times.sort()  # first and last in time: concurrent sends need not return in layer order
             out[f"p_{name}_first_ms"] = (times[0] - t0) * 1e3
             out[f"p_{name}_last_ms"] = (times[-1] - t0) * 1e3
             if len(times) > 1:
